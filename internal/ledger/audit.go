@@ -1,0 +1,207 @@
+package ledger
+
+import (
+	"fmt"
+	"net/netip"
+	"sort"
+)
+
+// AuditReport is the result of checking the ledger's books.
+type AuditReport struct {
+	OK             bool             `json:"ok"`
+	Live           int              `json:"live"`      // live leases
+	Addresses      int              `json:"addresses"` // live addresses
+	DoubleAssigned []DoubleAssigned `json:"doubleAssigned"`
+	Problems       []string         `json:"problems"`
+	Pools          []PoolAudit      `json:"pools"`
+}
+
+// DoubleAssigned is an address held by more than one live attachment.
+type DoubleAssigned struct {
+	Network string     `json:"network"`
+	IP      netip.Addr `json:"ip"`
+	Holders []Key      `json:"holders"`
+}
+
+// PoolAudit is the balance of one pool: Allocations = Releases + Live.
+type PoolAudit struct {
+	Network     string `json:"network"`
+	Allocations uint64 `json:"allocations"`
+	Releases    uint64 `json:"releases"`
+	Live        uint64 `json:"live"`
+	Free        uint64 `json:"free"`
+}
+
+type addrKey struct {
+	network string
+	ip      netip.Addr
+}
+
+// Audit reads the whole stored ledger and checks its invariants: no address held by
+// two attachments or both held and free, every address inside its pool, the counts
+// balance (allocations = releases + live, per pool), every address's history is a
+// sequence of non-overlapping holdings that ends before its current holder began, and
+// the in-memory indexes agree with what is stored.
+func (l *Ledger) Audit() (AuditReport, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	rep := AuditReport{DoubleAssigned: []DoubleAssigned{}, Problems: []string{}}
+	bad := func(format string, a ...any) { rep.Problems = append(rep.Problems, fmt.Sprintf(format, a...)) }
+	holders := map[addrKey][]Key{}
+	created := map[addrKey]Lease{}
+	free := map[addrKey]Free{}
+	pools := map[string]PoolRecord{}
+	liveByPool := map[string]uint64{}
+	storedLeases := map[Key]bool{}
+	err := l.st.View(func(tx ReadTx) error {
+		if err := tx.ForEachPool(func(p PoolRecord) error { pools[p.Network] = p; return nil }); err != nil {
+			return err
+		}
+		inSet := func(network string, ip netip.Addr) int {
+			for i, set := range pools[network].Ranges {
+				if set.Contains(ip) {
+					return i
+				}
+			}
+			return -1
+		}
+		if err := tx.ForEachLease(func(ls Lease) error {
+			storedLeases[ls.Key] = true
+			rep.Live++
+			if _, ok := pools[ls.Key.Network]; !ok {
+				bad("lease %s: network has no pool", ls.Key)
+				return nil
+			}
+			if err := ls.Key.Validate(); err != nil {
+				bad("lease %s: %v", ls.Key, err)
+			}
+			if len(ls.IPs) != len(pools[ls.Key.Network].Ranges) {
+				bad("lease %s: %d addresses for %d range sets", ls.Key, len(ls.IPs), len(pools[ls.Key.Network].Ranges))
+			}
+			seen := map[int]bool{}
+			for _, p := range ls.IPs {
+				ak := addrKey{ls.Key.Network, p.Addr()}
+				holders[ak] = append(holders[ak], ls.Key)
+				created[ak] = ls
+				rep.Addresses++
+				liveByPool[ls.Key.Network]++
+				set := inSet(ls.Key.Network, p.Addr())
+				if set < 0 {
+					bad("lease %s: %s is outside the pool of %q", ls.Key, p.Addr(), ls.Key.Network)
+				} else if seen[set] {
+					bad("lease %s: two addresses from range set %d", ls.Key, set)
+				} else {
+					seen[set] = true
+					if off, _ := pools[ls.Key.Network].Ranges[set].Offset(p.Addr()); off >= pools[ls.Key.Network].NextFresh[set] {
+						bad("lease %s: %s is past the pool's fresh cursor", ls.Key, p.Addr())
+					}
+				}
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		if err := tx.ForEachFree(func(f Free) error {
+			ak := addrKey{f.Network, f.IP}
+			free[ak] = f
+			if _, ok := holders[ak]; ok {
+				bad("%s/%s is both free and held by %v", f.Network, f.IP, holders[ak])
+			}
+			if s := inSet(f.Network, f.IP); s != f.Set {
+				bad("free %s/%s: recorded in range set %d, belongs to %d", f.Network, f.IP, f.Set, s)
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		var prev *Release
+		return tx.ForEachHistory(func(r Release) error {
+			if !r.Reason.Valid() {
+				bad("history of %s/%s: release without a valid reason (%q)", r.Network, r.IP, r.Reason)
+			}
+			if r.To.Before(r.From) {
+				bad("history of %s/%s: held by %s until %s, before it began (%s)", r.Network, r.IP, r.Key, r.To, r.From)
+			}
+			if prev != nil && prev.Network == r.Network && prev.IP == r.IP {
+				if r.From.Before(prev.To) || r.Seq <= prev.Seq {
+					bad("history of %s/%s: holding by %s from %s overlaps the one by %s until %s", r.Network, r.IP, r.Key, r.From, prev.Key, prev.To)
+				}
+			}
+			rc := r
+			prev = &rc
+			return nil
+		})
+	})
+	if err != nil {
+		return rep, err
+	}
+	// last history entry per address against its current holder or free record
+	lastRel := map[addrKey]Release{}
+	if err := l.st.View(func(tx ReadTx) error {
+		return tx.ForEachHistory(func(r Release) error { lastRel[addrKey{r.Network, r.IP}] = r; return nil })
+	}); err != nil {
+		return rep, err
+	}
+	for ak, r := range lastRel {
+		if ls, ok := created[ak]; ok && ls.Created.Before(r.To) {
+			bad("%s/%s: held by %s since %s, but its previous holder %s released it only at %s", ak.network, ak.ip, ls.Key, ls.Created, r.Key, r.To)
+		}
+		if f, ok := free[ak]; ok && (f.Seq != r.Seq || !f.ReleasedAt.Equal(r.To)) {
+			bad("%s/%s: free since %s (seq %d) but its last release is seq %d at %s", ak.network, ak.ip, f.ReleasedAt, f.Seq, r.Seq, r.To)
+		}
+	}
+	for ak := range free {
+		if _, ok := lastRel[ak]; !ok {
+			bad("%s/%s is free but has no release in its history", ak.network, ak.ip)
+		}
+	}
+	for ak, ks := range holders {
+		if len(ks) > 1 {
+			rep.DoubleAssigned = append(rep.DoubleAssigned, DoubleAssigned{Network: ak.network, IP: ak.ip, Holders: ks})
+		}
+	}
+	sort.Slice(rep.DoubleAssigned, func(i, j int) bool { return rep.DoubleAssigned[i].IP.Less(rep.DoubleAssigned[j].IP) })
+	freeByPool := map[string]uint64{}
+	for ak := range free {
+		freeByPool[ak.network]++
+	}
+	names := make([]string, 0, len(pools))
+	for n := range pools {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		p := pools[n]
+		pa := PoolAudit{Network: n, Allocations: p.Allocations, Releases: p.Releases, Live: liveByPool[n], Free: freeByPool[n]}
+		rep.Pools = append(rep.Pools, pa)
+		if p.Allocations != p.Releases+liveByPool[n] {
+			bad("pool %q does not balance: %d allocations != %d releases + %d live", n, p.Allocations, p.Releases, liveByPool[n])
+		}
+	}
+	// memory against store
+	if len(storedLeases) != len(l.leases) {
+		bad("memory holds %d leases, store %d", len(l.leases), len(storedLeases))
+	}
+	for k := range l.leases {
+		if !storedLeases[k] {
+			bad("lease %s in memory but not stored", k)
+		}
+	}
+	for n, ps := range l.pools {
+		for ip, k := range ps.held {
+			hs := holders[addrKey{n, ip}]
+			if len(hs) == 0 || hs[0] != k {
+				bad("memory says %s/%s is held by %s, store says %v", n, ip, k, hs)
+			}
+		}
+		for _, s := range ps.sets {
+			for ip := range s.index {
+				if _, ok := free[addrKey{n, ip}]; !ok {
+					bad("memory says %s/%s is free, store does not", n, ip)
+				}
+			}
+		}
+	}
+	rep.OK = len(rep.Problems) == 0 && len(rep.DoubleAssigned) == 0
+	return rep, nil
+}

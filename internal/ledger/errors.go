@@ -1,0 +1,26 @@
+package ledger
+
+import "errors"
+
+// Sentinel errors of the ledger. They are wrapped with %w and a message naming the
+// network, attachment or field; check them with errors.Is. The plugin maps them to CNI
+// error codes at its boundary.
+var (
+	// ErrPoolExhausted: no address of a range set is free (or all free ones are still
+	// inside their reuse delay).
+	ErrPoolExhausted = errors.New("pool exhausted")
+	// ErrPoolConflict: a network is configured with ranges that differ from the ranges
+	// its pool was created with.
+	ErrPoolConflict = errors.New("pool ranges conflict")
+	// ErrUnknownNetwork: the network has no pool yet.
+	ErrUnknownNetwork = errors.New("unknown network")
+	// ErrInvalidAttachment: a network name, container ID or ifname is empty, too long or
+	// holds characters that are not allowed.
+	ErrInvalidAttachment = errors.New("invalid attachment")
+	// ErrNotFound: no lease for that attachment.
+	ErrNotFound = errors.New("lease not found")
+	// ErrStore: the durable store failed (I/O error, disk full); nothing was changed.
+	ErrStore = errors.New("state store failed")
+	// ErrCorrupt: the state file cannot be read as a ledger.
+	ErrCorrupt = errors.New("state file corrupt")
+)

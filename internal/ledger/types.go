@@ -1,0 +1,198 @@
+package ledger
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/pool"
+)
+
+// Reason says why a lease was released. Every release records one.
+type Reason string
+
+// The release reasons.
+const (
+	ReasonDEL               Reason = "DEL"
+	ReasonGC                Reason = "GC"
+	ReasonReconcileGone     Reason = "reconcile-gone"
+	ReasonReconcileNotReady Reason = "reconcile-notready"
+	ReasonSuperseded        Reason = "superseded"
+	ReasonManual            Reason = "manual"
+)
+
+// Valid reports whether r is one of the release reasons.
+func (r Reason) Valid() bool {
+	switch r {
+	case ReasonDEL, ReasonGC, ReasonReconcileGone, ReasonReconcileNotReady, ReasonSuperseded, ReasonManual:
+		return true
+	}
+	return false
+}
+
+// Limits on attachment identifiers; longer ones are refused, not truncated.
+const (
+	MaxNetworkLen     = 253
+	MaxContainerIDLen = 1024
+	MaxIfNameLen      = 15
+)
+
+// Key identifies a CNI attachment: network name, container ID, interface name.
+type Key struct {
+	Network     string `json:"network"`
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifname"`
+}
+
+func (k Key) String() string { return k.Network + "/" + k.ContainerID + "/" + k.IfName }
+
+// Validate checks the key against the CNI spec's rules (container ID: alphanumeric
+// first, then alphanumerics, '_', '.', '-'; ifname: at most 15 bytes, not '.' or '..',
+// no '/', ':' or white space), and our length limits.
+func (k Key) Validate() error {
+	if err := validName("network name", k.Network, MaxNetworkLen); err != nil {
+		return err
+	}
+	if err := validName("CNI_CONTAINERID", k.ContainerID, MaxContainerIDLen); err != nil {
+		return err
+	}
+	n := k.IfName
+	switch {
+	case n == "":
+		return fmt.Errorf("%w: CNI_IFNAME: empty; give the interface name, e.g. eth0", ErrInvalidAttachment)
+	case len(n) > MaxIfNameLen:
+		return fmt.Errorf("%w: CNI_IFNAME: %d bytes; at most %d", ErrInvalidAttachment, len(n), MaxIfNameLen)
+	case n == "." || n == "..":
+		return fmt.Errorf("%w: CNI_IFNAME: %q is not allowed", ErrInvalidAttachment, n)
+	}
+	for _, c := range []byte(n) {
+		if c <= ' ' || c == '/' || c == ':' || c >= 0x7f {
+			return fmt.Errorf("%w: CNI_IFNAME: %q holds a character not allowed in an interface name", ErrInvalidAttachment, n)
+		}
+	}
+	return nil
+}
+
+func validName(field, s string, max int) error {
+	if s == "" {
+		return fmt.Errorf("%w: %s: empty", ErrInvalidAttachment, field)
+	}
+	if len(s) > max {
+		return fmt.Errorf("%w: %s: %d bytes; at most %d", ErrInvalidAttachment, field, len(s), max)
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if i == 0 && !alnum {
+			return fmt.Errorf("%w: %s: must start with a letter or digit", ErrInvalidAttachment, field)
+		}
+		if !alnum && c != '_' && c != '.' && c != '-' {
+			return fmt.Errorf("%w: %s: byte %d (%q) is not a letter, digit, '_', '.' or '-'", ErrInvalidAttachment, field, i, c)
+		}
+	}
+	return nil
+}
+
+// Pod is the Kubernetes pod an attachment belongs to, when the runtime says.
+type Pod struct {
+	Namespace string `json:"namespace,omitempty"`
+	Name      string `json:"name,omitempty"`
+	UID       string `json:"uid,omitempty"`
+}
+
+// NetNS is the network namespace given at ADD: its path and, when the path could be
+// read, its identity (device and inode of the nsfs file).
+type NetNS struct {
+	Path string `json:"path,omitempty"`
+	Dev  uint64 `json:"dev,omitempty"`
+	Ino  uint64 `json:"ino,omitempty"`
+}
+
+// Lease is one attachment's hold on its addresses.
+type Lease struct {
+	Key     Key            `json:"key"`
+	Pod     Pod            `json:"pod"`
+	NetNS   NetNS          `json:"netns"`
+	IPs     []netip.Prefix `json:"ips"` // one per range set, with the subnet's prefix length
+	Created time.Time      `json:"created"`
+	State   string         `json:"state"`
+}
+
+// Lease states.
+const (
+	StateActive = "active"
+)
+
+// Release is one entry of an address's history: who held it, from when to when, and
+// why it was released.
+type Release struct {
+	Network string     `json:"network"`
+	IP      netip.Addr `json:"ip"`
+	Key     Key        `json:"key"`
+	Pod     Pod        `json:"pod"`
+	From    time.Time  `json:"from"`
+	To      time.Time  `json:"to"`
+	Reason  Reason     `json:"reason"`
+	Detail  string     `json:"detail,omitempty"`
+	Seq     uint64     `json:"seq"`
+}
+
+// Free is a released address waiting to be reused, in release order.
+type Free struct {
+	Network    string     `json:"network"`
+	IP         netip.Addr `json:"ip"`
+	Set        int        `json:"set"`
+	ReleasedAt time.Time  `json:"releasedAt"`
+	Seq        uint64     `json:"seq"`
+	LastUID    string     `json:"lastUID,omitempty"`
+}
+
+// PoolRecord is the durable description of a network's pool.
+type PoolRecord struct {
+	Network     string          `json:"network"`
+	Ranges      []pool.RangeSet `json:"ranges"`
+	Created     time.Time       `json:"created"`
+	NextFresh   []uint64        `json:"nextFresh"` // per range set: offsets below it have been handed out at least once
+	Seq         uint64          `json:"seq"`       // release sequence
+	Allocations uint64          `json:"allocations"`
+	Releases    uint64          `json:"releases"` // addresses, not leases
+}
+
+// Store persists the ledger. It is owned by the ledger; implementations live in
+// internal/store.
+//
+// Contract: Update runs fn in one transaction; when fn returns nil the transaction is
+// committed and durable (fsync'd) before Update returns nil; when fn or the commit
+// fails, nothing of it is stored and the error is returned (wrapping ErrStore for I/O
+// failures). View runs fn against a consistent read-only snapshot. Keys are compared
+// exactly; iteration order is by key. Implementations are safe for concurrent use.
+type Store interface {
+	Update(fn func(Tx) error) error
+	View(fn func(ReadTx) error) error
+	Close() error
+}
+
+// ReadTx reads the stored ledger.
+type ReadTx interface {
+	Pool(network string) (PoolRecord, bool, error)
+	ForEachPool(fn func(PoolRecord) error) error
+	Lease(k Key) (Lease, bool, error)
+	ForEachLease(fn func(Lease) error) error
+	ForEachFree(fn func(Free) error) error
+	// History returns the releases of ip in network, oldest first.
+	History(network string, ip netip.Addr) ([]Release, error)
+	// ForEachHistory visits every release, grouped by network and address, oldest first.
+	ForEachHistory(fn func(Release) error) error
+}
+
+// Tx changes the stored ledger inside Update.
+type Tx interface {
+	ReadTx
+	PutPool(PoolRecord) error
+	PutLease(Lease) error
+	DeleteLease(Key) error
+	PutFree(Free) error
+	DeleteFree(network string, ip netip.Addr) error
+	// AppendHistory adds r and drops the oldest entries of its address beyond keep.
+	AppendHistory(r Release, keep int) error
+}

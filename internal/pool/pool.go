@@ -1,0 +1,365 @@
+// Package pool holds address ranges in the host-local format: a network's pool is a
+// list of range sets, each range set a list of ranges of one address family, and an
+// attachment gets one address from every range set.
+//
+// Addresses are numbered by an offset within their range set so that allocation never
+// scans: offset 0 is the first usable address of the first range.
+package pool
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"strings"
+)
+
+// ErrInvalidRange is returned (wrapped, with the field and the fix) for any range or
+// range set that cannot be used.
+var ErrInvalidRange = errors.New("invalid range")
+
+// Range is one host-local style range. Subnet is required; RangeStart and RangeEnd
+// default to the first and last usable address of the subnet (the network address and,
+// for IPv4, the broadcast address are never usable); Gateway defaults to the subnet's
+// first address, as in host-local, and is never handed out.
+type Range struct {
+	Subnet     netip.Prefix `json:"subnet"`
+	RangeStart netip.Addr   `json:"rangeStart,omitzero"`
+	RangeEnd   netip.Addr   `json:"rangeEnd,omitzero"`
+	Gateway    netip.Addr   `json:"gateway,omitzero"`
+}
+
+// RangeSet is a list of ranges of one address family; an attachment gets one address
+// from it.
+type RangeSet []Range
+
+// rawRange is the JSON form, parsed by hand so that errors name the field.
+type rawRange struct {
+	Subnet     string `json:"subnet"`
+	RangeStart string `json:"rangeStart,omitzero"`
+	RangeEnd   string `json:"rangeEnd,omitzero"`
+	Gateway    string `json:"gateway,omitzero"`
+}
+
+// ParseRangeSets parses and validates the `ranges` field of an IPAM config
+// ([[{"subnet": ...}]]) and returns canonical range sets: defaults filled in, each
+// range checked, no overlap between any two ranges of the pool.
+func ParseRangeSets(data []byte) ([]RangeSet, error) {
+	var raw [][]rawRange
+	if err := json.Unmarshal(data, &raw); err != nil {
+		return nil, fmt.Errorf("%w: ranges: %v (want [[{\"subnet\": \"10.0.0.0/24\"}]])", ErrInvalidRange, err)
+	}
+	if len(raw) == 0 {
+		return nil, fmt.Errorf("%w: ranges: empty; give at least one range set, e.g. [[{\"subnet\": \"10.0.0.0/24\"}]]", ErrInvalidRange)
+	}
+	sets := make([]RangeSet, 0, len(raw))
+	for i, rs := range raw {
+		if len(rs) == 0 {
+			return nil, fmt.Errorf("%w: ranges[%d]: empty range set; give at least one range", ErrInvalidRange, i)
+		}
+		set := make(RangeSet, 0, len(rs))
+		for j, rr := range rs {
+			r, err := parseRange(rr, fmt.Sprintf("ranges[%d][%d]", i, j))
+			if err != nil {
+				return nil, err
+			}
+			set = append(set, r)
+		}
+		sets = append(sets, set)
+	}
+	if err := Validate(sets); err != nil {
+		return nil, err
+	}
+	return sets, nil
+}
+
+func parseAddr(s, field string) (netip.Addr, error) {
+	if s == "" {
+		return netip.Addr{}, nil
+	}
+	a, err := netip.ParseAddr(strings.TrimSpace(s))
+	if err != nil || a.Zone() != "" {
+		return netip.Addr{}, fmt.Errorf("%w: %s: %q is not an IP address", ErrInvalidRange, field, s)
+	}
+	return a.Unmap(), nil
+}
+
+func parseRange(rr rawRange, field string) (Range, error) {
+	var r Range
+	if rr.Subnet == "" {
+		return r, fmt.Errorf("%w: %s.subnet: missing; give a CIDR such as \"10.0.0.0/24\"", ErrInvalidRange, field)
+	}
+	p, err := netip.ParsePrefix(strings.TrimSpace(rr.Subnet))
+	if err != nil {
+		return r, fmt.Errorf("%w: %s.subnet: %q is not a CIDR (want e.g. \"10.0.0.0/24\")", ErrInvalidRange, field, rr.Subnet)
+	}
+	r.Subnet = p
+	if r.RangeStart, err = parseAddr(rr.RangeStart, field+".rangeStart"); err != nil {
+		return r, err
+	}
+	if r.RangeEnd, err = parseAddr(rr.RangeEnd, field+".rangeEnd"); err != nil {
+		return r, err
+	}
+	if r.Gateway, err = parseAddr(rr.Gateway, field+".gateway"); err != nil {
+		return r, err
+	}
+	return r.Canonical(field)
+}
+
+// Canonical checks r and fills in its defaults. field names r in errors.
+func (r Range) Canonical(field string) (Range, error) {
+	p := r.Subnet
+	if !p.IsValid() {
+		return r, fmt.Errorf("%w: %s.subnet: missing", ErrInvalidRange, field)
+	}
+	if p.Addr().Is4In6() {
+		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-96)
+	}
+	if p.Masked() != p {
+		return r, fmt.Errorf("%w: %s.subnet: %s has host bits set; use %s", ErrInvalidRange, field, p, p.Masked())
+	}
+	bits := p.Addr().BitLen()
+	if bits-p.Bits() < 2 {
+		return r, fmt.Errorf("%w: %s.subnet: %s is too small to allocate from; use at least a /%d", ErrInvalidRange, field, p, bits-2)
+	}
+	r.Subnet = p
+	first := p.Addr().Next()
+	last := lastAddr(p)
+	if p.Addr().Is4() {
+		last = last.Prev() // broadcast
+	}
+	for _, a := range []struct {
+		addr *netip.Addr
+		name string
+	}{{&r.RangeStart, "rangeStart"}, {&r.RangeEnd, "rangeEnd"}, {&r.Gateway, "gateway"}} {
+		if a.addr.IsValid() && a.addr.Is4() != p.Addr().Is4() {
+			return r, fmt.Errorf("%w: %s.%s: %s is not of the subnet's address family (%s)", ErrInvalidRange, field, a.name, *a.addr, p)
+		}
+	}
+	if !r.RangeStart.IsValid() {
+		r.RangeStart = first
+	}
+	if !r.RangeEnd.IsValid() {
+		r.RangeEnd = last
+	}
+	if r.RangeStart.Less(first) || last.Less(r.RangeStart) {
+		return r, fmt.Errorf("%w: %s.rangeStart: %s is outside the usable addresses of %s (%s-%s)", ErrInvalidRange, field, r.RangeStart, p, first, last)
+	}
+	if r.RangeEnd.Less(first) || last.Less(r.RangeEnd) {
+		return r, fmt.Errorf("%w: %s.rangeEnd: %s is outside the usable addresses of %s (%s-%s)", ErrInvalidRange, field, r.RangeEnd, p, first, last)
+	}
+	if r.RangeEnd.Less(r.RangeStart) {
+		return r, fmt.Errorf("%w: %s: rangeEnd %s is before rangeStart %s", ErrInvalidRange, field, r.RangeEnd, r.RangeStart)
+	}
+	if !r.Gateway.IsValid() {
+		// host-local's documented default: the gateway is the subnet's first address,
+		// reserved so that a bridge acting as gateway never clashes with a pod.
+		r.Gateway = first
+	}
+	if !p.Contains(r.Gateway) {
+		return r, fmt.Errorf("%w: %s.gateway: %s is not in subnet %s", ErrInvalidRange, field, r.Gateway, p)
+	}
+	return r, nil
+}
+
+// Validate checks that every range set is non-empty and of one family and that no two
+// ranges of the pool overlap.
+func Validate(sets []RangeSet) error {
+	if len(sets) == 0 {
+		return fmt.Errorf("%w: ranges: empty; give at least one range set", ErrInvalidRange)
+	}
+	type span struct {
+		lo, hi netip.Addr
+		field  string
+	}
+	var all []span
+	for i, set := range sets {
+		if len(set) == 0 {
+			return fmt.Errorf("%w: ranges[%d]: empty range set", ErrInvalidRange, i)
+		}
+		v4 := set[0].Subnet.Addr().Is4()
+		for j, r := range set {
+			field := fmt.Sprintf("ranges[%d][%d]", i, j)
+			if r.Subnet.Addr().Is4() != v4 {
+				return fmt.Errorf("%w: %s.subnet: %s mixes address families in one range set; put IPv4 and IPv6 ranges in separate range sets", ErrInvalidRange, field, r.Subnet)
+			}
+			for _, s := range all {
+				if !(r.RangeEnd.Less(s.lo) || s.hi.Less(r.RangeStart)) {
+					return fmt.Errorf("%w: %s: %s-%s overlaps %s (%s-%s); ranges of a pool must not overlap", ErrInvalidRange, field, r.RangeStart, r.RangeEnd, s.field, s.lo, s.hi)
+				}
+			}
+			all = append(all, span{r.RangeStart, r.RangeEnd, field})
+		}
+	}
+	return nil
+}
+
+// Equal reports whether two pools have the same canonical ranges.
+func Equal(a, b []RangeSet) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if len(a[i]) != len(b[i]) {
+			return false
+		}
+		for j := range a[i] {
+			if a[i][j] != b[i][j] {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// Size is the number of addresses from rangeStart to rangeEnd, saturating at MaxUint64.
+func (r Range) Size() uint64 {
+	return diff(r.RangeEnd, r.RangeStart).addOne()
+}
+
+// Size is the number of addresses in the set, saturating at MaxUint64 (the gateway is
+// counted; Reserved tells it apart).
+func (s RangeSet) Size() uint64 {
+	var n uint64
+	for _, r := range s {
+		sz := r.Size()
+		if n > math.MaxUint64-sz {
+			return math.MaxUint64
+		}
+		n += sz
+	}
+	return n
+}
+
+// Addr returns the address at offset off of the set, or false past its end.
+func (s RangeSet) Addr(off uint64) (netip.Addr, bool) {
+	for _, r := range s {
+		sz := r.Size()
+		if off < sz {
+			return add(r.RangeStart, off), true
+		}
+		off -= sz
+	}
+	return netip.Addr{}, false
+}
+
+// Offset returns the offset of a in the set, or false if a is not in it.
+func (s RangeSet) Offset(a netip.Addr) (uint64, bool) {
+	var base uint64
+	for _, r := range s {
+		if a.Is4() == r.RangeStart.Is4() && !a.Less(r.RangeStart) && !r.RangeEnd.Less(a) {
+			return base + diff(a, r.RangeStart).lo, true
+		}
+		base += r.Size()
+	}
+	return 0, false
+}
+
+// Contains reports whether a is one of the set's addresses.
+func (s RangeSet) Contains(a netip.Addr) bool {
+	_, ok := s.Offset(a)
+	return ok
+}
+
+// Reserved reports whether a is a gateway of the set, never handed out.
+func (s RangeSet) Reserved(a netip.Addr) bool {
+	for _, r := range s {
+		if r.Gateway == a {
+			return true
+		}
+	}
+	return false
+}
+
+// RangeOf returns the range holding a.
+func (s RangeSet) RangeOf(a netip.Addr) (Range, bool) {
+	for _, r := range s {
+		if a.Is4() == r.RangeStart.Is4() && !a.Less(r.RangeStart) && !r.RangeEnd.Less(a) {
+			return r, true
+		}
+	}
+	return Range{}, false
+}
+
+// String prints the set as its ranges, for messages.
+func (s RangeSet) String() string {
+	parts := make([]string, len(s))
+	for i, r := range s {
+		parts[i] = fmt.Sprintf("%s(%s-%s)", r.Subnet, r.RangeStart, r.RangeEnd)
+	}
+	return strings.Join(parts, ",")
+}
+
+// u128 is a 128-bit unsigned integer for address arithmetic.
+type u128 struct{ hi, lo uint64 }
+
+func toU128(a netip.Addr) u128 {
+	b := a.As16()
+	var v u128
+	for i := 0; i < 8; i++ {
+		v.hi = v.hi<<8 | uint64(b[i])
+		v.lo = v.lo<<8 | uint64(b[i+8])
+	}
+	return v
+}
+
+func fromU128(v u128, is4 bool) netip.Addr {
+	var b [16]byte
+	for i := 7; i >= 0; i-- {
+		b[i] = byte(v.hi)
+		b[i+8] = byte(v.lo)
+		v.hi >>= 8
+		v.lo >>= 8
+	}
+	a := netip.AddrFrom16(b)
+	if is4 {
+		return a.Unmap()
+	}
+	return a
+}
+
+// diff returns a-b for a >= b.
+func diff(a, b netip.Addr) u128 {
+	x, y := toU128(a), toU128(b)
+	lo := x.lo - y.lo
+	borrow := uint64(0)
+	if x.lo < y.lo {
+		borrow = 1
+	}
+	return u128{x.hi - y.hi - borrow, lo}
+}
+
+// addOne returns v+1 as a uint64, saturating.
+func (v u128) addOne() uint64 {
+	if v.hi != 0 || v.lo == math.MaxUint64 {
+		return math.MaxUint64
+	}
+	return v.lo + 1
+}
+
+func add(a netip.Addr, off uint64) netip.Addr {
+	v := toU128(a)
+	lo := v.lo + off
+	if lo < v.lo {
+		v.hi++
+	}
+	v.lo = lo
+	return fromU128(v, a.Is4())
+}
+
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Addr().As16()
+	bits := p.Bits()
+	if p.Addr().Is4() {
+		bits += 96
+	}
+	for i := bits; i < 128; i++ {
+		b[i/8] |= 1 << (7 - uint(i%8))
+	}
+	a := netip.AddrFrom16(b)
+	if p.Addr().Is4() {
+		return a.Unmap()
+	}
+	return a
+}
