@@ -1,0 +1,269 @@
+package veth
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// Link-local gateways the pod routes through. The host-side veth answers for
+// GatewayV4 by proxy ARP (and the pod also gets a permanent neighbour entry for
+// it), and carries GatewayV6 as an address.
+var (
+	GatewayV4 = net.IPv4(169, 254, 1, 1).To4()
+	GatewayV6 = net.ParseIP("fe80::1")
+)
+
+func hostLen(ip net.IP) int {
+	if ip.To4() != nil {
+		return 32
+	}
+	return 128
+}
+
+func hostNet(ip net.IP) *net.IPNet {
+	if v4 := ip.To4(); v4 != nil {
+		ip = v4
+	}
+	n := hostLen(ip)
+	return &net.IPNet{IP: ip, Mask: net.CIDRMask(n, n)}
+}
+
+func gatewayFor(ip net.IP) net.IP {
+	if ip.To4() != nil {
+		return GatewayV4
+	}
+	return GatewayV6
+}
+
+func family(ip net.IP) int {
+	if ip.To4() != nil {
+		return netlink.FAMILY_V4
+	}
+	return netlink.FAMILY_V6
+}
+
+func isNotFound(err error) bool {
+	var lnf netlink.LinkNotFoundError
+	return errors.As(err, &lnf) || errors.Is(err, unix.ENODEV) || errors.Is(err, unix.ENOENT)
+}
+
+// ownedLink returns the host link called name if it is an ipledger-veth veth,
+// with its parsed alias. found is false if there is no such link; an existing
+// link that is not ours gives ErrNotOurs.
+func ownedLink(h *netlinksafe.Handle, name string) (link netlink.Link, att Attachment, found bool, err error) {
+	link, err = h.LinkByName(name)
+	if err != nil {
+		if isNotFound(err) {
+			return nil, Attachment{}, false, nil
+		}
+		return nil, Attachment{}, false, fmt.Errorf("look up %s: %w", name, err)
+	}
+	att, ok := ours(link)
+	if !ok {
+		return link, Attachment{}, true, fmt.Errorf("%w: %s (type %s, alias %q)", ErrNotOurs, name, link.Type(), link.Attrs().Alias)
+	}
+	return link, att, true, nil
+}
+
+// ours reports whether link is a veth carrying an ipledger-veth alias.
+func ours(link netlink.Link) (Attachment, bool) {
+	if _, isVeth := link.(*netlink.Veth); !isVeth {
+		return Attachment{}, false
+	}
+	return ParseAlias(link.Attrs().Alias)
+}
+
+// removeHostLink deletes the host routes through link and then the link itself
+// (which removes the pod end too). Already gone is success.
+func removeHostLink(h *netlinksafe.Handle, link netlink.Link) error {
+	routes, err := h.RouteList(link, netlink.FAMILY_ALL)
+	if err != nil && !isNotFound(err) {
+		return fmt.Errorf("list routes of %s: %w", link.Attrs().Name, err)
+	}
+	for _, r := range routes {
+		if r.Dst == nil || r.LinkIndex != link.Attrs().Index {
+			continue
+		}
+		if ones, bits := r.Dst.Mask.Size(); ones != bits {
+			continue
+		}
+		if err := h.RouteDel(&r); err != nil && !errors.Is(err, unix.ESRCH) && !isNotFound(err) {
+			return fmt.Errorf("delete route %s dev %s: %w", r.Dst, link.Attrs().Name, err)
+		}
+	}
+	if err := h.LinkDel(link); err != nil && !isNotFound(err) {
+		return fmt.Errorf("delete %s: %w", link.Attrs().Name, err)
+	}
+	return nil
+}
+
+// createVeth creates the pair: the host end hostName (with alias recording the
+// attachment) in the current namespace, the pod end created directly inside the
+// pod namespace as ifName, so it never exists in the host namespace.
+func createVeth(h *netlinksafe.Handle, hostName, alias string, mtu int, ifName string, pod *NetNS) (netlink.Link, error) {
+	v := &netlink.Veth{
+		LinkAttrs:     netlink.LinkAttrs{Name: hostName, MTU: mtu, Alias: alias, TxQLen: -1},
+		PeerName:      ifName,
+		PeerNamespace: netlink.NsFd(int(pod.File.Fd())),
+		PeerMTU:       uint32(mtu),
+		PeerTxQLen:    -1,
+	}
+	if err := h.LinkAdd(v); err != nil {
+		return nil, fmt.Errorf("create veth %s <-> %s in %s: %w", hostName, ifName, pod.Path, err)
+	}
+	link, err := h.LinkByName(hostName)
+	if err != nil {
+		return nil, fmt.Errorf("look up new veth %s: %w", hostName, err)
+	}
+	if link.Attrs().Alias != alias {
+		// Older kernels ignore IFLA_IFALIAS on create.
+		if err := h.LinkSetAlias(link, alias); err != nil {
+			return link, fmt.Errorf("set alias of %s: %w", hostName, err)
+		}
+	}
+	return link, nil
+}
+
+// podHandle opens a netlink handle inside the pod namespace; no thread of the
+// plugin changes namespace for longer than the socket creation.
+func podHandle(pod *NetNS) (*netlinksafe.Handle, error) {
+	h, err := netlinksafe.NewHandleAt(netns.NsHandle(int(pod.File.Fd())))
+	if err != nil {
+		return nil, fmt.Errorf("netlink handle in %s: %w", pod.Path, err)
+	}
+	return &h, nil
+}
+
+// configurePod brings lo and ifName up, puts each IP on ifName as a host
+// address, and routes the pod through the link-local gateways of its families.
+func configurePod(ph *netlinksafe.Handle, ifName string, ips []net.IP, hostMAC net.HardwareAddr, extra []*net.IPNet) (netlink.Link, error) {
+	lo, err := ph.LinkByName("lo")
+	if err != nil {
+		return nil, fmt.Errorf("pod lo: %w", err)
+	}
+	if err := ph.LinkSetUp(lo); err != nil {
+		return nil, fmt.Errorf("pod lo up: %w", err)
+	}
+	link, err := ph.LinkByName(ifName)
+	if err != nil {
+		return nil, fmt.Errorf("pod %s: %w", ifName, err)
+	}
+	for _, ip := range ips {
+		a := &netlink.Addr{IPNet: hostNet(ip)}
+		if ip.To4() == nil {
+			a.Flags = unix.IFA_F_NODAD
+		}
+		if err := ph.AddrAdd(link, a); err != nil {
+			return nil, fmt.Errorf("pod address %s: %w", a.IPNet, err)
+		}
+	}
+	if err := ph.LinkSetUp(link); err != nil {
+		return nil, fmt.Errorf("pod %s up: %w", ifName, err)
+	}
+	idx := link.Attrs().Index
+	done := map[int]bool{}
+	for _, ip := range ips {
+		fam := family(ip)
+		if done[fam] {
+			continue
+		}
+		done[fam] = true
+		gw := gatewayFor(ip)
+		if err := ph.NeighSet(&netlink.Neigh{LinkIndex: idx, Family: fam, State: netlink.NUD_PERMANENT, IP: gw, HardwareAddr: hostMAC}); err != nil {
+			return nil, fmt.Errorf("pod neighbour %s: %w", gw, err)
+		}
+		routes := []netlink.Route{}
+		if fam == netlink.FAMILY_V4 {
+			routes = append(routes, netlink.Route{LinkIndex: idx, Dst: hostNet(gw), Scope: netlink.SCOPE_LINK, Src: ip.To4()})
+		}
+		routes = append(routes, netlink.Route{LinkIndex: idx, Dst: defaultNet(fam), Gw: gw})
+		for _, dst := range extra {
+			if family(dst.IP) == fam && !isDefault(dst) {
+				routes = append(routes, netlink.Route{LinkIndex: idx, Dst: dst, Gw: gw})
+			}
+		}
+		for _, r := range routes {
+			if err := ph.RouteAdd(&r); err != nil {
+				return nil, fmt.Errorf("pod route %s via %s: %w", r.Dst, r.Gw, err)
+			}
+		}
+	}
+	return link, nil
+}
+
+func defaultNet(fam int) *net.IPNet {
+	if fam == netlink.FAMILY_V4 {
+		return &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
+	}
+	return &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
+}
+
+func isDefault(n *net.IPNet) bool {
+	ones, _ := n.Mask.Size()
+	return ones == 0
+}
+
+// configureHost sets the host-side per-interface sysctls, brings the host end up,
+// gives it the IPv6 link-local gateway and routes each pod address to it.
+func configureHost(h *netlinksafe.Handle, link netlink.Link, ips []net.IP) error {
+	name := link.Attrs().Name
+	v4, v6 := false, false
+	for _, ip := range ips {
+		if ip.To4() != nil {
+			v4 = true
+		} else {
+			v6 = true
+		}
+	}
+	if v4 {
+		// Answer ARP for 169.254.1.1 and forward what the pod sends.
+		for _, kv := range [][2]string{{"proxy_arp", "1"}, {"forwarding", "1"}} {
+			if err := setIfSysctl("ipv4", name, kv[0], kv[1]); err != nil {
+				return err
+			}
+		}
+	}
+	if v6 {
+		for _, kv := range [][2]string{{"disable_ipv6", "0"}, {"accept_ra", "0"}, {"forwarding", "1"}} {
+			if err := setIfSysctl("ipv6", name, kv[0], kv[1]); err != nil {
+				return err
+			}
+		}
+	}
+	if err := h.LinkSetUp(link); err != nil {
+		return fmt.Errorf("host %s up: %w", name, err)
+	}
+	if v6 {
+		a := &netlink.Addr{IPNet: &net.IPNet{IP: GatewayV6, Mask: net.CIDRMask(64, 128)}, Flags: unix.IFA_F_NODAD, Scope: unix.RT_SCOPE_LINK}
+		if err := h.AddrAdd(link, a); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("host %s address %s: %w", name, GatewayV6, err)
+		}
+	}
+	for _, ip := range ips {
+		r := netlink.Route{LinkIndex: link.Attrs().Index, Dst: hostNet(ip), Scope: netlink.SCOPE_LINK}
+		if ip.To4() == nil {
+			r.Scope = netlink.SCOPE_UNIVERSE
+		}
+		if err := h.RouteAdd(&r); err != nil {
+			return fmt.Errorf("host route %s dev %s: %w", r.Dst, name, err)
+		}
+	}
+	return nil
+}
+
+// setIfSysctl writes net.<proto>.conf.<ifName>.<key>; only ever a per-interface key.
+func setIfSysctl(proto, ifName, key, value string) error {
+	p := filepath.Join("/proc/sys/net", proto, "conf", ifName, key)
+	if err := os.WriteFile(p, []byte(value), 0o644); err != nil {
+		return fmt.Errorf("sysctl %s=%s: %w", p, value, err)
+	}
+	return nil
+}
