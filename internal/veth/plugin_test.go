@@ -469,3 +469,59 @@ func TestGCRemovesStaleVeths(t *testing.T) {
 		})
 	}
 }
+
+// TestForeignInterfaceUntouched: an interface that has an attachment's
+// deterministic name but is not ours (no alias, or another attachment's alias) is
+// neither deleted by DEL nor replaced by ADD.
+func TestForeignInterfaceUntouched(t *testing.T) {
+	for i, k := range ipamKinds {
+		t.Run(k.name, func(t *testing.T) {
+			network := "iplt-foreign"
+			cid := "foreign"
+			hostName := veth.HostVethName("ipl", network, cid, "eth0")
+			for _, alias := range []string{"", "ipledger-veth net=" + network + " cid=someone-else if=eth0 netns=1:2"} {
+				t.Run(fmt.Sprintf("alias=%q", alias), func(t *testing.T) {
+					ipam := k.new(t)
+					pod := newNetNS(t, "for")
+					podNS, err := os.Open(pod)
+					if err != nil {
+						t.Fatal(err)
+					}
+					defer podNS.Close()
+					// A foreign veth with our name, its peer in a test namespace.
+					if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostName},
+						PeerName: "peer0", PeerNamespace: netlink.NsFd(int(podNS.Fd()))}); err != nil {
+						t.Fatal(err)
+					}
+					t.Cleanup(func() {
+						if l, err := netlink.LinkByName(hostName); err == nil {
+							_ = netlink.LinkDel(l)
+						}
+					})
+					if alias != "" {
+						l, err := netlink.LinkByName(hostName)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if err := netlink.LinkSetAlias(l, alias); err != nil {
+							t.Fatal(err)
+						}
+					}
+					conf := confBytes(t, "1.0.0", network, ipam.Section(pool{idx: 12 + i}, false, false), nil)
+					before := hostLinks(t)
+					e := execPlugin(t, "ADD", cid, newNetNS(t, "for"), "eth0", conf).cniError(t)
+					if !strings.Contains(e.Msg, "not an ipledger-veth attachment") {
+						t.Fatalf("ADD over a foreign interface: %+v", e)
+					}
+					if l := ipam.Leases(t, network); len(l) != 0 {
+						t.Fatalf("leases after refused ADD: %v", l)
+					}
+					execPlugin(t, "DEL", cid, "", "eth0", conf).ok(t)
+					if after := hostLinks(t); !slices.Equal(after, before) {
+						t.Fatalf("host links changed:\n%v\n%v", before, after)
+					}
+				})
+			}
+		})
+	}
+}
