@@ -15,7 +15,7 @@ import (
 	containerdenv "github.com/ipledger/ipledger/internal/testenv/containerd"
 )
 
-// bridgeNet writes nothing: it returns a conflist for a test-only bridge
+// bridgeNet returns a conflist for a test-only bridge
 // (no gateway, no masquerade, never routed off the machine) and deletes the
 // bridge when the test ends. Register it before Start so the bridge outlives
 // the env's own cleanup.
@@ -152,6 +152,10 @@ func TestKillRestart(t *testing.T) {
 	}
 	if _, err := c.ListSandboxes(ctx); err == nil {
 		t.Fatal("ListSandboxes succeeded with containerd killed")
+	}
+	// The socket file outlives a SIGKILL; Dial must still fail, naming it.
+	if _, err := cri.Dial(ctx, env.Endpoint(), time.Second); err == nil || !strings.Contains(err.Error(), env.Endpoint()) {
+		t.Fatalf("Dial with containerd killed: %v, want an error naming %s", err, env.Endpoint())
 	}
 	env.Restart(t)
 	if p := env.PID(); p == 0 || p == pid {
