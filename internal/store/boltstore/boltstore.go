@@ -41,10 +41,17 @@ type Store struct {
 
 var _ ledger.Store = (*Store)(nil)
 
+// Option changes how a store is opened.
+type Option func(*bolt.Options)
+
+// WithoutSync skips fsync on commit. It is for filling a ledger in benchmarks only:
+// a store opened with it is not durable and breaks invariant 10.
+func WithoutSync() Option { return func(o *bolt.Options) { o.NoSync = true } }
+
 // Open opens (creating when missing) the state file at path. A file that is not a
 // ledger, is damaged, or has another schema version gives an error wrapping
 // ledger.ErrCorrupt that names the file and what to do.
-func Open(path string) (s *Store, err error) {
+func Open(path string, opts ...Option) (s *Store, err error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("%w: state directory %s: %v", ledger.ErrStore, filepath.Dir(path), err)
 	}
@@ -53,7 +60,11 @@ func Open(path string) (s *Store, err error) {
 			err = corrupt(path, fmt.Errorf("%v", r))
 		}
 	}()
-	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: 2 * time.Second})
+	bo := &bolt.Options{Timeout: 2 * time.Second}
+	for _, o := range opts {
+		o(bo)
+	}
+	db, err := bolt.Open(path, 0o600, bo)
 	if err != nil {
 		switch {
 		case errors.Is(err, bolterrors.ErrTimeout):

@@ -1,0 +1,13 @@
+// Command ipledgerctl is the operator CLI.
+package main
+
+import (
+	"os"
+
+	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/ctl"
+)
+
+func main() {
+	os.Exit(ctl.Main(&ctl.Env{Stdout: os.Stdout, Stderr: os.Stderr, Call: api.Call, Extra: extra}, os.Args[1:]))
+}

@@ -1,0 +1,145 @@
+// Command ipledgerd is the node agent: it owns the ledger and serves the plugins and
+// the CLI. main parses flags and starts the components.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/agent"
+	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/store/boltstore"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stderr))
+}
+
+type options struct {
+	stateDir, socket, spoolDir, criEndpoint, metricsAddr string
+	reconcileInterval, releaseGrace, reuseDelay          time.Duration
+	strandedGrace                                        time.Duration
+	reclaimStranded                                      bool
+	etcdEndpoints, nodeName                              string
+	logLevel                                             string
+}
+
+func parse(args []string, stderr io.Writer) (*options, error) {
+	var o options
+	fs := flag.NewFlagSet("ipledgerd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.stateDir, "state-dir", "/var/lib/ipledger", "directory of the ledger's state file (ledger.db) and the DEL spool")
+	fs.StringVar(&o.socket, "socket", "/run/ipledger/ipledger.sock", "unix socket the plugins and the CLI call (mode 0600)")
+	fs.StringVar(&o.spoolDir, "spool-dir", "", "directory where plugins spool DELs while the agent is down (default STATE-DIR/spool)")
+	fs.StringVar(&o.criEndpoint, "cri-endpoint", "", "CRI runtime endpoint, e.g. unix:///run/containerd/containerd.sock (none: no runtime reconciliation)")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "address for Prometheus metrics and /healthz, e.g. 127.0.0.1:9780 (none: off)")
+	fs.DurationVar(&o.reconcileInterval, "reconcile-interval", 30*time.Second, "how often leases are compared with the runtime's sandboxes")
+	fs.DurationVar(&o.releaseGrace, "release-grace", 60*time.Second, "how long a lease must look abandoned, over at least two observations, before it is released")
+	fs.DurationVar(&o.reuseDelay, "reuse-delay", 30*time.Second, "least time between an address's release and its allocation to another pod")
+	fs.BoolVar(&o.reclaimStranded, "reclaim-stranded", false, "remove the interface of a NotReady sandbox that still holds its address (identity-checked) and release it after --stranded-grace")
+	fs.DurationVar(&o.strandedGrace, "stranded-grace", 10*time.Minute, "how long a lease must be stranded before --reclaim-stranded acts")
+	fs.StringVar(&o.etcdEndpoints, "etcd-endpoints", "", "cluster mode: etcd endpoints (not available in this release)")
+	fs.StringVar(&o.nodeName, "node-name", "", "cluster mode: this node's name")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if o.spoolDir == "" {
+		o.spoolDir = filepath.Join(o.stateDir, "spool")
+	}
+	if o.etcdEndpoints != "" {
+		return nil, errors.New("--etcd-endpoints: cluster mode is not available in this release; run without it for node-local pools")
+	}
+	for name, d := range map[string]time.Duration{"--reconcile-interval": o.reconcileInterval, "--release-grace": o.releaseGrace, "--stranded-grace": o.strandedGrace} {
+		if d <= 0 {
+			return nil, fmt.Errorf("%s: must be positive", name)
+		}
+	}
+	if o.reuseDelay < 0 {
+		return nil, errors.New("--reuse-delay: must not be negative")
+	}
+	return &o, nil
+}
+
+func run(ctx context.Context, args []string, stderr io.Writer) int {
+	o, err := parse(args, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, "ipledgerd:", err)
+		return 2
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		fmt.Fprintln(stderr, "ipledgerd: --log-level:", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	if err := serve(ctx, o, log); err != nil {
+		log.Error("exiting", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func serve(ctx context.Context, o *options, log *slog.Logger) error {
+	st, err := boltstore.Open(filepath.Join(o.stateDir, "ledger.db"))
+	if err != nil {
+		return err
+	}
+	l, err := ledger.Open(st, ledger.Options{ReuseDelay: o.reuseDelay, Logger: log})
+	if err != nil {
+		st.Close()
+		return err
+	}
+	defer l.Close()
+	cfg := agent.Config{Ledger: l, Socket: o.socket, SpoolDir: o.spoolDir, Logger: log}
+	rec, err := startReconciler(ctx, o, l, log)
+	if err != nil {
+		return err
+	}
+	if rec != nil {
+		cfg.Guard = rec
+	}
+	srv, err := agent.New(cfg)
+	if err != nil {
+		return err
+	}
+	// spooled DELs are applied before the socket answers any ADD
+	srv.ApplySpool()
+	ln, err := agent.Listen(o.socket)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(o.socket)
+	if o.metricsAddr != "" {
+		mln, err := net.Listen("tcp", o.metricsAddr)
+		if err != nil {
+			return fmt.Errorf("--metrics-addr %s: %w", o.metricsAddr, err)
+		}
+		hs := &http.Server{Handler: agent.MetricsHandler(l, srv.Stats()), ReadHeaderTimeout: 5 * time.Second}
+		go hs.Serve(mln)
+		defer hs.Close()
+	}
+	log.Info("serving", "socket", o.socket, "state", filepath.Join(o.stateDir, "ledger.db"), "spool", o.spoolDir, "cri", o.criEndpoint)
+	err = srv.Serve(ctx, ln)
+	log.Info("stopped")
+	return err
+}

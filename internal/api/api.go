@@ -1,0 +1,231 @@
+// Package api is the request/response protocol between the plugins, the CLI and the
+// node agent: one JSON request and one JSON response per connection on a unix socket.
+// Every message carries the protocol version; the agent refuses versions it does not
+// speak.
+package api
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/pool"
+)
+
+// Version is the protocol version this code speaks.
+const Version = 1
+
+// MaxMessage bounds a request or response line.
+const MaxMessage = 16 << 20
+
+// Operations.
+const (
+	OpAdd     = "add"
+	OpDel     = "del"
+	OpCheck   = "check"
+	OpGC      = "gc"
+	OpStatus  = "status"
+	OpLeases  = "leases"
+	OpAudit   = "audit"
+	OpHistory = "history"
+	OpRelease = "release"
+	OpPing    = "ping"
+)
+
+// Attachment names one attachment in a GC request (cni.dev/valid-attachments).
+type Attachment struct {
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifname"`
+}
+
+// Request is one call to the agent.
+type Request struct {
+	Version     int             `json:"version"`
+	Op          string          `json:"op"`
+	Network     string          `json:"network,omitempty"`
+	ContainerID string          `json:"containerID,omitempty"`
+	IfName      string          `json:"ifname,omitempty"`
+	Ranges      []pool.RangeSet `json:"ranges,omitempty"`
+	Pod         ledger.Pod      `json:"pod,omitzero"`
+	NetNS       ledger.NetNS    `json:"netns,omitzero"`
+	// GC: the attachments of Network that are still valid.
+	Valid []Attachment `json:"valid,omitempty"`
+	// CHECK: the addresses the runtime believes the attachment has.
+	IPs []string `json:"ips,omitempty"`
+	// History: the address; Release: the reason detail.
+	IP     string `json:"ip,omitempty"`
+	Detail string `json:"detail,omitempty"`
+}
+
+// Key is the attachment the request names.
+func (r Request) Key() ledger.Key {
+	return ledger.Key{Network: r.Network, ContainerID: r.ContainerID, IfName: r.IfName}
+}
+
+// Error codes carried in responses; the plugin maps them to CNI codes.
+const (
+	CodeInvalid     = "invalid"     // bad request field
+	CodeExhausted   = "exhausted"   // no free address
+	CodeConflict    = "conflict"    // ranges differ from the network's pool
+	CodeNotFound    = "not-found"   // no lease (CHECK)
+	CodeMismatch    = "mismatch"    // CHECK found different addresses or netns
+	CodeStore       = "store"       // the state store failed; nothing changed
+	CodeUnavailable = "unavailable" // the agent cannot serve now (draining, starting)
+	CodeInternal    = "internal"
+)
+
+// Error is an error answered by the agent.
+type Error struct {
+	Code string `json:"code"`
+	Msg  string `json:"msg"`
+}
+
+func (e *Error) Error() string { return e.Msg }
+
+// LeaseView is a lease as shown to operators and in the contract of
+// `ipledgerctl leases -o json`.
+type LeaseView struct {
+	Network     string    `json:"network"`
+	ContainerID string    `json:"containerID"`
+	IfName      string    `json:"ifname"`
+	IPs         []string  `json:"ips"`
+	Gateways    []string  `json:"gateways,omitempty"`
+	Namespace   string    `json:"namespace,omitempty"`
+	Name        string    `json:"name,omitempty"`
+	UID         string    `json:"uid,omitempty"`
+	NetNS       string    `json:"netns,omitempty"`
+	NetNSID     string    `json:"netnsID,omitempty"`
+	Created     time.Time `json:"created"`
+	State       string    `json:"state"`
+	// Reconciler's view, when a runtime is configured.
+	Sandbox string `json:"sandbox,omitempty"` // READY, NOTREADY, GONE, UNKNOWN
+	Suspect string `json:"suspect,omitempty"` // why the lease is suspected, if it is
+}
+
+// Audit is the answer to OpAudit, the contract of `ipledgerctl audit -o json`.
+type Audit struct {
+	OK             bool                    `json:"ok"`
+	Live           int                     `json:"live"`
+	Suspect        int                     `json:"suspect"`
+	Stranded       int                     `json:"stranded"`
+	Leaked         int                     `json:"leaked"`
+	DoubleAssigned int                     `json:"doubleAssigned"`
+	Runtime        string                  `json:"runtime"` // none, ok, unreachable
+	Problems       []string                `json:"problems"`
+	Doubles        []ledger.DoubleAssigned `json:"doubles,omitempty"`
+	SuspectLeases  []LeaseView             `json:"suspectLeases,omitempty"`
+	Pools          []ledger.PoolAudit      `json:"pools"`
+}
+
+// Response is the agent's answer.
+type Response struct {
+	Version int                `json:"version"`
+	Error   *Error             `json:"error,omitempty"`
+	Lease   *LeaseView         `json:"lease,omitempty"`
+	Leases  []LeaseView        `json:"leases,omitempty"`
+	Audit   *Audit             `json:"audit,omitempty"`
+	History []ledger.Release   `json:"history,omitempty"`
+	Pool    *ledger.PoolStatus `json:"pool,omitempty"`
+	// Released counts leases released (DEL, GC, release).
+	Released int `json:"released"`
+	// Existed is true when ADD returned an existing lease.
+	Existed bool `json:"existed,omitempty"`
+}
+
+// ErrUnreachable: the agent's socket is missing or refuses connections.
+var ErrUnreachable = errors.New("agent unreachable")
+
+// Call sends req to the agent at socket and returns its answer. An agent error comes
+// back as *Error; a socket that cannot be reached as ErrUnreachable (wrapped, naming the
+// socket).
+func Call(ctx context.Context, socket string, req Request) (*Response, error) {
+	req.Version = Version
+	var d net.Dialer
+	conn, err := d.DialContext(ctx, "unix", socket)
+	if err != nil {
+		return nil, fmt.Errorf("%w: socket %s: %v (is ipledgerd running?)", ErrUnreachable, socket, err)
+	}
+	defer conn.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := conn.Write(append(b, '\n')); err != nil {
+		return nil, fmt.Errorf("%w: socket %s: write: %v", ErrUnreachable, socket, err)
+	}
+	r := bufio.NewReaderSize(conn, 64<<10)
+	line, err := readLine(r)
+	if err != nil {
+		return nil, fmt.Errorf("socket %s: reading the answer: %w", socket, err)
+	}
+	var resp Response
+	if err := json.Unmarshal(line, &resp); err != nil {
+		return nil, fmt.Errorf("socket %s: bad answer: %w", socket, err)
+	}
+	if resp.Version != Version {
+		return nil, fmt.Errorf("socket %s: agent speaks protocol version %d, this client %d; use binaries of one release", socket, resp.Version, Version)
+	}
+	if resp.Error != nil {
+		return &resp, resp.Error
+	}
+	return &resp, nil
+}
+
+// ReadRequest reads one request line.
+func ReadRequest(r *bufio.Reader) (Request, error) {
+	var req Request
+	line, err := readLine(r)
+	if err != nil {
+		return req, err
+	}
+	if err := json.Unmarshal(line, &req); err != nil {
+		return req, fmt.Errorf("request is not valid JSON: %w", err)
+	}
+	return req, nil
+}
+
+func readLine(r *bufio.Reader) ([]byte, error) {
+	var out []byte
+	for {
+		chunk, isPrefix, err := r.ReadLine()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, chunk...)
+		if len(out) > MaxMessage {
+			return nil, fmt.Errorf("message longer than %d bytes", MaxMessage)
+		}
+		if !isPrefix {
+			return out, nil
+		}
+	}
+}
+
+// ViewOf shows a lease; ranges give each address's gateway.
+func ViewOf(ls ledger.Lease, ranges []pool.RangeSet) LeaseView {
+	v := LeaseView{Network: ls.Key.Network, ContainerID: ls.Key.ContainerID, IfName: ls.Key.IfName,
+		Namespace: ls.Pod.Namespace, Name: ls.Pod.Name, UID: ls.Pod.UID, NetNS: ls.NetNS.Path,
+		Created: ls.Created, State: ls.State, IPs: []string{}}
+	if ls.NetNS.Ino != 0 {
+		v.NetNSID = fmt.Sprintf("%d:%d", ls.NetNS.Dev, ls.NetNS.Ino)
+	}
+	for _, p := range ls.IPs {
+		v.IPs = append(v.IPs, p.String())
+		gw := ""
+		for _, set := range ranges {
+			if r, ok := set.RangeOf(p.Addr()); ok && r.Gateway.IsValid() {
+				gw = r.Gateway.String()
+			}
+		}
+		v.Gateways = append(v.Gateways, gw)
+	}
+	return v
+}

@@ -1,0 +1,162 @@
+// Package ipam is the logic of the `ipledger` CNI IPAM plugin: a thin client that
+// turns each CNI call into one request to the node agent. Its main is one
+// skel.PluginMainFuncs call.
+package ipam
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/pool"
+)
+
+// Defaults shared with ipledgerd.
+const (
+	DefaultSocket   = "/run/ipledger/ipledger.sock"
+	DefaultSpoolDir = "/var/lib/ipledger/spool"
+	DefaultTimeout  = 10 * time.Second
+)
+
+// NetConf is the network configuration the plugin reads from stdin.
+type NetConf struct {
+	types.NetConf
+	IPAM             Config           `json:"ipam"`
+	ValidAttachments []api.Attachment `json:"cni.dev/valid-attachments,omitempty"`
+	Attachments      []api.Attachment `json:"cni.dev/attachments,omitempty"`
+}
+
+// Config is the plugin's `ipam` section, host-local compatible where it overlaps.
+type Config struct {
+	Type     string          `json:"type"`
+	Socket   string          `json:"socket,omitempty"`
+	SpoolDir string          `json:"spoolDir,omitempty"`
+	Timeout  string          `json:"timeout,omitempty"`
+	Ranges   json.RawMessage `json:"ranges,omitempty"`
+	Routes   []*types.Route  `json:"routes,omitempty"`
+	DataDir  string          `json:"dataDir,omitempty"` // host-local's; accepted and ignored
+
+	ranges  []pool.RangeSet
+	timeout time.Duration
+}
+
+// rawNetConf decodes routes leniently so that a bad route names its field.
+type rawRoute struct {
+	Dst string `json:"dst"`
+	GW  string `json:"gw,omitempty"`
+}
+
+// ParseConfig decodes and validates stdin. needRanges is false for DEL, GC and STATUS,
+// which must work even when the ranges are not given.
+func ParseConfig(stdin []byte, needRanges bool) (*NetConf, *types.Error) {
+	var conf NetConf
+	if err := json.Unmarshal(stdin, &conf); err != nil {
+		var probe struct {
+			IPAM struct {
+				Routes []rawRoute `json:"routes"`
+			} `json:"ipam"`
+		}
+		if json.Unmarshal(stdin, &probe) == nil {
+			for i, r := range probe.IPAM.Routes {
+				if _, _, perr := net.ParseCIDR(r.Dst); perr != nil {
+					return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.routes[%d].dst: %q is not a CIDR (want e.g. \"0.0.0.0/0\")", i, r.Dst), "")
+				}
+				if r.GW != "" && net.ParseIP(r.GW) == nil {
+					return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.routes[%d].gw: %q is not an IP address", i, r.GW), "")
+				}
+			}
+		}
+		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("network configuration is not valid JSON of the expected shape: %v", err), "")
+	}
+	if conf.Name == "" {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, "name: missing; the network name identifies the pool", "")
+	}
+	if err := (ledger.Key{Network: conf.Name, ContainerID: "x", IfName: "x"}).Validate(); err != nil {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("name: %v", err), "")
+	}
+	c := &conf.IPAM
+	if c.Socket == "" {
+		c.Socket = DefaultSocket
+	}
+	if c.SpoolDir == "" {
+		c.SpoolDir = DefaultSpoolDir
+	}
+	c.timeout = DefaultTimeout
+	if c.Timeout != "" {
+		d, err := time.ParseDuration(c.Timeout)
+		if err != nil || d <= 0 {
+			return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.timeout: %q is not a positive duration (e.g. \"10s\")", c.Timeout), "")
+		}
+		c.timeout = d
+	}
+	if len(c.Ranges) > 0 && string(c.Ranges) != "null" {
+		sets, err := pool.ParseRangeSets(c.Ranges)
+		if err != nil {
+			return nil, types.NewError(types.ErrInvalidNetworkConfig, "ipam."+strings.TrimPrefix(err.Error(), pool.ErrInvalidRange.Error()+": "), "")
+		}
+		c.ranges = sets
+	} else if needRanges {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, "ipam.ranges: missing; give e.g. [[{\"subnet\": \"10.0.0.0/24\"}]]", "")
+	}
+	for i, r := range c.Routes {
+		if r == nil || r.Dst.IP == nil {
+			return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.routes[%d].dst: missing", i), "")
+		}
+	}
+	return &conf, nil
+}
+
+// Limits on the pod identity values taken from CNI_ARGS.
+const maxArgValue = 512
+
+// PodArgs parses CNI_ARGS ("K=V;K=V"): the pod's namespace, name and UID. Unknown keys
+// are ignored (the runtime sends IgnoreUnknown); malformed pairs or values are errors
+// naming CNI_ARGS.
+func PodArgs(s string) (ledger.Pod, *types.Error) {
+	var pod ledger.Pod
+	if s == "" {
+		return pod, nil
+	}
+	if len(s) > 16<<10 {
+		return pod, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_ARGS: %d bytes; at most 16384", len(s)), "")
+	}
+	for i, pair := range strings.Split(s, ";") {
+		if pair == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(pair, "=")
+		if !ok || k == "" {
+			return pod, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_ARGS: pair %d (%q) is not KEY=VALUE; the format is K1=V1;K2=V2", i, clip(pair)), "")
+		}
+		if len(v) > maxArgValue {
+			return pod, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_ARGS: %s is %d bytes; at most %d", clip(k), len(v), maxArgValue), "")
+		}
+		for _, c := range []byte(v) {
+			if c < ' ' || c == 0x7f {
+				return pod, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_ARGS: %s holds a control character", clip(k)), "")
+			}
+		}
+		switch k {
+		case "K8S_POD_NAMESPACE":
+			pod.Namespace = v
+		case "K8S_POD_NAME":
+			pod.Name = v
+		case "K8S_POD_UID":
+			pod.UID = v
+		}
+	}
+	return pod, nil
+}
+
+func clip(s string) string {
+	if len(s) > 40 {
+		return s[:40] + "..."
+	}
+	return s
+}

@@ -1,0 +1,254 @@
+package ipam
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"syscall"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/spool"
+)
+
+// Versions are the CNI versions the plugin speaks.
+var Versions = version.PluginSupports("0.3.1", "0.4.0", "1.0.0", "1.1.0")
+
+// Plugin error codes beyond the spec's well-known ones.
+const (
+	ErrPoolExhausted uint = 100 // no address free in the network's pool
+	ErrCheckFailed   uint = 101 // CHECK found the attachment without its lease
+	ErrAgent         uint = 102 // the agent failed in a way not listed above
+)
+
+// Plugin holds the process edges: how to reach the agent, where to write results and
+// notes, the clock.
+type Plugin struct {
+	Call   func(ctx context.Context, socket string, req api.Request) (*api.Response, error)
+	Stdout io.Writer
+	Stderr io.Writer
+	Now    func() time.Time
+}
+
+// New returns a plugin on the real process edges.
+func New() *Plugin {
+	return &Plugin{Call: api.Call, Stdout: os.Stdout, Stderr: os.Stderr, Now: time.Now}
+}
+
+// Funcs are the plugin's verbs for skel.
+func (p *Plugin) Funcs() skel.CNIFuncs {
+	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, GC: p.GC, Status: p.Status}
+}
+
+func (p *Plugin) call(conf *NetConf, req api.Request) (*api.Response, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), conf.IPAM.timeout)
+	defer cancel()
+	return p.Call(ctx, conf.IPAM.Socket, req)
+}
+
+// toCNI maps an agent error to the CNI error a runtime sees.
+func toCNI(err error, socket string) *types.Error {
+	if errors.Is(err, api.ErrUnreachable) {
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("ipledgerd is not reachable on %s; try again later", socket), err.Error())
+	}
+	var ae *api.Error
+	if errors.As(err, &ae) {
+		switch ae.Code {
+		case api.CodeExhausted:
+			return types.NewError(ErrPoolExhausted, ae.Msg, "")
+		case api.CodeConflict:
+			return types.NewError(types.ErrInvalidNetworkConfig, ae.Msg, "")
+		case api.CodeInvalid:
+			return types.NewError(types.ErrInvalidNetworkConfig, ae.Msg, "")
+		case api.CodeNotFound, api.CodeMismatch:
+			return types.NewError(ErrCheckFailed, ae.Msg, "")
+		case api.CodeStore:
+			return types.NewError(types.ErrIOFailure, ae.Msg, "")
+		case api.CodeUnavailable:
+			return types.NewError(types.ErrTryAgainLater, ae.Msg, "")
+		}
+		return types.NewError(ErrAgent, ae.Msg, "")
+	}
+	return types.NewError(types.ErrInternal, err.Error(), "")
+}
+
+func keyOf(conf *NetConf, args *skel.CmdArgs) (ledger.Key, *types.Error) {
+	k := ledger.Key{Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName}
+	if err := k.Validate(); err != nil {
+		return k, types.NewError(types.ErrInvalidEnvironmentVariables, err.Error(), "")
+	}
+	return k, nil
+}
+
+// netnsID reads the identity of the namespace at path; zero when it cannot be read.
+func netnsID(path string) ledger.NetNS {
+	ns := ledger.NetNS{Path: path}
+	var st syscall.Stat_t
+	if path != "" && syscall.Stat(path, &st) == nil {
+		ns.Dev, ns.Ino = st.Dev, st.Ino
+	}
+	return ns
+}
+
+// Add allocates the attachment's addresses through the agent.
+func (p *Plugin) Add(args *skel.CmdArgs) error {
+	conf, cerr := ParseConfig(args.StdinData, true)
+	if cerr != nil {
+		return cerr
+	}
+	k, kerr := keyOf(conf, args)
+	if kerr != nil {
+		return kerr
+	}
+	pod, perr := PodArgs(args.Args)
+	if perr != nil {
+		return perr
+	}
+	ns := netnsID(args.Netns)
+	if self := netnsID("/proc/self/ns/net"); ns.Ino != 0 && ns.Ino == self.Ino && ns.Dev == self.Dev {
+		return types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("CNI_NETNS %s is the plugin's own (host) network namespace; refusing to allocate for it", args.Netns), "")
+	}
+	resp, err := p.call(conf, api.Request{Op: api.OpAdd, Network: k.Network, ContainerID: k.ContainerID, IfName: k.IfName,
+		Ranges: conf.IPAM.ranges, Pod: pod, NetNS: ns})
+	if err != nil {
+		return toCNI(err, conf.IPAM.Socket)
+	}
+	if resp.Lease == nil {
+		return types.NewError(ErrAgent, "agent answered ADD without a lease", "")
+	}
+	result := &current.Result{CNIVersion: current.ImplementedSpecVersion}
+	for i, s := range resp.Lease.IPs {
+		pfx, err := netip.ParsePrefix(s)
+		if err != nil {
+			return types.NewError(ErrAgent, fmt.Sprintf("agent answered a bad address %q", s), "")
+		}
+		ipc := &current.IPConfig{Address: net.IPNet{IP: pfx.Addr().AsSlice(), Mask: net.CIDRMask(pfx.Bits(), pfx.Addr().BitLen())}}
+		if i < len(resp.Lease.Gateways) && resp.Lease.Gateways[i] != "" {
+			ipc.Gateway = net.ParseIP(resp.Lease.Gateways[i])
+		}
+		result.IPs = append(result.IPs, ipc)
+	}
+	result.Routes = conf.IPAM.Routes
+	result.DNS = conf.DNS
+	// netns is not needed after this point; clear it so that skel's post-check cannot
+	// fail an ADD whose lease is already durable (we checked the identity above)
+	args.Netns = ""
+	out, err := result.GetAsVersion(conf.CNIVersion)
+	if err != nil {
+		return types.NewError(types.ErrIncompatibleCNIVersion, fmt.Sprintf("cniVersion %q: %v", conf.CNIVersion, err), "")
+	}
+	return out.PrintTo(p.Stdout)
+}
+
+// Del releases the attachment's lease. It never needs CNI_NETNS, succeeds for an
+// unknown attachment and, when the agent is unreachable, spools the DEL durably and
+// succeeds.
+func (p *Plugin) Del(args *skel.CmdArgs) error {
+	// skel re-checks CNI_NETNS after DEL; a stale or reused path must not fail a
+	// release that has happened (seed 003), and DEL never uses it.
+	args.Netns = ""
+	conf, cerr := ParseConfig(args.StdinData, false)
+	if cerr != nil {
+		return cerr
+	}
+	k, kerr := keyOf(conf, args)
+	if kerr != nil {
+		return kerr
+	}
+	pod, _ := PodArgs(args.Args) // DEL must not fail on CNI_ARGS it does not need
+	_, err := p.call(conf, api.Request{Op: api.OpDel, Network: k.Network, ContainerID: k.ContainerID, IfName: k.IfName})
+	if err == nil {
+		return nil
+	}
+	var ae *api.Error
+	if errors.Is(err, api.ErrUnreachable) || (errors.As(err, &ae) && ae.Code == api.CodeUnavailable) {
+		if serr := spool.Write(conf.IPAM.SpoolDir, spool.Entry{Key: k, Spooled: p.Now().UTC(), CNIVerb: "DEL", PodUID: pod.UID}); serr != nil {
+			return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("ipledgerd is not reachable on %s and the DEL could not be spooled in %s: %v", conf.IPAM.Socket, conf.IPAM.SpoolDir, serr), "")
+		}
+		fmt.Fprintf(p.Stderr, "ipledger: agent unreachable on %s; DEL of %s spooled in %s\n", conf.IPAM.Socket, k, conf.IPAM.SpoolDir)
+		return nil
+	}
+	return toCNI(err, conf.IPAM.Socket)
+}
+
+// Check verifies that the attachment holds its lease and the addresses of prevResult.
+func (p *Plugin) Check(args *skel.CmdArgs) error {
+	conf, cerr := ParseConfig(args.StdinData, false)
+	if cerr != nil {
+		return cerr
+	}
+	k, kerr := keyOf(conf, args)
+	if kerr != nil {
+		return kerr
+	}
+	var ips []string
+	if conf.RawPrevResult != nil {
+		if err := version.ParsePrevResult(&conf.NetConf); err != nil {
+			return types.NewError(types.ErrDecodingFailure, fmt.Sprintf("prevResult: %v", err), "")
+		}
+		prev, err := current.NewResultFromResult(conf.PrevResult)
+		if err != nil {
+			return types.NewError(types.ErrDecodingFailure, fmt.Sprintf("prevResult: %v", err), "")
+		}
+		for _, ip := range prev.IPs {
+			ips = append(ips, ip.Address.String())
+		}
+	}
+	_, err := p.call(conf, api.Request{Op: api.OpCheck, Network: k.Network, ContainerID: k.ContainerID, IfName: k.IfName, IPs: ips, NetNS: netnsID(args.Netns)})
+	if err != nil {
+		return toCNI(err, conf.IPAM.Socket)
+	}
+	return nil
+}
+
+// GC releases, reason GC, every lease of the network not in cni.dev/valid-attachments.
+func (p *Plugin) GC(args *skel.CmdArgs) error {
+	conf, cerr := ParseConfig(args.StdinData, false)
+	if cerr != nil {
+		return cerr
+	}
+	valid := conf.ValidAttachments
+	if valid == nil {
+		valid = conf.Attachments
+	}
+	if valid == nil {
+		// without the list every lease would look invalid: do nothing rather than
+		// release live pods' addresses
+		return types.NewError(types.ErrInvalidNetworkConfig, "cni.dev/valid-attachments: missing; GC needs the list of valid attachments", "")
+	}
+	if _, err := p.call(conf, api.Request{Op: api.OpGC, Network: conf.Name, Valid: valid}); err != nil {
+		return toCNI(err, conf.IPAM.Socket)
+	}
+	return nil
+}
+
+// Status reports whether the plugin can serve ADDs: the agent answers and the
+// network's pool has an address to give.
+func (p *Plugin) Status(args *skel.CmdArgs) error {
+	conf, cerr := ParseConfig(args.StdinData, false)
+	if cerr != nil {
+		return cerr
+	}
+	_, err := p.call(conf, api.Request{Op: api.OpStatus, Network: conf.Name})
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, api.ErrUnreachable) {
+		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("ipledgerd is not reachable on %s", conf.IPAM.Socket), err.Error())
+	}
+	var ae *api.Error
+	if errors.As(err, &ae) && ae.Code == api.CodeExhausted {
+		return types.NewError(types.ErrPluginNotAvailable, ae.Msg, "")
+	}
+	return toCNI(err, conf.IPAM.Socket)
+}
