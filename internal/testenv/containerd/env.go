@@ -276,9 +276,9 @@ func (e *Env) start() error {
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:"+os.Getenv("PATH"))
 	// Own process group (a ^C to the test does not hit it first); killed if
-	// the test process dies without cleanup.
+	// the test process dies without cleanup (see spawn for the thread).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if err := spawn(cmd); err != nil {
 		logf.Close()
 		e.mu.Unlock()
 		return fmt.Errorf("containerdenv: start containerd: %w", err)

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strconv"
 	"strings"
@@ -258,4 +259,33 @@ func pidsWithCwd(dir string) []int {
 		}
 	}
 	return out
+}
+
+type spawnReq struct {
+	cmd *exec.Cmd
+	err chan error
+}
+
+var (
+	spawnOnce sync.Once
+	spawnCh   chan spawnReq
+)
+
+// spawn starts cmd from one OS thread that lives as long as the process.
+// Pdeathsig fires when the thread that forked the child exits, and Go ends
+// threads whose goroutine exits while locked (netns code does that on
+// purpose), so containerd must not be forked from an arbitrary thread.
+func spawn(cmd *exec.Cmd) error {
+	spawnOnce.Do(func() {
+		spawnCh = make(chan spawnReq)
+		go func() {
+			runtime.LockOSThread() // never unlocked: the thread is ours for good
+			for r := range spawnCh {
+				r.err <- r.cmd.Start()
+			}
+		}()
+	})
+	r := spawnReq{cmd: cmd, err: make(chan error, 1)}
+	spawnCh <- r
+	return <-r.err
 }
