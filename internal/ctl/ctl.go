@@ -155,8 +155,9 @@ func leases(env *Env, socket string, args []string) int {
 	return ExitOK
 }
 
+// short abbreviates runtime-made IDs (64 hex digits) as docker and crictl do.
 func short(id string) string {
-	if len(id) > 13 {
+	if len(id) == 64 && strings.Trim(id, "0123456789abcdef") == "" {
 		return id[:13]
 	}
 	return id

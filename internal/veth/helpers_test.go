@@ -18,6 +18,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
@@ -68,6 +69,12 @@ func run(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "build plugin:", err)
 		return 1
 	}
+	build = exec.Command("go", "build", "-o", filepath.Join(dir, "ipledger"), "github.com/ipledger/ipledger/cmd/ipledger")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build ipledger:", err)
+		return 1
+	}
 	if err := os.Symlink("/usr/lib/cni/host-local", filepath.Join(dir, "host-local")); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -104,10 +111,38 @@ type ipamKind struct {
 	new  func(t *testing.T) ipamEnv
 }
 
-// ipamKinds lists the IPAM plugins every plugin test runs against. ipledger joins
-// here once its plugin and agent exist.
+// ipamKinds lists the IPAM plugins every plugin test runs against: Debian's host-local
+// and ours, with a real ipledgerd per test (audited when the test ends).
 var ipamKinds = []ipamKind{
 	{name: "host-local", new: func(t *testing.T) ipamEnv { return &hostLocal{dataDir: t.TempDir()} }},
+	{name: "ipledger", new: func(t *testing.T) ipamEnv {
+		return &ipledgerIPAM{a: agentenv.Start(t, agentenv.Options{Args: []string{"--reuse-delay", "0s"}})}
+	}},
+}
+
+type ipledgerIPAM struct{ a *agentenv.Agent }
+
+func (i *ipledgerIPAM) Section(p pool, dualStack, single bool) map[string]any {
+	s := (&hostLocal{}).Section(p, dualStack, single)
+	s["type"] = "ipledger"
+	delete(s, "dataDir")
+	s["socket"] = i.a.Socket
+	s["spoolDir"] = i.a.SpoolDir
+	return s
+}
+
+func (i *ipledgerIPAM) Leases(t *testing.T, network string) []string {
+	t.Helper()
+	var out []string
+	for _, l := range i.a.Leases(t) {
+		if l.Network != network {
+			continue
+		}
+		for _, ip := range l.IPs {
+			out = append(out, strings.Split(ip, "/")[0])
+		}
+	}
+	return out
 }
 
 type hostLocal struct{ dataDir string }
