@@ -140,6 +140,11 @@ type Response struct {
 // ErrUnreachable: the agent's socket is missing or refuses connections.
 var ErrUnreachable = errors.New("agent unreachable")
 
+// ErrNoAnswer: the agent took the request but closed the connection (or timed out)
+// before answering, e.g. because it was killed; the request may or may not have been
+// applied. Every verb is idempotent, so the caller may retry (or spool a DEL).
+var ErrNoAnswer = errors.New("agent gave no answer")
+
 // Call sends req to the agent at socket and returns its answer. An agent error comes
 // back as *Error; a socket that cannot be reached as ErrUnreachable (wrapped, naming the
 // socket).
@@ -164,7 +169,7 @@ func Call(ctx context.Context, socket string, req Request) (*Response, error) {
 	r := bufio.NewReaderSize(conn, 64<<10)
 	line, err := readLine(r)
 	if err != nil {
-		return nil, fmt.Errorf("socket %s: reading the answer: %w", socket, err)
+		return nil, fmt.Errorf("%w: socket %s: reading the answer: %v", ErrNoAnswer, socket, err)
 	}
 	var resp Response
 	if err := json.Unmarshal(line, &resp); err != nil {

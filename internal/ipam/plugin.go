@@ -61,6 +61,9 @@ func toCNI(err error, socket string) *types.Error {
 	if errors.Is(err, api.ErrUnreachable) {
 		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("ipledgerd is not reachable on %s; try again later", socket), err.Error())
 	}
+	if errors.Is(err, api.ErrNoAnswer) {
+		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("ipledgerd on %s gave no answer; try again later", socket), err.Error())
+	}
 	var ae *api.Error
 	if errors.As(err, &ae) {
 		switch ae.Code {
@@ -171,7 +174,10 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		return nil
 	}
 	var ae *api.Error
-	if errors.Is(err, api.ErrUnreachable) || (errors.As(err, &ae) && ae.Code == api.CodeUnavailable) {
+	// an agent that died with the DEL in flight (no answer) may not have applied it:
+	// spool it too (a release is idempotent) rather than fail a DEL the runtime may
+	// never retry
+	if errors.Is(err, api.ErrUnreachable) || errors.Is(err, api.ErrNoAnswer) || (errors.As(err, &ae) && ae.Code == api.CodeUnavailable) {
 		if serr := spool.Write(conf.IPAM.SpoolDir, spool.Entry{Key: k, Spooled: p.Now().UTC(), CNIVerb: "DEL", PodUID: pod.UID}); serr != nil {
 			return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("ipledgerd is not reachable on %s and the DEL could not be spooled in %s: %v", conf.IPAM.Socket, conf.IPAM.SpoolDir, serr), "")
 		}
