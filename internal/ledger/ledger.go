@@ -41,7 +41,7 @@ type Ledger struct {
 	log    *slog.Logger
 	pools  map[string]*poolState
 	leases map[Key]*Lease
-	byUID  map[string]map[Key]struct{}
+	byUID  map[string][]Key // live leases by pod UID (usually one)
 }
 
 type poolState struct {
@@ -56,7 +56,7 @@ type setState struct {
 	usable uint64
 	free   freeHeap
 	index  map[netip.Addr]*freeItem
-	byUID  map[string]map[netip.Addr]*freeItem
+	byUID  map[string][]*freeItem // free addresses by the UID that last held them
 }
 
 // Open loads the ledger kept in st.
@@ -71,7 +71,7 @@ func Open(st Store, opts Options) (*Ledger, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	l := &Ledger{st: st, opts: opts, log: log, pools: map[string]*poolState{}, leases: map[Key]*Lease{}, byUID: map[string]map[Key]struct{}{}}
+	l := &Ledger{st: st, opts: opts, log: log, pools: map[string]*poolState{}, leases: map[Key]*Lease{}, byUID: map[string][]Key{}}
 	err := st.View(func(tx ReadTx) error {
 		if err := tx.ForEachPool(func(p PoolRecord) error {
 			ps, err := newPoolState(p)
@@ -132,7 +132,7 @@ func newPoolState(p PoolRecord) (*poolState, error) {
 				usable--
 			}
 		}
-		ps.sets = append(ps.sets, &setState{set: set, size: size, usable: usable, index: map[netip.Addr]*freeItem{}, byUID: map[string]map[netip.Addr]*freeItem{}})
+		ps.sets = append(ps.sets, &setState{set: set, size: size, usable: usable, index: map[netip.Addr]*freeItem{}, byUID: map[string][]*freeItem{}})
 	}
 	return ps, nil
 }
@@ -142,12 +142,7 @@ func (s *setState) addFree(f Free) *freeItem {
 	s.free.add(it)
 	s.index[f.IP] = it
 	if f.LastUID != "" {
-		m := s.byUID[f.LastUID]
-		if m == nil {
-			m = map[netip.Addr]*freeItem{}
-			s.byUID[f.LastUID] = m
-		}
-		m[f.IP] = it
+		s.byUID[f.LastUID] = append(s.byUID[f.LastUID], it)
 	}
 	return it
 }
@@ -155,9 +150,9 @@ func (s *setState) addFree(f Free) *freeItem {
 func (s *setState) removeFree(it *freeItem) {
 	s.free.remove(it)
 	delete(s.index, it.f.IP)
-	if m := s.byUID[it.f.LastUID]; m != nil {
-		delete(m, it.f.IP)
-		if len(m) == 0 {
+	if it.f.LastUID != "" {
+		s.byUID[it.f.LastUID] = removeItem(s.byUID[it.f.LastUID], it)
+		if len(s.byUID[it.f.LastUID]) == 0 {
 			delete(s.byUID, it.f.LastUID)
 		}
 	}
@@ -167,21 +162,27 @@ func (l *Ledger) indexUID(ls *Lease) {
 	if ls.Pod.UID == "" {
 		return
 	}
-	m := l.byUID[ls.Pod.UID]
-	if m == nil {
-		m = map[Key]struct{}{}
-		l.byUID[ls.Pod.UID] = m
-	}
-	m[ls.Key] = struct{}{}
+	l.byUID[ls.Pod.UID] = append(l.byUID[ls.Pod.UID], ls.Key)
 }
 
 func (l *Ledger) unindexUID(ls *Lease) {
-	if m := l.byUID[ls.Pod.UID]; m != nil {
-		delete(m, ls.Key)
-		if len(m) == 0 {
-			delete(l.byUID, ls.Pod.UID)
+	if ls.Pod.UID == "" {
+		return
+	}
+	l.byUID[ls.Pod.UID] = removeItem(l.byUID[ls.Pod.UID], ls.Key)
+	if len(l.byUID[ls.Pod.UID]) == 0 {
+		delete(l.byUID, ls.Pod.UID)
+	}
+}
+
+// removeItem drops the first x from s, keeping order; the slices are tiny.
+func removeItem[T comparable](s []T, x T) []T {
+	for i, v := range s {
+		if v == x {
+			return append(s[:i:i], s[i+1:]...)
 		}
 	}
+	return s
 }
 
 // change collects the writes of one transaction and the in-memory steps to undo if
@@ -547,7 +548,7 @@ func (l *Ledger) LeasesOfPod(network, uid string) []Lease {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	var out []Lease
-	for k := range l.byUID[uid] {
+	for _, k := range l.byUID[uid] {
 		if k.Network == network {
 			out = append(out, cloneLease(l.leases[k]))
 		}
