@@ -1,0 +1,35 @@
+package ledger
+
+import (
+	"fmt"
+	"time"
+)
+
+// ReleaseIfCreated releases the lease of attachment k with reason, but only when the
+// attachment still holds the very lease that was observed: one created at created.
+// A lease that was released and allocated again under the same key in the meantime
+// is a different holder and is kept. It returns the released lease and whether one
+// was released. The reconciler releases through it, so evidence gathered about one
+// holder never releases another.
+func (l *Ledger) ReleaseIfCreated(k Key, created time.Time, reason Reason, detail string) (released Lease, ok bool, err error) {
+	if !reason.Valid() {
+		return Lease{}, false, fmt.Errorf("release reason %q is not one of DEL, GC, reconcile-gone, reconcile-notready, superseded, manual", reason)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ls, held := l.leases[k]
+	if !held || !ls.Created.Equal(created) {
+		return Lease{}, false, nil
+	}
+	snapshot := cloneLease(ls)
+	c := l.begin()
+	if err := c.release(k, reason, detail, l.opts.Clock().UTC()); err != nil {
+		c.rollback()
+		return Lease{}, false, err
+	}
+	if err := c.commit(); err != nil {
+		return Lease{}, false, err
+	}
+	l.log.Info("released", "attachment", k.String(), "ips", fmt.Sprint(snapshot.IPs), "reason", string(reason), "detail", detail)
+	return snapshot, true, nil
+}

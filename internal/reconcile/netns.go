@@ -1,0 +1,157 @@
+package reconcile
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/ipledger/ipledger/internal/ledger"
+)
+
+// NSFS is the Netns of the running system: it reads the namespace files recorded
+// at ADD. A probe stats the recorded path (no namespace is touched when the path is
+// gone or holds another namespace); only when the identity matches does it open
+// the nsfs file, check its type, dev+inode and that it is not the host's, and list
+// the namespace's addresses through a netlink socket created in it (the calling
+// thread, locked, joins the namespace only for the socket(2) call and returns to
+// its own; nothing is written). Reclaim deletes one link through such a socket.
+type NSFS struct{}
+
+var _ Netns = NSFS{}
+
+// hostNS are namespaces that must never be probed or changed: the agent's own and
+// PID 1's.
+var hostNS = []string{"/proc/self/ns/net", "/proc/thread-self/ns/net", "/proc/1/ns/net"}
+
+// open opens the namespace recorded in ns with every identity check, or says why not.
+func open(ns ledger.NetNS) (*os.File, NSState, string) {
+	if ns.Path == "" {
+		return nil, NSNotRecorded, ""
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(ns.Path, &st); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil, NSGone, ns.Path + " does not exist"
+		}
+		return nil, NSUnknown, fmt.Sprintf("stat %s: %v", ns.Path, err)
+	}
+	if ns.Ino == 0 {
+		return nil, NSUnknown, "no namespace identity recorded for " + ns.Path
+	}
+	if st.Dev != ns.Dev || st.Ino != ns.Ino {
+		return nil, NSGone, fmt.Sprintf("%s is now %d:%d, not the namespace %d:%d recorded at ADD", ns.Path, st.Dev, st.Ino, ns.Dev, ns.Ino)
+	}
+	f, err := os.OpenFile(ns.Path, os.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		if errors.Is(err, os.ErrNotExist) {
+			return nil, NSGone, ns.Path + " does not exist"
+		}
+		return nil, NSUnknown, err.Error()
+	}
+	var fst unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &fst); err != nil || fst.Dev != ns.Dev || fst.Ino != ns.Ino {
+		f.Close()
+		return nil, NSUnknown, "namespace changed while opening " + ns.Path
+	}
+	if t, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_NSTYPE); err != nil || t != unix.CLONE_NEWNET {
+		f.Close()
+		return nil, NSUnknown, ns.Path + " is not a network namespace"
+	}
+	for _, h := range hostNS {
+		var hs unix.Stat_t
+		if unix.Stat(h, &hs) == nil && hs.Dev == fst.Dev && hs.Ino == fst.Ino {
+			f.Close()
+			return nil, NSUnknown, fmt.Sprintf("refused: %s is the host's namespace (%s)", ns.Path, h)
+		}
+	}
+	return f, NSAddrAbsent, ""
+}
+
+// handle opens a netlink handle inside the namespace f.
+func handle(f *os.File) (*netlink.Handle, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	return netlink.NewHandleAt(netns.NsHandle(int(f.Fd())))
+}
+
+// find returns the link carrying one of ips and the address, if any.
+func find(h *netlink.Handle, ips []netip.Prefix) (netlink.Link, netip.Addr, error) {
+	addrs, err := h.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, netip.Addr{}, err
+	}
+	want := map[netip.Addr]bool{}
+	for _, p := range ips {
+		want[p.Addr()] = true
+	}
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok || !want[ip.Unmap()] {
+			continue
+		}
+		l, err := h.LinkByIndex(a.LinkIndex)
+		if err != nil {
+			return nil, ip.Unmap(), err
+		}
+		return l, ip.Unmap(), nil
+	}
+	return nil, netip.Addr{}, nil
+}
+
+// Probe implements Netns.
+func (NSFS) Probe(ns ledger.NetNS, ips []netip.Prefix) (NSState, string) {
+	f, st, info := open(ns)
+	if f == nil {
+		return st, info
+	}
+	defer f.Close()
+	h, err := handle(f)
+	if err != nil {
+		return NSUnknown, fmt.Sprintf("netlink in %s: %v", ns.Path, err)
+	}
+	defer h.Close()
+	l, ip, err := find(h, ips)
+	if err != nil {
+		return NSUnknown, fmt.Sprintf("addresses in %s: %v", ns.Path, err)
+	}
+	if l == nil {
+		return NSAddrAbsent, ""
+	}
+	return NSAddrPresent, fmt.Sprintf("%s on %s in %s", ip, l.Attrs().Name, ns.Path)
+}
+
+// Reclaim implements Netns: it deletes the interface that carries one of ips in
+// the namespace recorded at ADD (never lo), after the identity checks.
+func (NSFS) Reclaim(ns ledger.NetNS, ips []netip.Prefix) (string, error) {
+	f, st, info := open(ns)
+	if f == nil {
+		return "", fmt.Errorf("reclaim: namespace %s: %s (%s)", ns.Path, st, info)
+	}
+	defer f.Close()
+	h, err := handle(f)
+	if err != nil {
+		return "", fmt.Errorf("reclaim: netlink in %s: %w", ns.Path, err)
+	}
+	defer h.Close()
+	l, ip, err := find(h, ips)
+	if err != nil {
+		return "", fmt.Errorf("reclaim: addresses in %s: %w", ns.Path, err)
+	}
+	if l == nil {
+		return "address already absent from " + ns.Path, nil
+	}
+	if l.Attrs().Flags&net.FlagLoopback != 0 || l.Attrs().Name == "lo" {
+		return "", fmt.Errorf("reclaim: %s is on the loopback interface of %s; refused", ip, ns.Path)
+	}
+	if err := h.LinkDel(l); err != nil {
+		return "", fmt.Errorf("reclaim: delete %s in %s: %w", l.Attrs().Name, ns.Path, err)
+	}
+	return fmt.Sprintf("removed interface %s (holding %s) in netns %s (%d:%d)", l.Attrs().Name, ip, ns.Path, ns.Dev, ns.Ino), nil
+}

@@ -1,0 +1,583 @@
+// Package reconcile compares the ledger's leases with the container runtime's pod
+// sandboxes and releases the leases whose holder can no longer use its address. It
+// is also the agent's Guard: the runtime's say in supersession and GC.
+//
+// # Evidence
+//
+// A lease's key names its sandbox (CNI_CONTAINERID). Each round lists every sandbox
+// and, for every lease, reaches one verdict:
+//
+//   - READY: the sandbox is listed (or its status says) READY. Never released
+//     (invariant 2); any suspicion is dropped.
+//   - GONE: the sandbox is not in the listing AND SandboxStatus answers NotFound for
+//     it. A listing alone never proves absence.
+//   - NOTREADY: the runtime reports the sandbox NOTREADY.
+//   - UNKNOWN: anything else (an error or timeout of SandboxStatus, a state the
+//     runtime does not name): no evidence, nothing changes for that lease.
+//
+// GONE and NOTREADY are then checked against the network namespace recorded at ADD
+// (NetNS.Path with its Dev/Ino identity), see [Netns]:
+//
+//   - the namespace no longer exists at its path (or the path now holds another
+//     namespace), or the namespace holds none of the lease's addresses: the holder
+//     cannot use the address, the lease is "abandoned";
+//   - the namespace still holds one of the lease's addresses: the lease is
+//     "stranded" (seed 001's leftover veth). A stranded lease is reported and kept,
+//     so the address is never handed to another pod while it is configured there;
+//   - no namespace was recorded: GONE is abandoned (the runtime's NotFound is the
+//     evidence), NOTREADY is only suspected (nothing can verify it);
+//   - the namespace cannot be inspected: no evidence.
+//
+// An abandoned lease is released (reason reconcile-gone or reconcile-notready) when
+// the suspicion has held for Grace since it was first seen AND was confirmed by at
+// least two observations in trustworthy rounds. Any observation of the sandbox
+// READY, or of the address in use, resets it.
+//
+// # When in doubt, keep (invariant 4)
+//
+// A round whose listing fails does nothing at all, not even aging suspicions. A
+// round is "doubtful" when the listing is empty while the previous successful
+// listing was not, when a sandbox missing from the listing is found by
+// SandboxStatus (a partial listing), or when any SandboxStatus call fails: a
+// doubtful round releases nothing and its observations do not count toward the two
+// confirmations (a suspicion first seen in it does start its clock, since each GONE
+// is a per-sandbox NotFound). After a real reboot the runtime may answer an empty
+// list forever: the first empty round is doubtful, the next ones are consistent with
+// the (empty) history, and each lease is released on its own per-sandbox NotFound
+// confirmations, within Grace plus one Interval of the runtime answering.
+//
+// A lease younger than Grace whose sandbox the runtime does not know is assumed to
+// be in creation (containerd adds a sandbox to its store only after CNI ADD) and
+// is not suspected.
+//
+// # Stranded reclaim (off by default)
+//
+// With ReclaimStranded, a lease whose sandbox is listed NOTREADY and whose
+// namespace still holds the address for StrandedGrace (and two trustworthy
+// observations) has that one interface removed inside the namespace recorded at
+// ADD — only after the namespace's dev+inode match the lease's NetNS.Dev/Ino and
+// differ from the host's — and is released once the address is verified absent.
+// The reconciler never changes any other namespace and never the host's.
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/cri"
+	"github.com/ipledger/ipledger/internal/ledger"
+)
+
+// Runtime is what the reconciler asks of the container runtime. Implemented by
+// *cri.Client (and by fakes in tests).
+//
+// Contract: ListSandboxes returns every sandbox in every state, or an error; it
+// never returns a partial list without an error on purpose, but the reconciler does
+// not rely on that. SandboxStatus returns one sandbox's state, or an error wrapping
+// cri.ErrNotFound when the runtime does not know the ID — the only error taken as
+// evidence of absence. Both must be bounded by a timeout.
+type Runtime interface {
+	ListSandboxes(ctx context.Context) ([]cri.Sandbox, error)
+	SandboxStatus(ctx context.Context, id string) (cri.Sandbox, error)
+}
+
+var _ Runtime = (*cri.Client)(nil)
+
+// NSState is what the namespace recorded at ADD says about a lease's addresses.
+type NSState int
+
+// Namespace verdicts.
+const (
+	// NSUnknown: the namespace could not be inspected (error, identity not
+	// recorded while the path exists, refused as the host's).
+	NSUnknown NSState = iota
+	// NSNotRecorded: the lease has no namespace path.
+	NSNotRecorded
+	// NSGone: nothing exists at the recorded path, or another namespace or file does.
+	NSGone
+	// NSAddrAbsent: the recorded namespace exists and holds none of the addresses.
+	NSAddrAbsent
+	// NSAddrPresent: the recorded namespace still holds one of the addresses.
+	NSAddrPresent
+)
+
+func (s NSState) String() string {
+	switch s {
+	case NSNotRecorded:
+		return "netns not recorded"
+	case NSGone:
+		return "netns gone"
+	case NSAddrAbsent:
+		return "address absent from netns"
+	case NSAddrPresent:
+		return "address configured in netns"
+	default:
+		return "netns unknown"
+	}
+}
+
+// Netns inspects the namespaces recorded at ADD.
+//
+// Contract: Probe never changes anything; it checks the namespace's identity
+// against ns.Dev/Ino before looking inside and refuses the host's namespace.
+// Reclaim removes the one interface carrying one of ips inside the namespace
+// recorded at ADD, after the same identity checks; it never touches any other
+// namespace. Both are safe for concurrent use.
+type Netns interface {
+	Probe(ns ledger.NetNS, ips []netip.Prefix) (NSState, string)
+	Reclaim(ns ledger.NetNS, ips []netip.Prefix) (string, error)
+}
+
+// Options configure a Reconciler.
+type Options struct {
+	Ledger  *ledger.Ledger
+	Runtime Runtime
+	Netns   Netns
+	// Interval between rounds; Grace is how long an abandoned lease must look so.
+	Interval, Grace time.Duration
+	// ReclaimStranded enables removing stranded interfaces after StrandedGrace.
+	ReclaimStranded bool
+	StrandedGrace   time.Duration
+	// Clock returns the current time; default time.Now.
+	Clock  func() time.Time
+	Logger *slog.Logger
+}
+
+// Sandbox verdicts as shown in LeaseView.Sandbox.
+const (
+	SandboxReady    = "READY"
+	SandboxNotReady = "NOTREADY"
+	SandboxGone     = "GONE"
+	SandboxUnknown  = "UNKNOWN"
+)
+
+type class int
+
+const (
+	classNone      class = iota
+	classAbandoned       // releasable once it has held long enough
+	classStranded        // address still configured: kept (reclaimable with the flag)
+	classDoubt           // suspected but unverifiable: kept
+)
+
+// suspicion is what the reconciler holds against one lease.
+type suspicion struct {
+	class   class
+	created time.Time // the lease's Created: identity of the holder
+	first   time.Time
+	count   int // observations in trustworthy rounds
+	reason  ledger.Reason
+	detail  string
+}
+
+type view struct {
+	sandbox string
+	suspect string
+	class   class
+}
+
+// Round is the outcome of one reconciliation round.
+type Round struct {
+	At       time.Time
+	Err      error // listing failed: nothing was done
+	Doubtful bool  // releases were withheld
+	Why      string
+	Released []ledger.Lease
+	Reasons  []ledger.Reason
+	Stranded int
+	Suspect  int
+}
+
+// Reconciler compares leases with sandboxes. It is safe for concurrent use; rounds
+// are serialized.
+type Reconciler struct {
+	o   Options
+	log *slog.Logger
+
+	round sync.Mutex // one round at a time
+
+	mu        sync.Mutex
+	sus       map[ledger.Key]*suspicion
+	views     map[ledger.Key]view
+	lastLen   int  // sandboxes in the last successful listing
+	listed    bool // a listing has succeeded
+	runtimeOK bool
+	last      Round
+}
+
+// New checks o and returns a Reconciler.
+func New(o Options) (*Reconciler, error) {
+	if o.Ledger == nil || o.Runtime == nil || o.Netns == nil {
+		return nil, errors.New("reconcile: ledger, runtime and netns are required")
+	}
+	if o.Interval <= 0 || o.Grace <= 0 {
+		return nil, errors.New("reconcile: interval and grace must be positive")
+	}
+	if o.ReclaimStranded && o.StrandedGrace <= 0 {
+		return nil, errors.New("reconcile: stranded grace must be positive")
+	}
+	if o.Clock == nil {
+		o.Clock = time.Now
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Reconciler{o: o, log: log, sus: map[ledger.Key]*suspicion{}, views: map[ledger.Key]view{}}, nil
+}
+
+// Run reconciles at once and then every Interval until ctx is done.
+func (r *Reconciler) Run(ctx context.Context) {
+	t := time.NewTicker(r.o.Interval)
+	defer t.Stop()
+	for {
+		r.Reconcile(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// observation is one round's evidence about one lease.
+type observation struct {
+	ls      ledger.Lease
+	sandbox string // verdict
+	ns      NSState
+	nsInfo  string
+}
+
+// Reconcile runs one round.
+func (r *Reconciler) Reconcile(ctx context.Context) Round {
+	r.round.Lock()
+	defer r.round.Unlock()
+	now := r.o.Clock()
+	rd := Round{At: now}
+	sbs, err := r.o.Runtime.ListSandboxes(ctx)
+	if err != nil {
+		rd.Err = err
+		r.mu.Lock()
+		r.runtimeOK = false
+		r.last = rd
+		r.mu.Unlock()
+		r.log.Warn("reconcile: runtime listing failed; no action this round", "err", err)
+		return rd
+	}
+	listed := make(map[string]cri.Sandbox, len(sbs))
+	for _, s := range sbs {
+		listed[s.ID] = s
+	}
+	r.mu.Lock()
+	if len(sbs) == 0 && r.listed && r.lastLen > 0 {
+		rd.Doubtful, rd.Why = true, fmt.Sprintf("empty listing after a listing of %d sandboxes", r.lastLen)
+	}
+	r.mu.Unlock()
+
+	leases := r.o.Ledger.Leases("")
+	obs := make([]observation, 0, len(leases))
+	for _, ls := range leases {
+		o := observation{ls: ls, sandbox: SandboxUnknown}
+		sb, ok := listed[ls.Key.ContainerID]
+		if !ok {
+			st, err := r.o.Runtime.SandboxStatus(ctx, ls.Key.ContainerID)
+			switch {
+			case errors.Is(err, cri.ErrNotFound):
+				o.sandbox = SandboxGone
+			case err != nil:
+				if !rd.Doubtful {
+					rd.Doubtful, rd.Why = true, "sandbox status failed: "+err.Error()
+				}
+			default:
+				sb, ok = st, true
+				if !rd.Doubtful {
+					rd.Doubtful, rd.Why = true, fmt.Sprintf("partial listing: sandbox %.12s not listed but known", ls.Key.ContainerID)
+				}
+			}
+		}
+		if ok {
+			switch sb.State {
+			case cri.StateReady:
+				o.sandbox = SandboxReady
+			case cri.StateNotReady:
+				o.sandbox = SandboxNotReady
+			}
+		}
+		if o.sandbox == SandboxGone && now.Sub(ls.Created) < r.o.Grace {
+			// in creation: containerd lists a sandbox only after its CNI ADD
+			o.sandbox = SandboxUnknown
+		}
+		if o.sandbox == SandboxGone || o.sandbox == SandboxNotReady {
+			o.ns, o.nsInfo = r.o.Netns.Probe(ls.NetNS, ls.IPs)
+		}
+		obs = append(obs, o)
+	}
+
+	r.mu.Lock()
+	r.listed, r.lastLen, r.runtimeOK = true, len(sbs), true
+	live := make(map[ledger.Key]bool, len(obs))
+	type act struct {
+		ls      ledger.Lease
+		reason  ledger.Reason
+		detail  string
+		reclaim bool
+	}
+	var acts []act
+	views := make(map[ledger.Key]view, len(obs))
+	for _, o := range obs {
+		k := o.ls.Key
+		live[k] = true
+		cls, reason, detail := judge(o.sandbox, o.ns)
+		if o.nsInfo != "" {
+			detail += " (" + o.nsInfo + ")"
+		}
+		evidence := false
+		s := r.sus[k]
+		if s != nil && !s.created.Equal(o.ls.Created) {
+			s = nil // another holder under the same key
+		}
+		switch {
+		case o.sandbox == SandboxReady:
+			delete(r.sus, k)
+			s = nil
+		case o.sandbox == SandboxUnknown || o.ns == NSUnknown:
+			// no evidence: keep whatever we suspected, unchanged
+		case cls == classNone:
+			delete(r.sus, k)
+			s = nil
+		default:
+			if s == nil || s.class != cls {
+				s = &suspicion{class: cls, created: o.ls.Created, first: now}
+				r.sus[k] = s
+			}
+			s.reason, s.detail = reason, detail
+			evidence = true
+			if !rd.Doubtful {
+				s.count++
+			}
+		}
+		v := view{sandbox: o.sandbox}
+		if s != nil {
+			v.class = s.class
+			v.suspect = fmt.Sprintf("%s for %s, %d observations", s.detail, now.Sub(s.first).Round(time.Millisecond), s.count)
+			switch s.class {
+			case classAbandoned:
+				rd.Suspect++
+			case classStranded:
+				rd.Stranded++
+				v.suspect = "stranded: " + v.suspect
+			case classDoubt:
+				rd.Suspect++
+			}
+		}
+		views[k] = v
+		if s == nil || !evidence || rd.Doubtful || s.count < 2 {
+			continue
+		}
+		switch {
+		case s.class == classAbandoned && now.Sub(s.first) >= r.o.Grace:
+			acts = append(acts, act{ls: o.ls, reason: s.reason, detail: fmt.Sprintf("%s for %s over %d observations", s.detail, now.Sub(s.first).Round(time.Millisecond), s.count)})
+		case s.class == classStranded && r.o.ReclaimStranded && o.sandbox == SandboxNotReady && now.Sub(s.first) >= r.o.StrandedGrace:
+			acts = append(acts, act{ls: o.ls, reason: ledger.ReasonReconcileNotReady, reclaim: true})
+		}
+	}
+	for k := range r.sus {
+		if !live[k] {
+			delete(r.sus, k)
+		}
+	}
+	r.views = views
+	r.mu.Unlock()
+
+	if rd.Doubtful {
+		r.log.Warn("reconcile: doubtful round; no release", "why", rd.Why)
+	}
+	for _, a := range acts {
+		if a.reclaim {
+			what, err := r.o.Netns.Reclaim(a.ls.NetNS, a.ls.IPs)
+			if err != nil {
+				r.log.Error("reconcile: reclaiming stranded lease failed; kept", "attachment", a.ls.Key.String(), "err", err)
+				continue
+			}
+			// release only on verified absence
+			st, info := r.o.Netns.Probe(a.ls.NetNS, a.ls.IPs)
+			if st != NSAddrAbsent && st != NSGone {
+				r.log.Error("reconcile: stranded address still present after reclaim; kept", "attachment", a.ls.Key.String(), "netns", info)
+				continue
+			}
+			a.detail = "stranded for " + now.Sub(r.firstOf(a.ls.Key)).Round(time.Millisecond).String() + "; " + what
+		}
+		rel, ok, err := r.o.Ledger.ReleaseIfCreated(a.ls.Key, a.ls.Created, a.reason, a.detail)
+		if err != nil {
+			r.log.Error("reconcile: release failed", "attachment", a.ls.Key.String(), "err", err)
+			continue
+		}
+		r.mu.Lock()
+		delete(r.sus, a.ls.Key)
+		delete(r.views, a.ls.Key)
+		r.mu.Unlock()
+		if ok {
+			rd.Released = append(rd.Released, rel)
+			rd.Reasons = append(rd.Reasons, a.reason)
+			r.log.Info("reconcile: released", "attachment", a.ls.Key.String(), "ips", fmt.Sprint(rel.IPs), "reason", string(a.reason), "detail", a.detail, "leaseAge", now.Sub(rel.Created).Round(time.Millisecond))
+		}
+	}
+	r.mu.Lock()
+	r.last = rd
+	r.mu.Unlock()
+	return rd
+}
+
+func (r *Reconciler) firstOf(k ledger.Key) time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := r.sus[k]; s != nil {
+		return s.first
+	}
+	return r.o.Clock()
+}
+
+// judge classifies one observation. Only GONE and NOTREADY can be suspected.
+func judge(sandbox string, ns NSState) (class, ledger.Reason, string) {
+	switch sandbox {
+	case SandboxGone:
+		switch ns {
+		case NSGone, NSAddrAbsent, NSNotRecorded:
+			return classAbandoned, ledger.ReasonReconcileGone, "sandbox gone from the runtime, " + ns.String()
+		case NSAddrPresent:
+			return classStranded, "", "sandbox gone from the runtime but " + ns.String()
+		}
+	case SandboxNotReady:
+		switch ns {
+		case NSGone, NSAddrAbsent:
+			return classAbandoned, ledger.ReasonReconcileNotReady, "sandbox NOTREADY, " + ns.String()
+		case NSAddrPresent:
+			return classStranded, "", "sandbox NOTREADY and " + ns.String()
+		case NSNotRecorded:
+			return classDoubt, "", "sandbox NOTREADY, " + ns.String() + ": cannot verify, kept"
+		}
+	}
+	return classNone, "", ""
+}
+
+// abandoned reports whether a sandbox verdict and a namespace verdict together
+// show that the holder cannot use its address (the evidence for supersession and GC).
+func abandoned(sandbox string, ns NSState) bool {
+	c, _, _ := judge(sandbox, ns)
+	return c == classAbandoned
+}
+
+// sandboxOf asks the runtime about one sandbox: READY, NOTREADY, GONE or UNKNOWN.
+func (r *Reconciler) sandboxOf(ctx context.Context, id string) string {
+	st, err := r.o.Runtime.SandboxStatus(ctx, id)
+	switch {
+	case errors.Is(err, cri.ErrNotFound):
+		return SandboxGone
+	case err != nil:
+		return SandboxUnknown
+	case st.State == cri.StateReady:
+		return SandboxReady
+	case st.State == cri.StateNotReady:
+		return SandboxNotReady
+	}
+	return SandboxUnknown
+}
+
+// Supersedable implements agent.Guard: of olds, the leases whose sandbox the
+// runtime reports gone or NOTREADY and whose address the namespace recorded at ADD
+// no longer holds. When the runtime cannot tell, none.
+func (r *Reconciler) Supersedable(ctx context.Context, olds []ledger.Lease) []ledger.Key {
+	var out []ledger.Key
+	now := r.o.Clock()
+	for _, ls := range olds {
+		sb := r.sandboxOf(ctx, ls.Key.ContainerID)
+		if sb == SandboxGone && now.Sub(ls.Created) < r.o.Grace {
+			r.log.Info("supersede: old sandbox unknown to the runtime but its lease is young (in creation?); kept", "old", ls.Key.String())
+			continue
+		}
+		ns := NSUnknown
+		info := ""
+		if sb == SandboxGone || sb == SandboxNotReady {
+			ns, info = r.o.Netns.Probe(ls.NetNS, ls.IPs)
+		}
+		if !abandoned(sb, ns) {
+			r.log.Info("supersede: old lease kept", "old", ls.Key.String(), "sandbox", sb, "netns", ns.String(), "info", info)
+			continue
+		}
+		r.log.Info("supersede: old lease may go", "old", ls.Key.String(), "sandbox", sb, "netns", ns.String())
+		out = append(out, ls.Key)
+	}
+	return out
+}
+
+// MayRelease implements agent.Guard: GC may release ls only when the runtime
+// reports its sandbox gone or NOTREADY and the address is not in use, the same
+// evidence the reconciler needs (minus the grace: GC comes from the runtime).
+func (r *Reconciler) MayRelease(ctx context.Context, ls ledger.Lease) bool {
+	sb := r.sandboxOf(ctx, ls.Key.ContainerID)
+	if sb != SandboxGone && sb != SandboxNotReady {
+		return false
+	}
+	ns, _ := r.o.Netns.Probe(ls.NetNS, ls.IPs)
+	return abandoned(sb, ns)
+}
+
+// Annotate implements agent.Guard with the last round's view of the lease.
+func (r *Reconciler) Annotate(v *api.LeaseView) {
+	k := ledger.Key{Network: v.Network, ContainerID: v.ContainerID, IfName: v.IfName}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if w, ok := r.views[k]; ok {
+		v.Sandbox, v.Suspect = w.sandbox, w.suspect
+	} else if r.listed {
+		v.Sandbox = SandboxUnknown
+	}
+}
+
+// Summary implements agent.Guard: counts of the last round. Leaked counts leases
+// found abandoned and awaiting release; Stranded those whose address is still
+// configured in a NOTREADY or gone sandbox's namespace; Suspect every suspected lease.
+func (r *Reconciler) Summary(a *api.Audit) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	a.Runtime = "ok"
+	if !r.runtimeOK {
+		a.Runtime = "unreachable"
+	}
+	keys := make([]ledger.Key, 0, len(r.views))
+	for k, w := range r.views {
+		if w.class != classNone {
+			keys = append(keys, k)
+		}
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i].String() < keys[j].String() })
+	for _, k := range keys {
+		w := r.views[k]
+		a.Suspect++
+		switch w.class {
+		case classStranded:
+			a.Stranded++
+		case classAbandoned:
+			a.Leaked++
+		}
+		if ls, ok := r.o.Ledger.Lease(k); ok {
+			lv := api.ViewOf(ls, nil)
+			lv.Sandbox, lv.Suspect = w.sandbox, w.suspect
+			a.SuspectLeases = append(a.SuspectLeases, lv)
+		}
+	}
+}
+
+// Last returns the last round.
+func (r *Reconciler) Last() Round {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.last
+}
