@@ -58,6 +58,9 @@ type Options struct {
 	LedgerLeases int // live leases for the in-process ledger rate
 	AgentLeases  int // live leases in the agent for its RSS
 	LedgerTime   time.Duration
+	// PoolBits is the prefix length of the IPAM pools (default 22; smoke 26, so that
+	// filling host-local's pool by exec stays short).
+	PoolBits int
 }
 
 func (o Options) withDefaults() Options {
@@ -74,6 +77,7 @@ func (o Options) withDefaults() Options {
 	def(&o.BurstReps, 7, 1)
 	def(&o.VethSamples, 100, 3)
 	def(&o.VethReps, 3, 1)
+	def(&o.PoolBits, 22, 26)
 	def(&o.LedgerLeases, 64000, 1000)
 	def(&o.AgentLeases, 64000, 1000)
 	if o.LedgerTime <= 0 {
@@ -141,7 +145,7 @@ func Run(ctx context.Context, opts Options) (rep Report, err error) {
 		h.log.Info("bench: "+step.name+" done", "took", time.Since(t0).Round(time.Millisecond))
 	}
 	h.rep.Duration = time.Since(start)
-	h.rep.Targets = targets(&h.rep)
+	h.rep.Targets = targets(&h.rep, h.opts.PoolBits)
 	return h.rep, nil
 }
 

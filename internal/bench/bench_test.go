@@ -44,7 +44,7 @@ func TestSmoke(t *testing.T) {
 		}
 	}
 	for g, want := range map[string]int{
-		"IPAM exec, /22 pool":      12, // ADD and DEL, p50 and p99, at 0, 50, 95%
+		"IPAM exec":                12, // ADD and DEL, p50 and p99, at 0, 50, 95%
 		"Burst of concurrent ADDs": 2,
 		"Main plugin, real netns":  6,
 		"In-process":               5,

@@ -7,6 +7,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
@@ -16,9 +17,14 @@ import (
 // fills are the pool fills (percent of a /22's usable addresses) of the latency rows.
 var fills = []int{0, 50, 95}
 
-// usable22 is the usable addresses of a /22 for both plugins: network, broadcast and
-// the default gateway (.1) are never handed out.
-const usable22 = 1021
+// usable is the number of addresses of a /bits IPv4 pool both plugins hand out:
+// network, broadcast and the default gateway (.1) never are.
+func usable(bits int) int { return 1<<(32-bits) - 3 }
+
+// sized gives a /22 base subnet the pool's prefix length.
+func (h *harness) sized(subnet string) string {
+	return strings.TrimSuffix(subnet, "/22") + fmt.Sprintf("/%d", h.opts.PoolBits)
+}
 
 // Unique test pools (never routed off the machine).
 const (
@@ -125,9 +131,9 @@ func (h *harness) ipamLatency() error {
 		return err
 	}
 	defer h.delNetNS(netns)
-	systems := []*ipamSys{h.ipledgerIPAM(ipamNetIPL, subnetIPAMIPL), h.hostLocalIPAM(ipamNetHL, subnetIPAMHL, netns)}
+	systems := []*ipamSys{h.ipledgerIPAM(ipamNetIPL, h.sized(subnetIPAMIPL)), h.hostLocalIPAM(ipamNetHL, h.sized(subnetIPAMHL), netns)}
 	for _, pct := range fills {
-		want := int(math.Round(float64(pct) / 100 * usable22))
+		want := int(math.Round(float64(pct) / 100 * float64(usable(h.opts.PoolBits))))
 		t0 := time.Now()
 		for _, s := range systems {
 			if err := s.fill(want); err != nil {
@@ -180,12 +186,13 @@ func (h *harness) ipamLatency() error {
 				return fmt.Errorf("%s: %d live leases after the %d%% run, want %d", s.name, n, pct, want)
 			}
 		}
-		h.row(groupIPAM, fillName("ADD", pct, "p50"), "ms", add[0].p50(), add[1].p50(), floor.p50())
-		h.row(groupIPAM, fillName("ADD", pct, "p99"), "ms", add[0].p99(), add[1].p99(), floor.p99())
-		h.row(groupIPAM, fillName("DEL", pct, "p50"), "ms", del[0].p50(), del[1].p50(), floor.p50())
-		h.row(groupIPAM, fillName("DEL", pct, "p99"), "ms", del[0].p99(), del[1].p99(), floor.p99())
+		name := func(verb, q string) string { return fillName(verb, pct, q, h.opts.PoolBits) }
+		h.row(groupIPAM, name("ADD", "p50"), "ms", add[0].p50(), add[1].p50(), floor.p50())
+		h.row(groupIPAM, name("ADD", "p99"), "ms", add[0].p99(), add[1].p99(), floor.p99())
+		h.row(groupIPAM, name("DEL", "p50"), "ms", del[0].p50(), del[1].p50(), floor.p50())
+		h.row(groupIPAM, name("DEL", "p99"), "ms", del[0].p99(), del[1].p99(), floor.p99())
 	}
-	h.note("IPAM rows: %d ADD+DEL pairs per plugin and fill, interleaved with one floor exec each; a fill is the share of the /22's %d usable addresses held by live leases (filled by real ADDs: host-local by exec, ipledger through the agent's socket API). The agent runs with --reuse-delay %s so a released address can be taken again at once, as host-local does.", h.opts.Samples, usable22, reuseDelayParam)
+	h.note("IPAM rows: %d ADD+DEL pairs per plugin and fill, interleaved with one floor exec each; a fill is the share of the /%d pool's %d usable addresses held by live leases (filled by real ADDs: host-local by exec, ipledger through the agent's socket API). The agent runs with --reuse-delay %s so a released address can be taken again at once, as host-local does.", h.opts.Samples, h.opts.PoolBits, usable(h.opts.PoolBits), reuseDelayParam)
 	return nil
 }
 

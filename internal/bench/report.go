@@ -190,24 +190,24 @@ func machineInfo(o Options) Machine {
 
 // Row names the goals refer to.
 const (
-	groupIPAM   = "IPAM exec, /22 pool"
+	groupIPAM   = "IPAM exec"
 	groupBurst  = "Burst of concurrent ADDs"
 	groupMain   = "Main plugin, real netns"
 	groupLedger = "In-process"
 	groupBinary = "Plugin binary"
 )
 
-func fillName(verb string, pct int, q string) string {
-	return fmt.Sprintf("%s %s, %d%% fill", verb, q, pct)
+func fillName(verb string, pct int, q string, bits int) string {
+	return fmt.Sprintf("%s %s, %d%% of a /%d", verb, q, pct, bits)
 }
 
 // targets evaluates the goals of the issue against the rows.
-func targets(r *Report) []Target {
+func targets(r *Report, bits int) []Target {
 	var out []Target
 	for _, verb := range []string{"ADD", "DEL"} {
 		worst, at := nan, 0
 		for _, pct := range fills {
-			row, ok := r.Find(groupIPAM, fillName(verb, pct, "p50"))
+			row, ok := r.Find(groupIPAM, fillName(verb, pct, "p50", bits))
 			if !ok {
 				continue
 			}
@@ -219,8 +219,8 @@ func targets(r *Report) []Target {
 			out = append(out, Target{Goal: fmt.Sprintf("ipledger %s p50 ≤ 1.5× the exec floor at every fill", verb),
 				Measured: fmt.Sprintf("worst %.2f× (at %d%%)", worst, at), Met: worst <= 1.5, Value: worst})
 		}
-		lo, ok1 := r.Find(groupIPAM, fillName(verb, 0, "p50"))
-		hi, ok2 := r.Find(groupIPAM, fillName(verb, fills[len(fills)-1], "p50"))
+		lo, ok1 := r.Find(groupIPAM, fillName(verb, 0, "p50", bits))
+		hi, ok2 := r.Find(groupIPAM, fillName(verb, fills[len(fills)-1], "p50", bits))
 		if ok1 && ok2 {
 			v := ratio(hi.IPledger, lo.IPledger)
 			out = append(out, Target{Goal: fmt.Sprintf("ipledger %s p50 at 95%% fill ≤ 1.2× its 0%% figure", verb),
