@@ -122,13 +122,16 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	// spooled DELs are applied before the socket answers any ADD
-	srv.ApplySpool()
+	// Listen first: it refuses when another agent serves the socket, and such an
+	// agent owns the spool. Spooled DELs are still applied before any ADD is
+	// answered: connections wait in the backlog until Serve, which applies the spool
+	// before its first Accept.
 	ln, err := agent.Listen(o.socket)
 	if err != nil {
 		return err
 	}
 	defer os.Remove(o.socket)
+	srv.ApplySpool()
 	if o.metricsAddr != "" {
 		mln, err := net.Listen("tcp", o.metricsAddr)
 		if err != nil {
