@@ -1,0 +1,178 @@
+package main_test
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/pool"
+	"github.com/ipledger/ipledger/internal/spool"
+	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+)
+
+// runAgent runs a second ipledgerd that is expected to refuse to start, and returns
+// its exit status and output.
+func runAgent(t *testing.T, socket string) (int, string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(agentenv.Bin(t), "ipledgerd"), "--state-dir", t.TempDir(), "--socket", socket)
+	out, err := cmd.CombinedOutput()
+	if ee, ok := err.(*exec.ExitError); ok {
+		return ee.ExitCode(), string(out)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return 0, string(out)
+}
+
+// TestSocket: the socket is mode 0600; a stale socket (agent SIGKILLed) is removed at
+// start; a live one (another agent) or a file that is not a socket is refused and left
+// alone.
+func TestSocket(t *testing.T) {
+	a := agentenv.Start(t, agentenv.Options{})
+	fi, err := os.Stat(a.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket mode %v, want a socket with 0600", fi.Mode())
+	}
+
+	code, out := runAgent(t, a.Socket)
+	if code == 0 || !strings.Contains(out, "another ipledgerd") || !strings.Contains(out, a.Socket) {
+		t.Fatalf("second agent on a live socket exited %d: %s", code, out)
+	}
+	if _, err := a.Call(api.Request{Op: api.OpPing}); err != nil {
+		t.Fatalf("the first agent no longer answers after the second was refused: %v", err)
+	}
+
+	a.Kill()
+	if _, err := os.Lstat(a.Socket); err != nil {
+		t.Fatalf("SIGKILL should leave the socket file behind: %v", err)
+	}
+	a.Restart() // fails the test unless the stale socket is replaced
+	if fi, err := os.Stat(a.Socket); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("socket after restart: %v %v", fi.Mode(), err)
+	}
+
+	plain := filepath.Join(t.TempDir(), "not-a-socket")
+	if err := os.WriteFile(plain, []byte("precious"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out = runAgent(t, plain)
+	if code == 0 || !strings.Contains(out, "not a socket") || !strings.Contains(out, plain) {
+		t.Fatalf("agent on a regular file exited %d: %s", code, out)
+	}
+	if b, err := os.ReadFile(plain); err != nil || string(b) != "precious" {
+		t.Fatalf("the regular file was touched: %q %v", b, err)
+	}
+}
+
+// TestSIGTERMDrains: a request the agent has accepted but not finished reading when
+// SIGTERM arrives is still answered, the agent exits 0, and what it answered is
+// durable.
+func TestSIGTERMDrains(t *testing.T) {
+	a := agentenv.Start(t, agentenv.Options{})
+	sets, err := pool.ParseRangeSets([]byte(`[[{"subnet":"10.87.0.0/24"}]]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const inflight = 5
+	conns := make([]net.Conn, inflight)
+	lines := make([][]byte, inflight)
+	for i := range conns {
+		c, err := net.Dial("unix", a.Socket)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		b, _ := json.Marshal(api.Request{Version: api.Version, Op: api.OpAdd, Network: "drain", ContainerID: "d" + string(rune('a'+i)), IfName: "eth0", Ranges: sets})
+		half := len(b) / 2
+		if _, err := c.Write(b[:half]); err != nil {
+			t.Fatal(err)
+		}
+		conns[i], lines[i] = c, append(b[half:], '\n')
+	}
+	time.Sleep(200 * time.Millisecond) // the agent accepts them and waits for the rest
+	if err := syscall.Kill(a.PID(), syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	// new connections are refused while the agent drains
+	if _, err := api.Call(context.Background(), a.Socket, api.Request{Op: api.OpPing}); err == nil {
+		t.Fatal("the agent accepted a new request after SIGTERM")
+	}
+	got := map[string]string{}
+	for i, c := range conns {
+		if _, err := c.Write(lines[i]); err != nil {
+			t.Fatalf("finishing request %d: %v", i, err)
+		}
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		line, err := bufio.NewReader(c).ReadBytes('\n')
+		if err != nil {
+			t.Fatalf("request %d in flight at SIGTERM got no answer: %v", i, err)
+		}
+		var resp api.Response
+		if err := json.Unmarshal(line, &resp); err != nil || resp.Error != nil || resp.Lease == nil {
+			t.Fatalf("request %d: %s", i, line)
+		}
+		got[resp.Lease.ContainerID] = resp.Lease.IPs[0]
+	}
+	if err := a.Stop(); err != nil {
+		t.Fatalf("ipledgerd after SIGTERM: %v, want exit status 0", err)
+	}
+	a.Restart()
+	leases := a.Leases(t)
+	if len(leases) != inflight {
+		t.Fatalf("after restart %d leases, want %d: %v", len(leases), inflight, leases)
+	}
+	for _, l := range leases {
+		if got[l.ContainerID] != l.IPs[0] {
+			t.Fatalf("lease %s holds %v, the agent answered %s", l.ContainerID, l.IPs, got[l.ContainerID])
+		}
+	}
+}
+
+// TestRefusedAgentLeavesSpool: a second agent refused because another serves the
+// socket must not apply (and so steal into its own ledger) the DELs spooled for the
+// running agent; the running agent applies them.
+func TestRefusedAgentLeavesSpool(t *testing.T) {
+	a := agentenv.Start(t, agentenv.Options{})
+	sets, err := pool.ParseRangeSets([]byte(`[[{"subnet":"10.88.0.0/24"}]]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := ledger.Key{Network: "sp", ContainerID: "victim", IfName: "eth0"}
+	if _, err := a.Call(api.Request{Op: api.OpAdd, Network: k.Network, ContainerID: k.ContainerID, IfName: k.IfName, Ranges: sets}); err != nil {
+		t.Fatal(err)
+	}
+	if err := spool.Write(a.SpoolDir, spool.Entry{Key: k, Spooled: time.Now(), CNIVerb: "DEL"}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, filepath.Join(agentenv.Bin(t), "ipledgerd"), "--state-dir", t.TempDir(), "--spool-dir", a.SpoolDir, "--socket", a.Socket).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "another ipledgerd") {
+		t.Fatalf("second agent: %v %s", err, out)
+	}
+	// the running agent applies the spool within its interval (2s)
+	deadline := time.Now().Add(10 * time.Second)
+	for len(a.Leases(t)) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the spooled DEL was not applied by the running agent (spool holds %d): leases %v", spool.Len(a.SpoolDir), a.Leases(t))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
