@@ -57,7 +57,11 @@ type Options struct {
 	VethReps     int // main-plugin bursts per system
 	LedgerLeases int // live leases for the in-process ledger rate
 	AgentLeases  int // live leases in the agent for its RSS
-	LedgerTime   time.Duration
+	// ReconcileLeases are the leases and sandboxes of the fake-lister reconcile rows.
+	ReconcileLeases int
+	// ContainerdPods run in a private containerd for the reconcile row.
+	ContainerdPods int
+	LedgerTime     time.Duration
 	// PoolBits is the prefix length of the IPAM pools (default 22; smoke 26, so that
 	// filling host-local's pool by exec stays short).
 	PoolBits int
@@ -80,6 +84,8 @@ func (o Options) withDefaults() Options {
 	def(&o.PoolBits, 22, 26)
 	def(&o.LedgerLeases, 64000, 1000)
 	def(&o.AgentLeases, 64000, 1000)
+	def(&o.ContainerdPods, 200, 3)
+	def(&o.ReconcileLeases, 10000, 1000)
 	if o.LedgerTime <= 0 {
 		o.LedgerTime = 5 * time.Second
 		if o.Smoke {

@@ -47,7 +47,7 @@ func TestSmoke(t *testing.T) {
 		"IPAM exec":                12, // ADD and DEL, p50 and p99, at 0, 50, 95%
 		"Burst of concurrent ADDs": 2,
 		"Main plugin, real netns":  6,
-		"In-process":               5,
+		"In-process":               11,
 		"Plugin binary":            4,
 	} {
 		if groups[g] < want {

@@ -212,11 +212,3 @@ func vmRSS(pid int) (float64, error) {
 	}
 	return 0, fmt.Errorf("no VmRSS in /proc/%d/status", pid)
 }
-
-const reconcileCPUName = "reconcile pass, 10,000 leases vs 10,000 sandboxes (fake lister), CPU"
-
-// reconcile is filled in once internal/reconcile exists.
-func (h *harness) reconcile() error {
-	h.note("Reconcile rows are not measured: internal/reconcile does not exist yet.")
-	return nil
-}
