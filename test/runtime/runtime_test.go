@@ -1,0 +1,423 @@
+// Package runtime_test runs ipledgerd's reconciler against a real containerd 1.6
+// (Debian's containerd and runc, private root/state/socket, a locally built pause
+// image) driven through our CRI client, with Debian's bridge plugin delegating IPAM
+// to ipledger.
+package runtime_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/cri"
+	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/pool"
+	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+	containerdenv "github.com/ipledger/ipledger/internal/testenv/containerd"
+)
+
+const (
+	interval = 500 * time.Millisecond
+	grace    = time.Second
+)
+
+// failerScript is a CNI plugin that fails ADD and DEL (seed 001's chained plugin).
+const failerScript = `#!/bin/sh
+cat >/dev/null
+if [ "$CNI_COMMAND" = VERSION ]; then echo '{"cniVersion":"1.0.0","supportedVersions":["0.3.1","0.4.0","1.0.0","1.1.0"]}'; exit 0; fi
+echo '{"cniVersion":"1.0.0","code":11,"msg":"failer: injected failure"}'
+exit 1
+`
+
+// world is one private containerd and one ipledgerd reconciling against it.
+type world struct {
+	t       *testing.T
+	env     *containerdenv.Env
+	agent   *agentenv.Agent
+	c       *cri.Client
+	bridge  string
+	subnet  string
+	confDir string
+	ctx     context.Context
+}
+
+// newWorld starts containerd (no network config yet) and ipledgerd with
+// --cri-endpoint, plus a failer plugin on the CNI path. Cleanup removes the
+// test's bridge after containerd is gone.
+func newWorld(t *testing.T, bridge, subnet string, agentArgs ...string) *world {
+	t.Helper()
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "link", "del", bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
+			t.Logf("ip link del %s: %v: %s", bridge, err, out)
+		}
+	})
+	failDir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(failDir, "failer"), []byte(failerScript), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	confDir := t.TempDir()
+	env := containerdenv.Start(t, containerdenv.Options{CNIConfDir: confDir, CNIBinDirs: []string{agentenv.Bin(t), failDir}, CallTimeout: 10 * time.Second})
+	args := append([]string{"--cri-endpoint", env.Endpoint(), "--reconcile-interval", interval.String(), "--release-grace", grace.String(), "--reuse-delay", "2s"}, agentArgs...)
+	a := agentenv.Start(t, agentenv.Options{Args: args})
+	return &world{t: t, env: env, agent: a, c: env.Client(t), bridge: bridge, subnet: subnet, confDir: confDir, ctx: context.Background()}
+}
+
+// conflist returns a bridge network (no gateway, no masquerade) with ipam and,
+// when failer, the failing plugin chained after it.
+func (w *world) conflist(name, ipam string, failer bool) string {
+	plugins := fmt.Sprintf(`{"type":"bridge","bridge":%q,"isGateway":false,"ipMasq":false,"ipam":%s}`, w.bridge, ipam)
+	if failer {
+		plugins += `,{"type":"failer"}`
+	}
+	return fmt.Sprintf(`{"cniVersion":"1.0.0","name":%q,"plugins":[%s]}`, name, plugins)
+}
+
+func (w *world) ipledgerIPAM() string {
+	return w.agent.IPAM(fmt.Sprintf(`[[{"subnet":%q}]]`, w.subnet))
+}
+
+// setConf writes the network config containerd uses and waits for it to load it
+// (containerd watches the directory).
+func (w *world) setConf(conf string) {
+	w.t.Helper()
+	p := filepath.Join(w.confDir, "10-test.conflist")
+	if err := os.WriteFile(p+".tmp", []byte(conf), 0o644); err != nil {
+		w.t.Fatal(err)
+	}
+	if err := os.Rename(p+".tmp", p); err != nil {
+		w.t.Fatal(err)
+	}
+	time.Sleep(time.Second) // containerd's conf syncer reloads on the fsnotify event
+}
+
+// run starts a sandbox, retrying while containerd has not loaded a network config.
+func (w *world) run(p cri.PodSpec) (string, error) {
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		id, err := w.c.RunPodSandbox(w.ctx, p)
+		if err == nil || !strings.Contains(err.Error(), "not initialized") || time.Now().After(deadline) {
+			return id, err
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func (w *world) leases() []api.LeaseView {
+	resp, err := w.agent.Call(api.Request{Version: api.Version, Op: api.OpLeases})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if resp.Error != nil {
+		w.t.Fatal(resp.Error)
+	}
+	return resp.Leases
+}
+
+func (w *world) audit() *api.Audit {
+	resp, err := w.agent.Call(api.Request{Version: api.Version, Op: api.OpAudit})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return resp.Audit
+}
+
+func (w *world) history(network, ip string) []ledger.Release {
+	resp, err := w.agent.Call(api.Request{Version: api.Version, Op: api.OpHistory, Network: network, IP: ip})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	if resp.Error != nil {
+		w.t.Fatal(resp.Error)
+	}
+	return resp.History
+}
+
+// waitLeases polls until cond holds for the lease list or the deadline passes.
+func (w *world) waitLeases(d time.Duration, what string, cond func([]api.LeaseView) bool) []api.LeaseView {
+	w.t.Helper()
+	deadline := time.Now().Add(d)
+	for {
+		ls := w.leases()
+		if cond(ls) {
+			return ls
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("%s: not within %v; leases: %+v", what, d, ls)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func addrOf(v api.LeaseView) string {
+	p, err := netip.ParsePrefix(v.IPs[0])
+	if err != nil {
+		panic(err)
+	}
+	return p.Addr().String()
+}
+
+// stopRemove stops and removes sandboxes (kubelet's teardown), failing on error.
+func (w *world) stopRemove(ids ...string) {
+	w.t.Helper()
+	for _, id := range ids {
+		if err := w.c.StopPodSandbox(w.ctx, id); err != nil {
+			w.t.Fatalf("stop %s: %v", id, err)
+		}
+		if err := w.c.RemovePodSandbox(w.ctx, id); err != nil {
+			w.t.Fatalf("remove %s: %v", id, err)
+		}
+	}
+}
+
+// checkNoDouble checks, over every address's history, that no two holders'
+// intervals overlap and that no live lease's address was released after it began.
+func (w *world) checkNoDouble(network string, addrs map[string]bool) {
+	w.t.Helper()
+	for a := range addrs {
+		h := w.history(network, a)
+		for i := 1; i < len(h); i++ {
+			if h[i].From.Before(h[i-1].To) {
+				w.t.Errorf("%s held twice: %s from %v while %s held it until %v", a, h[i].Key, h[i].From, h[i-1].Key, h[i-1].To)
+			}
+		}
+	}
+}
+
+// TestSeed001ChainedPluginFails: bridge + ipledger IPAM followed by a plugin that
+// fails ADD and DEL. containerd 1.6.20 keeps each failed sandbox NOTREADY with its
+// netns and the bridge's veth (address configured) after the swallowed teardown
+// error: the stranded leases are reported, kept and never reused; once the
+// failing plugin is removed, kubelet's stop+remove delivers DEL and nothing is
+// left. The same run with host-local shows what it keeps meanwhile, silently.
+func TestSeed001ChainedPluginFails(t *testing.T) {
+	w := newWorld(t, "ipls001", "10.246.1.0/24")
+	const network = "seed001"
+	w.setConf(w.conflist(network, w.ipledgerIPAM(), true))
+	var ids []string
+	for attempt := 0; attempt <= 5; attempt++ {
+		id, err := w.run(cri.PodSpec{Namespace: "default", Name: "web", UID: "uid-001", Attempt: uint32(attempt), LogDir: t.TempDir()})
+		if err == nil || !strings.Contains(err.Error(), "failer") {
+			t.Fatalf("attempt %d: RunPodSandbox = %s, %v; want the failer's error", attempt, id, err)
+		}
+	}
+	sbs, err := w.c.ListSandboxes(w.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sbs {
+		ids = append(ids, s.ID)
+		if s.State != cri.StateNotReady {
+			t.Fatalf("sandbox %s is %v, want NOTREADY", s.ID, s.State)
+		}
+	}
+	if len(ids) != 6 {
+		t.Fatalf("%d sandboxes, want 6", len(ids))
+	}
+	// several graces: every lease stays, each reported stranded
+	time.Sleep(4 * grace)
+	ls := w.leases()
+	stranded := map[string]bool{}
+	for _, v := range ls {
+		if v.Sandbox != "NOTREADY" || !strings.HasPrefix(v.Suspect, "stranded") {
+			t.Errorf("lease %s: sandbox %q suspect %q; want NOTREADY, stranded", v.ContainerID, v.Sandbox, v.Suspect)
+		}
+		stranded[addrOf(v)] = true
+	}
+	a := w.audit()
+	t.Logf("ipledger, failing chain, 6 attempts: %d leases, audit stranded=%d suspect=%d leaked=%d runtime=%s", len(ls), a.Stranded, a.Suspect, a.Leaked, a.Runtime)
+	if len(ls) != 6 || len(stranded) != 6 || a.Stranded != 6 {
+		t.Fatalf("leases %d (distinct addresses %d), stranded %d; want 6", len(ls), len(stranded), a.Stranded)
+	}
+	// another pod's address is never one of the stranded ones
+	resp, err := w.agent.Call(api.Request{Version: api.Version, Op: api.OpAdd, Network: network, ContainerID: "probe-pod", IfName: "eth0",
+		Ranges: mustRanges(t, w.subnet), Pod: ledger.Pod{Namespace: "default", Name: "other", UID: "uid-other"}})
+	if err != nil || resp.Error != nil {
+		t.Fatalf("ADD: %v %v", err, resp.Error)
+	}
+	if stranded[addrOf(*resp.Lease)] {
+		t.Fatalf("address %s of a stranded lease handed to another pod", addrOf(*resp.Lease))
+	}
+	if _, err := w.agent.Call(api.Request{Version: api.Version, Op: api.OpDel, Network: network, ContainerID: "probe-pod", IfName: "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+	// the failing plugin is removed; kubelet stops and removes the sandboxes
+	w.setConf(w.conflist(network, w.ipledgerIPAM(), false))
+	w.stopRemove(ids...)
+	w.waitLeases(5*time.Second, "every lease released", func(l []api.LeaseView) bool { return len(l) == 0 })
+	stranded[addrOf(*resp.Lease)] = true
+	w.checkNoDouble(network, stranded)
+	for a := range stranded {
+		h := w.history(network, a)
+		t.Logf("history %s: %d holders, last released %s (%s)", a, len(h), h[len(h)-1].Reason, h[len(h)-1].Detail)
+	}
+
+	// the same with host-local: it holds one address per attempt and nothing
+	// reports them
+	hlDir := t.TempDir()
+	w.setConf(w.conflist("seed001hl", fmt.Sprintf(`{"type":"host-local","ranges":[[{"subnet":"10.246.2.0/24"}]],"dataDir":%q}`, hlDir), true))
+	for attempt := 0; attempt <= 5; attempt++ {
+		if _, err := w.run(cri.PodSpec{Namespace: "default", Name: "web-hl", UID: "uid-001hl", Attempt: uint32(attempt), LogDir: t.TempDir()}); err == nil {
+			t.Fatal("RunPodSandbox succeeded with the failer chained")
+		}
+	}
+	held := func() int {
+		ents, _ := filepath.Glob(filepath.Join(hlDir, "seed001hl", "10.*"))
+		return len(ents)
+	}
+	t.Logf("host-local, failing chain, 6 attempts of one pod: %d addresses held on disk, none reported anywhere (ipledger: %d leases, all reported stranded)", held(), len(ls))
+	sbs, _ = w.c.ListSandboxes(w.ctx)
+	w.setConf(w.conflist("seed001hl", fmt.Sprintf(`{"type":"host-local","ranges":[[{"subnet":"10.246.2.0/24"}]],"dataDir":%q}`, hlDir), false))
+	for _, s := range sbs {
+		w.stopRemove(s.ID)
+	}
+	t.Logf("host-local after the failer is removed and the sandboxes stopped and removed: %d addresses held", held())
+}
+
+func mustRanges(t *testing.T, subnet string) []pool.RangeSet {
+	t.Helper()
+	r, err := pool.ParseRangeSets([]byte(fmt.Sprintf(`[[{"subnet":%q}]]`, subnet)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestSeed002SandboxRecreated: a pod's sandbox is re-created under a new ID and the
+// old sandbox's DEL never reaches ipledger (the network config was swapped under it,
+// as when a DEL fails or is skipped); the ADD for the new sandbox asks the runtime,
+// which reports the old one NOTREADY with its netns gone: the old lease is
+// superseded in the same transaction and the pod keeps its address.
+func TestSeed002SandboxRecreated(t *testing.T) {
+	// a long grace, so that supersession, not the reconciler, releases the old lease
+	w := newWorld(t, "ipls002", "10.246.3.0/24", "--release-grace", "60s")
+	const network = "seed002"
+	ipl := w.conflist(network, w.ipledgerIPAM(), false)
+	w.setConf(ipl)
+	pod := cri.PodSpec{Namespace: "default", Name: "crashy", UID: "uid-002", LogDir: t.TempDir()}
+	old, err := w.run(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls := w.leases()
+	if len(ls) != 1 || ls[0].ContainerID != old {
+		t.Fatalf("leases %+v", ls)
+	}
+	addr := addrOf(ls[0])
+	// the old sandbox's DEL is lost: it is torn down under a config without ipledger
+	w.setConf(w.conflist("lost", fmt.Sprintf(`{"type":"host-local","ranges":[[{"subnet":%q}]],"dataDir":%q}`, w.subnet, t.TempDir()), false))
+	if err := w.c.StopPodSandbox(w.ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(w.leases()); n != 1 {
+		t.Fatalf("%d leases after the lost DEL, want 1 (the old lease kept)", n)
+	}
+	w.setConf(ipl)
+	pod.Attempt = 1
+	nw, err := w.run(pod)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls = w.leases()
+	if len(ls) != 1 || ls[0].ContainerID != nw {
+		t.Fatalf("pod holds %d leases, want 1 (the new sandbox's): %+v", len(ls), ls)
+	}
+	if addrOf(ls[0]) != addr {
+		t.Errorf("pod's address %s, want its old %s back", addrOf(ls[0]), addr)
+	}
+	h := w.history(network, addr)
+	if len(h) == 0 || h[len(h)-1].Reason != ledger.ReasonSuperseded || h[len(h)-1].Key.ContainerID != old {
+		t.Fatalf("history %+v; want the old sandbox's lease released as superseded", h)
+	}
+	t.Logf("old %.12s superseded by %.12s, pod keeps %s: %s", old, nw, addr, h[len(h)-1].Detail)
+	w.stopRemove(nw, old)
+	w.waitLeases(5*time.Second, "no lease left", func(l []api.LeaseView) bool { return len(l) == 0 })
+}
+
+// churn runs run/stop/remove cycles on workers goroutines until n cycles are done
+// or stop is closed; errors are counted, not fatal (the runtime may be down).
+func (w *world) churn(prefix string, workers, n int, stop <-chan struct{}) (done, errs *int, wait func()) {
+	var mu sync.Mutex
+	done, errs = new(int), new(int)
+	var wg sync.WaitGroup
+	next := 0
+	for i := 0; i < workers; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				mu.Lock()
+				if n > 0 && next >= n {
+					mu.Unlock()
+					return
+				}
+				k := next
+				next++
+				mu.Unlock()
+				ok := true
+				id, err := w.c.RunPodSandbox(w.ctx, cri.PodSpec{Namespace: "churn", Name: fmt.Sprintf("%s-%d", prefix, k), UID: fmt.Sprintf("%s-uid-%d", prefix, k), LogDir: "/tmp/ipl-churn-logs"})
+				if err == nil {
+					if err = w.c.StopPodSandbox(w.ctx, id); err == nil {
+						err = w.c.RemovePodSandbox(w.ctx, id)
+					}
+				}
+				if err != nil {
+					ok = false
+				}
+				mu.Lock()
+				if ok {
+					*done++
+				} else {
+					*errs++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	return done, errs, wg.Wait
+}
+
+// TestChurn200: 200 run/stop/remove cycles (RemovePodSandbox sends a second DEL
+// with an empty netns); the ledger ends empty and nothing was released by the
+// reconciler (every lease went by DEL).
+func TestChurn200(t *testing.T) {
+	w := newWorld(t, "iplsch", "10.246.4.0/24")
+	w.setConf(w.conflist("churn", w.ipledgerIPAM(), false))
+	if _, err := w.run(cri.PodSpec{Namespace: "churn", Name: "warm", UID: "warm", LogDir: t.TempDir()}); err != nil {
+		t.Fatal(err)
+	}
+	sbs, _ := w.c.ListSandboxes(w.ctx)
+	w.stopRemove(sbs[0].ID)
+	t0 := time.Now()
+	done, errs, wait := w.churn("c", 4, 200, nil)
+	wait()
+	t.Logf("200 cycles in %v: %d ok, %d errors", time.Since(t0).Round(time.Millisecond), *done, *errs)
+	if *done != 200 || *errs != 0 {
+		t.Fatalf("%d cycles ok, %d errors", *done, *errs)
+	}
+	w.waitLeases(3*time.Second, "ledger empty", func(l []api.LeaseView) bool { return len(l) == 0 })
+	a := w.audit()
+	if !a.OK || a.Live != 0 || a.DoubleAssigned != 0 {
+		t.Fatalf("audit %+v", a)
+	}
+	// every release was a DEL
+	for i := 1; i <= 254; i++ {
+		for _, r := range w.history("churn", fmt.Sprintf("10.246.4.%d", i)) {
+			if r.Reason != ledger.ReasonDEL {
+				t.Errorf("%s released with %s (%s)", r.IP, r.Reason, r.Detail)
+			}
+		}
+	}
+}
