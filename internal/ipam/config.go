@@ -97,10 +97,14 @@ func ParseConfig(stdin []byte, needRanges bool) (*NetConf, *types.Error) {
 	}
 	if len(c.Ranges) > 0 && string(c.Ranges) != "null" {
 		sets, err := pool.ParseRangeSets(c.Ranges)
-		if err != nil {
+		if err != nil && needRanges {
 			return nil, types.NewError(types.ErrInvalidNetworkConfig, "ipam."+strings.TrimPrefix(err.Error(), pool.ErrInvalidRange.Error()+": "), "")
 		}
-		c.ranges = sets
+		// DEL, CHECK, GC and STATUS do not use the ranges: a broken ranges field
+		// must not stop a DEL from releasing (the runtime may never retry it)
+		if err == nil {
+			c.ranges = sets
+		}
 	} else if needRanges {
 		return nil, types.NewError(types.ErrInvalidNetworkConfig, "ipam.ranges: missing; give e.g. [[{\"subnet\": \"10.0.0.0/24\"}]]", "")
 	}

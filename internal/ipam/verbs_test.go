@@ -191,3 +191,22 @@ func TestCheckFails(t *testing.T) {
 	wantCode(t, e.cni.CheckNetworkList(c, l, rt("c1", nsPath)), ipam.ErrCheckFailed, "c1", "no lease")
 	e.wantReleased(ips[0], "chk", "c1", ledger.ReasonManual)
 }
+
+// TestDelWithBrokenRanges: a config whose ranges became invalid after ADD (an operator
+// edit) still lets DEL release; ADD with it is refused.
+func TestDelWithBrokenRanges(t *testing.T) {
+	e := newEnv(t, agentenv.Options{})
+	_, nsPath := netns(t)
+	if _, cerr := execPlugin(t, call{Cmd: "ADD", ContainerID: "held", Netns: nsPath, Stdin: e.pluginConf("1.0.0", "brk", `[[{"subnet":"10.89.0.0/24"}]]`)}); cerr != nil {
+		t.Fatal(cerr)
+	}
+	broken := e.pluginConf("1.0.0", "brk", `[[{"subnet":"10.89.0.0/33"}]]`)
+	_, cerr := execPlugin(t, call{Cmd: "ADD", ContainerID: "other", Netns: nsPath, Stdin: broken})
+	wantCode(t, cerr, types.ErrInvalidNetworkConfig, "ipam.ranges[0][0].subnet")
+	if _, cerr := execPlugin(t, call{Cmd: "DEL", ContainerID: "held", Stdin: broken}); cerr != nil {
+		t.Fatalf("DEL with broken ranges: %v", cerr)
+	}
+	if l := e.a.Leases(t); len(l) != 0 {
+		t.Fatalf("DEL with broken ranges left %v", l)
+	}
+}
