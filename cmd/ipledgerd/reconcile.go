@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -79,7 +80,22 @@ func (r *lazyRuntime) ListSandboxes(ctx context.Context) ([]cri.Sandbox, error) 
 	if err != nil {
 		return nil, err
 	}
-	return c.ListSandboxes(ctx)
+	sbs, err := c.ListSandboxes(ctx)
+	if err != nil {
+		r.drop(c)
+	}
+	return sbs, err
+}
+
+// drop closes a client whose call failed, so the next call dials afresh instead of
+// waiting out gRPC's reconnect backoff after a runtime restart.
+func (r *lazyRuntime) drop(c *cri.Client) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.c == c {
+		r.c = nil
+		c.Close()
+	}
 }
 
 func (r *lazyRuntime) SandboxStatus(ctx context.Context, id string) (cri.Sandbox, error) {
@@ -87,5 +103,9 @@ func (r *lazyRuntime) SandboxStatus(ctx context.Context, id string) (cri.Sandbox
 	if err != nil {
 		return cri.Sandbox{}, err
 	}
-	return c.SandboxStatus(ctx, id)
+	sb, err := c.SandboxStatus(ctx, id)
+	if err != nil && !errors.Is(err, cri.ErrNotFound) {
+		r.drop(c)
+	}
+	return sb, err
 }

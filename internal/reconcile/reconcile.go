@@ -560,6 +560,10 @@ func (r *Reconciler) Summary(a *api.Audit) {
 	sort.Slice(keys, func(i, j int) bool { return keys[i].String() < keys[j].String() })
 	for _, k := range keys {
 		w := r.views[k]
+		ls, ok := r.o.Ledger.Lease(k)
+		if !ok {
+			continue // released since the round
+		}
 		a.Suspect++
 		switch w.class {
 		case classStranded:
@@ -567,7 +571,7 @@ func (r *Reconciler) Summary(a *api.Audit) {
 		case classAbandoned:
 			a.Leaked++
 		}
-		if ls, ok := r.o.Ledger.Lease(k); ok {
+		{
 			lv := api.ViewOf(ls, nil)
 			lv.Sandbox, lv.Suspect = w.sandbox, w.suspect
 			a.SuspectLeases = append(a.SuspectLeases, lv)

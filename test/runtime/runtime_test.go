@@ -367,6 +367,7 @@ func (w *world) churn(prefix string, workers, n int, stop <-chan struct{}) (done
 				next++
 				mu.Unlock()
 				ok := true
+				t0 := time.Now()
 				id, err := w.c.RunPodSandbox(w.ctx, cri.PodSpec{Namespace: "churn", Name: fmt.Sprintf("%s-%d", prefix, k), UID: fmt.Sprintf("%s-uid-%d", prefix, k), LogDir: "/tmp/ipl-churn-logs"})
 				if err == nil {
 					if err = w.c.StopPodSandbox(w.ctx, id); err == nil {
@@ -375,8 +376,12 @@ func (w *world) churn(prefix string, workers, n int, stop <-chan struct{}) (done
 				}
 				if err != nil {
 					ok = false
+					time.Sleep(100 * time.Millisecond) // the runtime may be down
 				}
 				mu.Lock()
+				if k < 3 {
+					w.t.Logf("cycle %d took %v", k, time.Since(t0))
+				}
 				if ok {
 					*done++
 				} else {
@@ -418,6 +423,173 @@ func TestChurn200(t *testing.T) {
 			if r.Reason != ledger.ReasonDEL {
 				t.Errorf("%s released with %s (%s)", r.IP, r.Reason, r.Detail)
 			}
+		}
+	}
+}
+
+// leak makes n leases whose sandboxes never existed for the runtime and whose
+// namespaces are gone: DELs that were never delivered.
+func (w *world) leak(network string, n int) map[string]string {
+	w.t.Helper()
+	out := map[string]string{}
+	for i := 0; i < n; i++ {
+		id := fmt.Sprintf("leak%d", i)
+		resp, err := w.agent.Call(api.Request{Version: api.Version, Op: api.OpAdd, Network: network, ContainerID: id, IfName: "eth0",
+			Ranges: mustRanges(w.t, w.subnet), NetNS: ledger.NetNS{Path: "/run/ipl-test-no-such-netns/" + id},
+			Pod: ledger.Pod{Namespace: "leak", Name: id, UID: "uid-" + id}})
+		if err != nil || resp.Error != nil {
+			w.t.Fatalf("ADD %s: %v %v", id, err, resp.Error)
+		}
+		out[id] = addrOf(*resp.Lease)
+	}
+	return out
+}
+
+func keysOf(ls []api.LeaseView) map[string]bool {
+	m := map[string]bool{}
+	for _, v := range ls {
+		m[v.ContainerID] = true
+	}
+	return m
+}
+
+// TestContainerdKilledDuringChurn: containerd is SIGKILLed in the middle of churn
+// while leaked leases exist. Nothing is released while it is down; once it is back
+// the leaks are reclaimed within grace plus one interval (plus polling slack), and
+// after the churn the ledger is empty.
+func TestContainerdKilledDuringChurn(t *testing.T) {
+	w := newWorld(t, "iplskill", "10.246.5.0/24")
+	const network = "kill"
+	w.setConf(w.conflist(network, w.ipledgerIPAM(), false))
+	if _, err := w.run(cri.PodSpec{Namespace: "churn", Name: "warm", UID: "warm", LogDir: t.TempDir()}); err != nil {
+		t.Fatal(err)
+	}
+	stop := make(chan struct{})
+	done, errs, wait := w.churn("k", 3, 0, stop)
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+		wait()
+	}()
+	time.Sleep(time.Second)
+	leaks := w.leak(network, 3)
+	tLeak := time.Now()
+	time.Sleep(300 * time.Millisecond)
+	w.env.Kill()
+	tKill := time.Now()
+	atKill := keysOf(w.leases())
+	time.Sleep(3 * grace) // six intervals down
+	down := w.leases()
+	for id := range atKill {
+		if !keysOf(down)[id] {
+			t.Errorf("lease of %s released while containerd was down", id)
+		}
+	}
+	a := w.audit()
+	if a.Runtime != "unreachable" {
+		t.Errorf("audit runtime %q while containerd is down", a.Runtime)
+	}
+	t.Logf("containerd down %v: %d leases kept (%d at kill), runtime %s", time.Since(tKill).Round(time.Millisecond), len(down), len(atKill), a.Runtime)
+	w.env.Restart(t)
+	tBack := time.Now()
+	w.waitLeases(grace+interval+2*time.Second, "leaks reclaimed", func(l []api.LeaseView) bool {
+		k := keysOf(l)
+		for id := range leaks {
+			if k[id] {
+				return false
+			}
+		}
+		return true
+	})
+	back := time.Since(tBack)
+	for id, addr := range leaks {
+		h := w.history(network, addr)
+		r := h[len(h)-1]
+		if r.Key.ContainerID != id || r.Reason != ledger.ReasonReconcileGone {
+			t.Errorf("leak %s: last release %+v", id, r)
+		}
+		if r.To.Before(tBack.Add(-time.Second)) {
+			t.Errorf("leak %s released at %v, before containerd was back at %v", id, r.To, tBack)
+		}
+	}
+	t.Logf("MEASURED kill: leaks reclaimed %v after containerd answered again (bound grace+interval = %v), %v after the leak", back.Round(time.Millisecond), grace+interval, time.Since(tLeak).Round(time.Millisecond))
+	time.Sleep(2 * time.Second) // churn goes on with containerd back
+	close(stop)
+	wait()
+	t.Logf("churn: %d cycles ok, %d failed (around the kill)", *done, *errs)
+	sbs, err := w.c.ListSandboxes(w.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range sbs {
+		w.stopRemove(s.ID)
+	}
+	t0 := time.Now()
+	w.waitLeases(grace+interval+3*time.Second, "ledger empty after churn", func(l []api.LeaseView) bool { return len(l) == 0 })
+	t.Logf("ledger empty %v after the last sandbox was removed", time.Since(t0).Round(time.Millisecond))
+}
+
+// TestNodeReboot: pods are running; containerd is killed, its state removed (the
+// shims, pause processes and netns mounts go) and started again. The sandboxes come
+// back NOTREADY with their namespaces gone and no DEL is ever sent: every lease is
+// released within grace plus one interval of the runtime answering, none before.
+func TestNodeReboot(t *testing.T) {
+	w := newWorld(t, "iplsrb", "10.246.6.0/24")
+	const network = "reboot"
+	w.setConf(w.conflist(network, w.ipledgerIPAM(), false))
+	var ids []string
+	for i := 0; i < 4; i++ {
+		id, err := w.run(cri.PodSpec{Namespace: "rb", Name: fmt.Sprintf("p%d", i), UID: fmt.Sprintf("rb-%d", i), LogDir: t.TempDir()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	before := w.leases()
+	if len(before) != 4 {
+		t.Fatalf("%d leases", len(before))
+	}
+	time.Sleep(2 * interval)
+	for _, v := range w.leases() {
+		if v.Sandbox != "READY" || v.Suspect != "" {
+			t.Fatalf("lease %+v before the reboot", v)
+		}
+	}
+	w.env.WipeState(t)
+	time.Sleep(3 * grace)
+	if n := len(w.leases()); n != 4 {
+		t.Fatalf("%d leases while the runtime is down, want 4", n)
+	}
+	tStart := time.Now()
+	w.env.Restart(t)
+	tBack := time.Now()
+	w.waitLeases(grace+interval+2*time.Second, "every lease released after the reboot", func(l []api.LeaseView) bool { return len(l) == 0 })
+	took := time.Since(tBack)
+	var last time.Time
+	for _, v := range before {
+		h := w.history(network, addrOf(v))
+		r := h[len(h)-1]
+		if r.Reason != ledger.ReasonReconcileNotReady && r.Reason != ledger.ReasonReconcileGone {
+			t.Errorf("%s released with %s", v.ContainerID, r.Reason)
+		}
+		if r.To.Before(tStart) {
+			t.Errorf("%s released at %v, before containerd was restarted at %v", v.ContainerID, r.To, tStart)
+		}
+		if r.To.After(last) {
+			last = r.To
+		}
+		t.Logf("%.12s: %s (%s)", v.ContainerID, r.Reason, r.Detail)
+	}
+	if d := last.Sub(tBack); d > grace+interval+300*time.Millisecond {
+		t.Errorf("last release %v after the runtime answered; want within grace+interval %v", d, grace+interval)
+	}
+	t.Logf("MEASURED reboot: all 4 leases released %v after the runtime answered (last release at +%v; bound grace+interval = %v)", took.Round(time.Millisecond), last.Sub(tBack).Round(time.Millisecond), grace+interval)
+	for _, id := range ids {
+		if err := w.c.RemovePodSandbox(w.ctx, id); err != nil {
+			t.Fatal(err)
 		}
 	}
 }
