@@ -459,3 +459,27 @@ func readFile(t *testing.T, p string) string {
 	}
 	return string(b)
 }
+
+// linksChanged reports whether the host's links differ in a way the plugin could have
+// caused: a link that existed before is gone or changed, or a new link carries our
+// prefix. New links of other kinds come from other processes on the machine (a
+// runtime, another test binary) and are not the plugin's doing.
+func linksChanged(before, after []linkState) bool {
+	now := map[int]linkState{}
+	for _, l := range after {
+		now[l.Index] = l
+	}
+	was := map[int]bool{}
+	for _, l := range before {
+		was[l.Index] = true
+		if now[l.Index] != l {
+			return true
+		}
+	}
+	for _, l := range after {
+		if !was[l.Index] && strings.HasPrefix(l.Name, "ipl") {
+			return true
+		}
+	}
+	return false
+}

@@ -177,7 +177,7 @@ func TestAddRefusesHostNetNS(t *testing.T) {
 					if e.Code != types.ErrInvalidNetNS || !strings.Contains(e.Msg, "network namespace") {
 						t.Fatalf("error %+v, want code %d about the host namespace", e, types.ErrInvalidNetNS)
 					}
-					if after := hostLinks(t); !slices.Equal(after, before) {
+					if after := hostLinks(t); linksChanged(before, after) {
 						t.Fatalf("host links changed:\n%v\n%v", before, after)
 					}
 					if l := ipam.Leases(t, network); len(l) != 0 {
@@ -207,7 +207,7 @@ func TestAddFailureLeavesNothing(t *testing.T) {
 				second := newNetNS(t, "exh")
 				e := execPlugin(t, "ADD", "exh-2", second, "eth0", conf).cniError(t)
 				t.Logf("exhausted: %+v", e)
-				if after := hostLinks(t); !slices.Equal(after, before) {
+				if after := hostLinks(t); linksChanged(before, after) {
 					t.Fatalf("host links changed:\n%v\n%v", before, after)
 				}
 				if got := ipam.Leases(t, network); !slices.Equal(got, held) {
@@ -228,7 +228,7 @@ func TestAddFailureLeavesNothing(t *testing.T) {
 				before := hostLinks(t)
 				e := execPlugin(t, "ADD", "exists", pod, "eth0", conf).cniError(t)
 				t.Logf("exists: %+v", e)
-				if after := hostLinks(t); !slices.Equal(after, before) {
+				if after := hostLinks(t); linksChanged(before, after) {
 					t.Fatalf("host links changed:\n%v\n%v", before, after)
 				}
 				if l := ipam.Leases(t, network); len(l) != 0 {
@@ -260,7 +260,7 @@ func TestAddFailureLeavesNothing(t *testing.T) {
 				before := hostLinks(t)
 				e := execPlugin(t, "ADD", "nov6", pod, "eth0", conf).cniError(t)
 				t.Logf("nov6: %+v", e)
-				if after := hostLinks(t); !slices.Equal(after, before) {
+				if after := hostLinks(t); linksChanged(before, after) {
 					t.Fatalf("host links changed:\n%v\n%v", before, after)
 				}
 				if l := ipam.Leases(t, network); len(l) != 0 {
@@ -302,7 +302,7 @@ func TestAddFailureLeavesNothing(t *testing.T) {
 				if e.Code != c.code {
 					t.Fatalf("error %+v, want code %d", e, c.code)
 				}
-				if after := hostLinks(t); !slices.Equal(after, before) {
+				if after := hostLinks(t); linksChanged(before, after) {
 					t.Fatalf("host links changed:\n%v\n%v", before, after)
 				}
 				if got := readFile(t, log); got != c.wantLog {
@@ -517,7 +517,7 @@ func TestForeignInterfaceUntouched(t *testing.T) {
 						t.Fatalf("leases after refused ADD: %v", l)
 					}
 					execPlugin(t, "DEL", cid, "", "eth0", conf).ok(t)
-					if after := hostLinks(t); !slices.Equal(after, before) {
+					if after := hostLinks(t); linksChanged(before, after) {
 						t.Fatalf("host links changed:\n%v\n%v", before, after)
 					}
 				})
