@@ -417,14 +417,23 @@ func TestChurn200(t *testing.T) {
 	if !a.OK || a.Live != 0 || a.DoubleAssigned != 0 {
 		t.Fatalf("audit %+v", a)
 	}
-	// every release was a DEL
+	// every release was a DEL, or the reconciler beating a DEL in teardown: the
+	// bridge plugin deletes the pod's link before it calls IPAM DEL, so a NOTREADY
+	// sandbox whose address is verified absent may be released first (legitimately)
+	var byRec int
 	for i := 1; i <= 254; i++ {
 		for _, r := range w.history("churn", fmt.Sprintf("10.246.4.%d", i)) {
-			if r.Reason != ledger.ReasonDEL {
+			switch r.Reason {
+			case ledger.ReasonDEL:
+			case ledger.ReasonReconcileNotReady, ledger.ReasonReconcileGone:
+				byRec++
+				t.Logf("%s released by the reconciler before its DEL: %s (%s)", r.IP, r.Reason, r.Detail)
+			default:
 				t.Errorf("%s released with %s (%s)", r.IP, r.Reason, r.Detail)
 			}
 		}
 	}
+	t.Logf("releases: %d by the reconciler in teardown, the rest by DEL", byRec)
 }
 
 // leak makes n leases whose sandboxes never existed for the runtime and whose
