@@ -35,6 +35,11 @@ type Options struct {
 
 // Ledger is safe for concurrent use.
 type Ledger struct {
+	// qmu guards the queue of operations waiting for a group commit.
+	qmu     sync.Mutex
+	queue   []*opReq
+	leading bool
+
 	mu     sync.Mutex
 	st     Store
 	opts   Options
@@ -186,32 +191,62 @@ func removeItem[T comparable](s []T, x T) []T {
 }
 
 // change collects the writes of one transaction and the in-memory steps to undo if
-// the commit fails.
+// the commit fails. Several operations share one change when their requests arrive
+// together (group commit); each operation's part can be undone on its own.
 type change struct {
-	l      *Ledger
-	writes []func(Tx) error
-	undo   []func()
-	pools  map[*poolState]bool
+	l       *Ledger
+	writes  []func(Tx) error
+	undo    []func()
+	after   []func() // run once the change is durable (log lines)
+	pools   map[*poolState]bool
+	opPools map[*poolState]bool // pools whose record the current operation saved
 }
 
-func (l *Ledger) begin() *change { return &change{l: l, pools: map[*poolState]bool{}} }
+func (l *Ledger) begin() *change {
+	return &change{l: l, pools: map[*poolState]bool{}, opPools: map[*poolState]bool{}}
+}
 
 func (c *change) write(fn func(Tx) error) { c.writes = append(c.writes, fn) }
 func (c *change) onUndo(fn func())        { c.undo = append(c.undo, fn) }
+func (c *change) onCommit(fn func())      { c.after = append(c.after, fn) }
 
-// touchPool marks a pool record to be written at commit, remembering its old value.
+type mark struct{ w, u, a int }
+
+// mark starts an operation within the change.
+func (c *change) mark() mark {
+	c.opPools = map[*poolState]bool{}
+	return mark{len(c.writes), len(c.undo), len(c.after)}
+}
+
+// rollbackTo undoes the operation begun at m, leaving earlier ones in place.
+func (c *change) rollbackTo(m mark) {
+	for i := len(c.undo) - 1; i >= m.u; i-- {
+		c.undo[i]()
+	}
+	c.undo, c.writes, c.after = c.undo[:m.u], c.writes[:m.w], c.after[:m.a]
+}
+
+// touchPool marks a pool record to be written at commit, remembering its value
+// before the current operation.
 func (c *change) touchPool(ps *poolState) {
-	if c.pools[ps] {
+	if c.opPools[ps] {
 		return
 	}
-	c.pools[ps] = true
+	c.opPools[ps] = true
 	old := ps.rec
 	old.NextFresh = append([]uint64(nil), ps.rec.NextFresh...)
 	c.onUndo(func() { ps.rec = old })
+	if !c.pools[ps] {
+		c.pools[ps] = true
+		c.onUndo(func() { delete(c.pools, ps) })
+	}
 }
 
-// commit writes the change in one durable transaction, or undoes it in memory.
+// commit writes the change in one durable transaction, or undoes all of it in memory.
 func (c *change) commit() error {
+	if len(c.writes) == 0 && len(c.pools) == 0 {
+		return nil
+	}
 	err := c.l.st.Update(func(tx Tx) error {
 		for ps := range c.pools {
 			if err := tx.PutPool(ps.rec); err != nil {
@@ -226,12 +261,76 @@ func (c *change) commit() error {
 		return nil
 	})
 	if err != nil {
-		for i := len(c.undo) - 1; i >= 0; i-- {
-			c.undo[i]()
-		}
+		c.rollbackTo(mark{})
 		return err
 	}
+	for _, fn := range c.after {
+		fn()
+	}
 	return nil
+}
+
+// opReq is one state change waiting for its commit.
+type opReq struct {
+	op   func(c *change) error
+	err  error
+	lead bool
+	done chan struct{}
+}
+
+// do applies op to the ledger and returns once its change is durable (or has failed
+// and been undone). Concurrent calls are committed together: the first caller leads,
+// applies every operation queued so far in one transaction with one fsync, answers
+// them all, and hands the lead to the next waiting caller. Each operation sees the
+// effects of those before it; one that fails is undone alone.
+func (l *Ledger) do(op func(c *change) error) error {
+	r := &opReq{op: op, done: make(chan struct{})}
+	l.qmu.Lock()
+	l.queue = append(l.queue, r)
+	lead := !l.leading
+	l.leading = true
+	l.qmu.Unlock()
+	if !lead {
+		<-r.done
+		if !r.lead {
+			return r.err
+		}
+	}
+	l.qmu.Lock()
+	batch := l.queue
+	l.queue = nil
+	l.qmu.Unlock()
+
+	l.mu.Lock()
+	c := l.begin()
+	for _, q := range batch {
+		m := c.mark()
+		if err := q.op(c); err != nil {
+			c.rollbackTo(m)
+			q.err = err
+		}
+	}
+	err := c.commit()
+	l.mu.Unlock()
+
+	for _, q := range batch {
+		if err != nil && q.err == nil {
+			q.err = err
+		}
+		if q != r {
+			close(q.done)
+		}
+	}
+	l.qmu.Lock()
+	if len(l.queue) > 0 {
+		next := l.queue[0]
+		next.lead = true
+		close(next.done)
+	} else {
+		l.leading = false
+	}
+	l.qmu.Unlock()
+	return r.err
 }
 
 // ensurePool returns the pool of network, creating it (within c) from ranges when it
@@ -256,8 +355,8 @@ func (c *change) ensurePool(network string, ranges []pool.RangeSet) (*poolState,
 		return nil, err
 	}
 	l.pools[network] = ps
-	c.pools[ps] = true
 	c.onUndo(func() { delete(l.pools, network) })
+	c.touchPool(ps)
 	return ps, nil
 }
 
@@ -292,62 +391,57 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 	if err := req.Key.Validate(); err != nil {
 		return Lease{}, false, err
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if ls, ok := l.leases[req.Key]; ok {
-		if req.Ranges != nil && !pool.Equal(l.pools[req.Key.Network].rec.Ranges, req.Ranges) {
-			return Lease{}, false, fmt.Errorf("%w: network %q already has ranges %v; a config for the same network name must use the same ranges", ErrPoolConflict, req.Key.Network, setsString(l.pools[req.Key.Network].rec.Ranges))
+	err = l.do(func(c *change) error {
+		if ls, ok := l.leases[req.Key]; ok {
+			if req.Ranges != nil && !pool.Equal(l.pools[req.Key.Network].rec.Ranges, req.Ranges) {
+				return fmt.Errorf("%w: network %q already has ranges %v; a config for the same network name must use the same ranges", ErrPoolConflict, req.Key.Network, setsString(l.pools[req.Key.Network].rec.Ranges))
+			}
+			lease, existed = cloneLease(ls), true
+			return nil
 		}
-		return cloneLease(ls), true, nil
-	}
-	c := l.begin()
-	ps, err := c.ensurePool(req.Key.Network, req.Ranges)
+		ps, err := c.ensurePool(req.Key.Network, req.Ranges)
+		if err != nil {
+			return err
+		}
+		now := l.opts.Clock().UTC()
+		for _, k := range req.Supersede {
+			if k == req.Key {
+				continue
+			}
+			if _, ok := l.leases[k]; ok {
+				if err := c.release(k, ReasonSuperseded, "superseded by "+req.Key.ContainerID, now); err != nil {
+					return err
+				}
+			}
+		}
+		ls := &Lease{Key: req.Key, Pod: req.Pod, NetNS: req.NetNS, Created: now, State: StateActive}
+		for i := range ps.sets {
+			a, err := c.pick(ps, i, req.Pod.UID, now)
+			if err != nil {
+				return err
+			}
+			r, _ := ps.sets[i].set.RangeOf(a)
+			ls.IPs = append(ls.IPs, netip.PrefixFrom(a, r.Subnet.Bits()))
+			ps.held[a] = req.Key
+			c.onUndo(func() { delete(ps.held, a) })
+		}
+		c.touchPool(ps)
+		ps.rec.Allocations += uint64(len(ls.IPs))
+		l.leases[req.Key] = ls
+		l.indexUID(ls)
+		c.onUndo(func() { delete(l.leases, req.Key); l.unindexUID(ls) })
+		lease = cloneLease(ls)
+		snapshot := lease
+		c.write(func(tx Tx) error { return tx.PutLease(snapshot) })
+		c.onCommit(func() {
+			l.log.Info("allocated", "attachment", req.Key.String(), "ips", fmt.Sprint(snapshot.IPs), "podUID", req.Pod.UID)
+		})
+		return nil
+	})
 	if err != nil {
 		return Lease{}, false, err
 	}
-	now := l.opts.Clock().UTC()
-	for _, k := range req.Supersede {
-		if k == req.Key {
-			continue
-		}
-		if _, ok := l.leases[k]; ok {
-			if err := c.release(k, ReasonSuperseded, "superseded by "+req.Key.ContainerID, now); err != nil {
-				c.rollback()
-				return Lease{}, false, err
-			}
-		}
-	}
-	ls := &Lease{Key: req.Key, Pod: req.Pod, NetNS: req.NetNS, Created: now, State: StateActive}
-	for i := range ps.sets {
-		a, err := c.pick(ps, i, req.Pod.UID, now)
-		if err != nil {
-			c.rollback()
-			return Lease{}, false, err
-		}
-		r, _ := ps.sets[i].set.RangeOf(a)
-		ls.IPs = append(ls.IPs, netip.PrefixFrom(a, r.Subnet.Bits()))
-		ps.held[a] = req.Key
-		c.onUndo(func() { delete(ps.held, a) })
-	}
-	c.touchPool(ps)
-	ps.rec.Allocations += uint64(len(ls.IPs))
-	l.leases[req.Key] = ls
-	l.indexUID(ls)
-	c.onUndo(func() { delete(l.leases, req.Key); l.unindexUID(ls) })
-	snapshot := cloneLease(ls)
-	c.write(func(tx Tx) error { return tx.PutLease(snapshot) })
-	if err := c.commit(); err != nil {
-		return Lease{}, false, err
-	}
-	l.log.Info("allocated", "attachment", req.Key.String(), "ips", fmt.Sprint(ls.IPs), "podUID", req.Pod.UID)
-	return snapshot, false, nil
-}
-
-func (c *change) rollback() {
-	for i := len(c.undo) - 1; i >= 0; i-- {
-		c.undo[i]()
-	}
-	c.undo = nil
+	return lease, existed, nil
 }
 
 // pick takes one address of range set i: the pod's own last address when it is free,
@@ -446,26 +540,33 @@ func (c *change) release(k Key, reason Reason, detail string, now time.Time) err
 // Release frees the lease of attachment k, recording reason. Releasing an attachment
 // that holds nothing succeeds with released false (a DEL is idempotent).
 func (l *Ledger) Release(k Key, reason Reason, detail string) (released Lease, ok bool, err error) {
+	return l.releaseIf(k, reason, detail, func(*Lease) bool { return true })
+}
+
+// releaseIf releases the lease of k when cond holds for it.
+func (l *Ledger) releaseIf(k Key, reason Reason, detail string, cond func(*Lease) bool) (released Lease, ok bool, err error) {
 	if !reason.Valid() {
 		return Lease{}, false, fmt.Errorf("release reason %q is not one of DEL, GC, reconcile-gone, reconcile-notready, superseded, manual", reason)
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	ls, held := l.leases[k]
-	if !held {
-		return Lease{}, false, nil
-	}
-	snapshot := cloneLease(ls)
-	c := l.begin()
-	if err := c.release(k, reason, detail, l.opts.Clock().UTC()); err != nil {
-		c.rollback()
+	err = l.do(func(c *change) error {
+		ls, held := l.leases[k]
+		if !held || !cond(ls) {
+			return nil
+		}
+		released, ok = cloneLease(ls), true
+		if err := c.release(k, reason, detail, l.opts.Clock().UTC()); err != nil {
+			return err
+		}
+		snapshot := released
+		c.onCommit(func() {
+			l.log.Info("released", "attachment", k.String(), "ips", fmt.Sprint(snapshot.IPs), "reason", string(reason), "detail", detail)
+		})
+		return nil
+	})
+	if err != nil {
 		return Lease{}, false, err
 	}
-	if err := c.commit(); err != nil {
-		return Lease{}, false, err
-	}
-	l.log.Info("released", "attachment", k.String(), "ips", fmt.Sprint(snapshot.IPs), "reason", string(reason), "detail", detail)
-	return snapshot, true, nil
+	return released, ok, nil
 }
 
 // ReleaseMany frees several leases in one transaction (GC), all with the same reason.
@@ -474,30 +575,28 @@ func (l *Ledger) ReleaseMany(keys []Key, reason Reason, detail string) ([]Lease,
 	if !reason.Valid() {
 		return nil, fmt.Errorf("release reason %q is not valid", reason)
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	c := l.begin()
-	now := l.opts.Clock().UTC()
 	var out []Lease
-	for _, k := range keys {
-		ls, ok := l.leases[k]
-		if !ok {
-			continue
+	err := l.do(func(c *change) error {
+		out = nil
+		now := l.opts.Clock().UTC()
+		for _, k := range keys {
+			ls, ok := l.leases[k]
+			if !ok {
+				continue
+			}
+			snapshot := cloneLease(ls)
+			out = append(out, snapshot)
+			if err := c.release(k, reason, detail, now); err != nil {
+				return err
+			}
+			c.onCommit(func() {
+				l.log.Info("released", "attachment", snapshot.Key.String(), "ips", fmt.Sprint(snapshot.IPs), "reason", string(reason), "detail", detail)
+			})
 		}
-		out = append(out, cloneLease(ls))
-		if err := c.release(k, reason, detail, now); err != nil {
-			c.rollback()
-			return nil, err
-		}
-	}
-	if len(out) == 0 {
-		return nil, nil
-	}
-	if err := c.commit(); err != nil {
+		return nil
+	})
+	if err != nil {
 		return nil, err
-	}
-	for _, ls := range out {
-		l.log.Info("released", "attachment", ls.Key.String(), "ips", fmt.Sprint(ls.IPs), "reason", string(reason), "detail", detail)
 	}
 	return out, nil
 }

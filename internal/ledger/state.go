@@ -15,21 +15,5 @@ func (l *Ledger) ReleaseIfCreated(k Key, created time.Time, reason Reason, detai
 	if !reason.Valid() {
 		return Lease{}, false, fmt.Errorf("release reason %q is not one of DEL, GC, reconcile-gone, reconcile-notready, superseded, manual", reason)
 	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	ls, held := l.leases[k]
-	if !held || !ls.Created.Equal(created) {
-		return Lease{}, false, nil
-	}
-	snapshot := cloneLease(ls)
-	c := l.begin()
-	if err := c.release(k, reason, detail, l.opts.Clock().UTC()); err != nil {
-		c.rollback()
-		return Lease{}, false, err
-	}
-	if err := c.commit(); err != nil {
-		return Lease{}, false, err
-	}
-	l.log.Info("released", "attachment", k.String(), "ips", fmt.Sprint(snapshot.IPs), "reason", string(reason), "detail", detail)
-	return snapshot, true, nil
+	return l.releaseIf(k, reason, detail, func(ls *Lease) bool { return ls.Created.Equal(created) })
 }

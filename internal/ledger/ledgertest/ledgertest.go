@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -106,6 +107,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"Supersede", testSupersede},
 		{"InvalidKeys", testInvalidKeys},
 		{"ReleaseMany", testReleaseMany},
+		{"ConcurrentGroupCommit", testConcurrent},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore) })
@@ -421,5 +423,74 @@ func testReleaseMany(t *testing.T, newStore Factory) {
 	}
 	if n := len(l.Leases("net")); n != 3 {
 		t.Fatalf("%d leases left, want 3", n)
+	}
+}
+
+// testConcurrent: many callers allocating and releasing at once, in a pool small
+// enough that some allocations fail for exhaustion inside a shared group commit; the
+// failures must not undo the others, no address may be held twice, and every
+// acknowledged lease must be in the ledger.
+func testConcurrent(t *testing.T, newStore Factory) {
+	st, reopen := newStore(t)
+	l, err := ledger.Open(st, ledger.Options{Clock: NewClock().Now, Logger: TestLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Ranges(t, `[[{"subnet":"10.9.0.0/26"}],[{"subnet":"fd00:9::/64"}]]`) // 61 usable v4
+	const workers, rounds = 16, 40
+	var mu sync.Mutex
+	live := map[ledger.Key]string{}
+	var wg sync.WaitGroup
+	var exhausted atomic.Int64
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < rounds; i++ {
+				k := Key(fmt.Sprintf("w%d-%d", w, i))
+				ls, _, err := l.Allocate(ledger.AllocateRequest{Key: k, Ranges: r})
+				if errors.Is(err, ledger.ErrPoolExhausted) {
+					exhausted.Add(1)
+					continue
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				live[k] = fmt.Sprint(ls.IPs)
+				mu.Unlock()
+				if i%3 != 0 {
+					if _, ok, err := l.Release(k, ledger.ReasonDEL, ""); err != nil || !ok {
+						t.Errorf("release %s: %v %v", k, ok, err)
+						return
+					}
+					mu.Lock()
+					delete(live, k)
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	t.Logf("%d live, %d allocations refused as exhausted", len(live), exhausted.Load())
+	seen := map[string]ledger.Key{}
+	for k, ips := range live {
+		ls, ok := l.Lease(k)
+		if !ok || fmt.Sprint(ls.IPs) != ips {
+			t.Fatalf("acknowledged lease %s=%s: got %v %v", k, ips, ls.IPs, ok)
+		}
+		if other, dup := seen[ips]; dup {
+			t.Fatalf("%s held by %s and %s", ips, other, k)
+		}
+		seen[ips] = k
+	}
+	if n := len(l.Leases("")); n != len(live) {
+		t.Fatalf("%d leases in the ledger, %d acknowledged", n, len(live))
+	}
+	Audit(t, l)
+	l2 := Open(t, reopen(), ledger.Options{})
+	if n := len(l2.Leases("")); n != len(live) {
+		t.Fatalf("after reopen %d leases, %d acknowledged", n, len(live))
 	}
 }

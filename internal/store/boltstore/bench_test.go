@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"runtime"
+	"sync/atomic"
 	"testing"
 
 	"github.com/ipledger/ipledger/internal/ledger"
@@ -72,4 +73,28 @@ func BenchmarkHeap64k(b *testing.B) {
 	runtime.ReadMemStats(&after)
 	b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/(1<<20), "MiB-heap")
 	runtime.KeepAlive(l)
+}
+
+// BenchmarkAllocateReleaseParallel: the same durable allocate + release from many
+// callers at once (as during a burst of pod starts) with 64k live leases; concurrent
+// requests share one fsync'd commit.
+func BenchmarkAllocateReleaseParallel(b *testing.B) {
+	l := fill(b, filepath.Join(b.TempDir(), "ledger.db"), 64000)
+	r := ledgertest.Ranges(b, `[[{"subnet":"10.20.0.0/16"}]]`)
+	var seq atomic.Int64
+	b.SetParallelism(8)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			k := ledgertest.Key(fmt.Sprint("par", seq.Add(1)))
+			if _, _, err := l.Allocate(ledger.AllocateRequest{Key: k, Ranges: r}); err != nil {
+				b.Error(err)
+				return
+			}
+			if _, _, err := l.Release(k, ledger.ReasonDEL, ""); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
 }
