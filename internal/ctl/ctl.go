@@ -163,20 +163,27 @@ func short(id string) string {
 	return id
 }
 
+func fetchAudit(env *Env, socket string) (*api.Audit, error) {
+	resp, err := call(env, socket, api.Request{Op: api.OpAudit})
+	if err != nil {
+		return nil, err
+	}
+	if resp.Audit == nil {
+		return nil, errors.New("agent answered without an audit")
+	}
+	return resp.Audit, nil
+}
+
 func audit(env *Env, socket string, args []string) int {
 	fs := flag.NewFlagSet("audit", flag.ContinueOnError)
 	out := outputFlag(fs)
 	if !parseFlags(env, fs, args, out) {
 		return ExitError
 	}
-	resp, err := call(env, socket, api.Request{Op: api.OpAudit})
-	if err != nil || resp.Audit == nil {
-		if err == nil {
-			err = errors.New("agent answered without an audit")
-		}
+	a, err := fetchAudit(env, socket)
+	if err != nil {
 		return fail(env, err)
 	}
-	a := resp.Audit
 	if *out == "json" {
 		printJSON(env.Stdout, a)
 	} else {
@@ -261,14 +268,11 @@ func pools(env *Env, socket string, args []string) int {
 	if !parseFlags(env, fs, args, out) {
 		return ExitError
 	}
-	resp, err := call(env, socket, api.Request{Op: api.OpAudit})
-	if err != nil || resp.Audit == nil {
-		if err == nil {
-			err = errors.New("agent answered without an audit")
-		}
+	a, err := fetchAudit(env, socket)
+	if err != nil {
 		return fail(env, err)
 	}
-	ps := resp.Audit.Pools
+	ps := a.Pools
 	sort.Slice(ps, func(i, j int) bool { return ps[i].Network < ps[j].Network })
 	if *out == "json" {
 		printJSON(env.Stdout, ps)
