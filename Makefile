@@ -33,7 +33,7 @@ demo: build
 	./scripts/demo.sh
 
 lint:
-	gofmt -l . | tee /dev/stderr | (! read)
+	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt would change the files above" >&2; exit 1; }
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 

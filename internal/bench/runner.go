@@ -21,7 +21,6 @@ type runner struct {
 	mu       sync.Mutex
 	cleanups []func()
 	errs     []string
-	dirs     []string
 }
 
 var _ testing.TB = (*runner)(nil)

@@ -86,10 +86,7 @@ func TestPropertyNeverReleaseReady(t *testing.T) {
 				uidOf[id] = uid
 				ids = append(ids, id)
 				req := ledger.AllocateRequest{Key: key(id), Pod: ledger.Pod{UID: uid}, NetNS: ledger.NetNS{Path: "/ns/" + id, Dev: 4, Ino: uint64(next)}, Ranges: ranges}
-				var olds []ledger.Lease
-				for _, ls := range l.LeasesOfPod("net", uid) {
-					olds = append(olds, ls)
-				}
+				olds := l.LeasesOfPod("net", uid)
 				if len(olds) > 0 {
 					req.Supersede = r.Supersedable(ctx, olds)
 				}
