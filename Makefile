@@ -37,8 +37,12 @@ lint:
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
 
+# fuzz: each parser's fuzz target for FUZZTIME (go test fuzzes one target per run).
+FUZZTIME ?= 30s
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzParseRanges -fuzztime 30s ./internal/pool
+	$(GO) test -run '^$$' -fuzz '^FuzzParseRangeSets$$' -fuzztime $(FUZZTIME) ./internal/pool
+	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./internal/ipam
+	$(GO) test -run '^$$' -fuzz '^FuzzPodArgs$$' -fuzztime $(FUZZTIME) ./internal/ipam
 
 clean:
 	rm -rf $(BIN)

@@ -166,7 +166,7 @@ func Call(ctx context.Context, socket string, req Request) (*Response, error) {
 	if _, err := conn.Write(append(b, '\n')); err != nil {
 		return nil, fmt.Errorf("%w: socket %s: write: %v", ErrUnreachable, socket, err)
 	}
-	r := bufio.NewReaderSize(conn, 64<<10)
+	r := bufio.NewReader(conn) // readLine joins longer lines
 	line, err := readLine(r)
 	if err != nil {
 		return nil, fmt.Errorf("%w: socket %s: reading the answer: %v", ErrNoAnswer, socket, err)

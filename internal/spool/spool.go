@@ -5,11 +5,11 @@
 package spool
 
 import (
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"os"
 	"path/filepath"
@@ -42,9 +42,14 @@ type Entry struct {
 
 const suffix = ".del"
 
+// fileName names an attachment's entry. The name only deduplicates repeated DELs of
+// one attachment (the key itself is inside the entry), so a 128-bit FNV-1a is enough;
+// a cryptographic hash would pull Go's crypto initialisation into the plugin, which is
+// exec'd on every pod start.
 func fileName(k ledger.Key) string {
-	h := sha256.Sum256([]byte(k.Network + "\x00" + k.ContainerID + "\x00" + k.IfName))
-	return hex.EncodeToString(h[:16]) + suffix
+	h := fnv.New128a()
+	h.Write([]byte(k.Network + "\x00" + k.ContainerID + "\x00" + k.IfName))
+	return hex.EncodeToString(h.Sum(nil)) + suffix
 }
 
 // Write stores e durably in dir. Writing the same attachment twice keeps one entry.
