@@ -60,7 +60,7 @@ func Open(path string, opts ...Option) (s *Store, err error) {
 			err = corrupt(path, fmt.Errorf("%v", r))
 		}
 	}()
-	bo := &bolt.Options{Timeout: 2 * time.Second}
+	bo := &bolt.Options{Timeout: 2 * time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType}
 	for _, o := range opts {
 		o(bo)
 	}
