@@ -92,9 +92,15 @@ func Listen(path string) (net.Listener, error) {
 		if fi.Mode()&os.ModeSocket == 0 {
 			return nil, fmt.Errorf("--socket %s exists and is not a socket; refusing to remove it: choose another path or remove it yourself", path)
 		}
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c, err := net.DialTimeout("unix", path, time.Second)
+		if err == nil {
 			c.Close()
 			return nil, fmt.Errorf("--socket %s: another ipledgerd is serving on it; stop it first", path)
+		}
+		// Only a refused connection proves nobody listens; a timeout or a full
+		// backlog may be a busy agent, whose socket must not be taken from it.
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, fmt.Errorf("--socket %s exists and its owner could not be ruled out (%v); is another ipledgerd running? stop it, or remove the socket yourself", path, err)
 		}
 		if err := os.Remove(path); err != nil {
 			return nil, fmt.Errorf("removing stale socket %s: %w", path, err)

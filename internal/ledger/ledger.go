@@ -543,6 +543,14 @@ func (l *Ledger) Release(k Key, reason Reason, detail string) (released Lease, o
 	return l.releaseIf(k, reason, detail, func(*Lease) bool { return true })
 }
 
+// ReleaseCreatedBefore frees the lease of k only when it was created before t: a DEL
+// that was spooled at t must not release a lease the attachment got after it (a
+// container ID re-used, a runtime retrying ADD after the DEL). A lease created at or
+// after t is kept, and ok is false.
+func (l *Ledger) ReleaseCreatedBefore(k Key, t time.Time, reason Reason, detail string) (released Lease, ok bool, err error) {
+	return l.releaseIf(k, reason, detail, func(ls *Lease) bool { return ls.Created.Before(t) })
+}
+
 // releaseIf releases the lease of k when cond holds for it.
 func (l *Ledger) releaseIf(k Key, reason Reason, detail string, cond func(*Lease) bool) (released Lease, ok bool, err error) {
 	if !reason.Valid() {
