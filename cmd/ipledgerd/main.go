@@ -110,6 +110,17 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 		return err
 	}
 	defer l.Close()
+	// Listen before any other goroutine runs: Listen sets the process umask for the
+	// socket's mode. It refuses when another agent serves the socket, and such an
+	// agent owns the spool. Spooled DELs are still applied before any ADD is
+	// answered: connections wait in the backlog until Serve, which applies the spool
+	// before its first Accept.
+	ln, err := agent.Listen(o.socket)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(o.socket)
+	defer ln.Close()
 	cfg := agent.Config{Ledger: l, Socket: o.socket, SpoolDir: o.spoolDir, Logger: log}
 	rec, err := startReconciler(ctx, o, l, log)
 	if err != nil {
@@ -122,15 +133,6 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	// Listen first: it refuses when another agent serves the socket, and such an
-	// agent owns the spool. Spooled DELs are still applied before any ADD is
-	// answered: connections wait in the backlog until Serve, which applies the spool
-	// before its first Accept.
-	ln, err := agent.Listen(o.socket)
-	if err != nil {
-		return err
-	}
-	defer os.Remove(o.socket)
 	srv.ApplySpool()
 	if o.metricsAddr != "" {
 		mln, err := net.Listen("tcp", o.metricsAddr)

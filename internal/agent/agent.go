@@ -125,7 +125,11 @@ func (s *Server) ApplySpool() {
 		return
 	}
 	n, err := spool.Apply(s.cfg.SpoolDir, func(e spool.Entry) error {
-		_, _, err := s.cfg.Ledger.Release(e.Key, ledger.ReasonDEL, "spooled DEL from "+e.Spooled.Format(time.RFC3339))
+		// Serialized with requests of the same attachment, and only a lease that
+		// existed when the DEL was spooled: an ADD answered after it keeps its lease.
+		unlock := s.locks.lock(e.Key)
+		defer unlock()
+		_, _, err := s.cfg.Ledger.ReleaseCreatedBefore(e.Key, e.Spooled, ledger.ReasonDEL, "spooled DEL from "+e.Spooled.Format(time.RFC3339Nano))
 		return err
 	})
 	if n > 0 {
