@@ -35,6 +35,9 @@ type NetConf struct {
 	types.NetConf
 	MTU            int    `json:"mtu,omitempty"`
 	HostVethPrefix string `json:"hostVethPrefix,omitempty"`
+	// Attachments is GC's list under the spec's older key; cni.dev/valid-attachments
+	// (in types.NetConf) wins when both are present.
+	Attachments []types.GCAttachment `json:"cni.dev/attachments,omitempty"`
 }
 
 // ParseConfig decodes stdin, applies defaults and validates the plugin fields.

@@ -152,7 +152,10 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) (_ *current.Result
 		}
 		del := call
 		del.NetNS = ""
-		if derr := p.IPAM.Del(ctx, del); derr != nil {
+		// A fresh deadline: the ADD's own may be what ran out.
+		rctx, rcancel := p.ctx()
+		defer rcancel()
+		if derr := p.IPAM.Del(rctx, del); derr != nil {
 			p.Logger.Error("rollback: IPAM DEL failed", "err", derr)
 			err = fmt.Errorf("%w (rollback IPAM DEL: %v)", err, derr)
 		}
@@ -470,8 +473,17 @@ func (p *Plugin) gc(ctx context.Context, args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	list := conf.ValidAttachments
+	if list == nil {
+		list = conf.Attachments
+	}
+	if list == nil {
+		// Without the list every veth of the network would look stale: remove
+		// nothing rather than cut live pods off.
+		return fmt.Errorf("%w: cni.dev/valid-attachments: missing; GC needs the list of valid attachments", ErrConfig)
+	}
 	valid := map[[2]string]bool{}
-	for _, a := range conf.ValidAttachments {
+	for _, a := range list {
 		valid[[2]string{a.ContainerID, a.IfName}] = true
 	}
 	hh, err := netlinksafe.NewHandle()

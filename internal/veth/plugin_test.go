@@ -449,8 +449,19 @@ func TestGCRemovesStaleVeths(t *testing.T) {
 				execPlugin(t, "DEL", "stale", "", "eth0", confA).ok(t)
 				execPlugin(t, "DEL", "stale", "", "eth0", confB).ok(t)
 			})
+			// Without a list GC refuses and removes nothing.
+			noList := execPlugin(t, "GC", "", "", "", confBytes(t, "1.1.0", netA, ipam.Section(p, false, false), nil))
+			if e := noList.cniError(t); e == nil || e.Code != types.ErrInvalidNetworkConfig || !strings.Contains(e.Msg, "cni.dev/valid-attachments") {
+				t.Fatalf("GC without cni.dev/valid-attachments: %+v, want code %d naming the field", e, types.ErrInvalidNetworkConfig)
+			}
+			for _, cid := range []string{"keep", "stale"} {
+				if _, err := netlink.LinkByName(veth.HostVethName("ipl", netA, cid, "eth0")); err != nil {
+					t.Fatalf("GC without a list removed %s's veth: %v", cid, err)
+				}
+			}
+			// The spec's older key names the valid attachments too.
 			gc := confBytes(t, "1.1.0", netA, ipam.Section(p, false, false), map[string]any{
-				"cni.dev/valid-attachments": []map[string]string{{"containerID": "keep", "ifname": "eth0"}}})
+				"cni.dev/attachments": []map[string]string{{"containerID": "keep", "ifname": "eth0"}}})
 			execPlugin(t, "GC", "", "", "", gc).ok(t)
 			for _, c := range []struct {
 				net, cid string
