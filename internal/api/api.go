@@ -98,6 +98,7 @@ type LeaseView struct {
 	Namespace   string    `json:"namespace,omitempty"`
 	Name        string    `json:"name,omitempty"`
 	UID         string    `json:"uid,omitempty"`
+	Infra       string    `json:"infraContainerID,omitempty"`
 	NetNS       string    `json:"netns,omitempty"`
 	NetNSID     string    `json:"netnsID,omitempty"`
 	Created     time.Time `json:"created"`
@@ -217,7 +218,7 @@ func readLine(r *bufio.Reader) ([]byte, error) {
 // ViewOf shows a lease; ranges give each address's gateway.
 func ViewOf(ls ledger.Lease, ranges []pool.RangeSet) LeaseView {
 	v := LeaseView{Network: ls.Key.Network, ContainerID: ls.Key.ContainerID, IfName: ls.Key.IfName,
-		Namespace: ls.Pod.Namespace, Name: ls.Pod.Name, UID: ls.Pod.UID, NetNS: ls.NetNS.Path,
+		Namespace: ls.Pod.Namespace, Name: ls.Pod.Name, UID: ls.Pod.UID, Infra: ls.Pod.InfraContainerID, NetNS: ls.NetNS.Path,
 		Created: ls.Created, State: ls.State, IPs: []string{}}
 	if ls.NetNS.Ino != 0 {
 		v.NetNSID = fmt.Sprintf("%d:%d", ls.NetNS.Dev, ls.NetNS.Ino)

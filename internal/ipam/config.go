@@ -153,6 +153,8 @@ func PodArgs(s string) (ledger.Pod, *types.Error) {
 			pod.Name = v
 		case "K8S_POD_UID":
 			pod.UID = v
+		case "K8S_POD_INFRA_CONTAINER_ID":
+			pod.InfraContainerID = v
 		}
 	}
 	return pod, nil

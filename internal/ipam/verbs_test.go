@@ -7,11 +7,13 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/ipam"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
@@ -208,5 +210,35 @@ func TestDelWithBrokenRanges(t *testing.T) {
 	}
 	if l := e.a.Leases(t); len(l) != 0 {
 		t.Fatalf("DEL with broken ranges left %v", l)
+	}
+}
+
+// TestPodIdentityRecorded: the pod identity kubelet passes in CNI_ARGS and the
+// namespace's identity are recorded with the lease and shown by `ipledgerctl leases`.
+func TestPodIdentityRecorded(t *testing.T) {
+	e := newEnv(t, agentenv.Options{})
+	_, nsPath := netns(t)
+	var st syscall.Stat_t
+	if err := syscall.Stat(nsPath, &st); err != nil {
+		t.Fatal(err)
+	}
+	args := "IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME=web-0;K8S_POD_INFRA_CONTAINER_ID=sbx1;K8S_POD_UID=6a0b-uid"
+	if _, cerr := execPlugin(t, call{Cmd: "ADD", ContainerID: "sbx1", Netns: nsPath, Args: args,
+		Stdin: e.pluginConf("1.0.0", "ident", `[[{"subnet":"10.87.0.0/24"}]]`)}); cerr != nil {
+		t.Fatalf("ADD: %+v", cerr)
+	}
+	t.Cleanup(func() {
+		if _, cerr := execPlugin(t, call{Cmd: "DEL", ContainerID: "sbx1", Stdin: e.pluginConf("1.0.0", "ident", `[[{"subnet":"10.87.0.0/24"}]]`)}); cerr != nil {
+			t.Errorf("DEL: %+v", cerr)
+		}
+	})
+	ls := e.a.Leases(t)
+	if len(ls) != 1 {
+		t.Fatalf("leases %+v, want one", ls)
+	}
+	got := ls[0]
+	want := api.LeaseView{Namespace: "shop", Name: "web-0", UID: "6a0b-uid", Infra: "sbx1", NetNS: nsPath, NetNSID: fmt.Sprintf("%d:%d", st.Dev, st.Ino)}
+	if got.Namespace != want.Namespace || got.Name != want.Name || got.UID != want.UID || got.Infra != want.Infra || got.NetNS != want.NetNS || got.NetNSID != want.NetNSID {
+		t.Errorf("lease identity %+v, want namespace/name/uid/infra/netns/netnsID of %+v", got, want)
 	}
 }

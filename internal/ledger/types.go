@@ -98,6 +98,9 @@ type Pod struct {
 	Namespace string `json:"namespace,omitempty"`
 	Name      string `json:"name,omitempty"`
 	UID       string `json:"uid,omitempty"`
+	// InfraContainerID is K8S_POD_INFRA_CONTAINER_ID: the sandbox the runtime says
+	// the attachment is for (with containerd and CRI-O, CNI_CONTAINERID itself).
+	InfraContainerID string `json:"infraContainerID,omitempty"`
 }
 
 // NetNS is the network namespace given at ADD: its path and, when the path could be
