@@ -2,6 +2,7 @@ package ipam_test
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/ipam"
 	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/spool"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 )
 
@@ -49,6 +51,19 @@ func TestAgentUnreachable(t *testing.T) {
 		}
 		if err := cni.DelNetworkList(c, l, rt("lonely", "")); err != nil {
 			t.Fatalf("DEL with the agent down: %v", err)
+		}
+		// the DEL answered success because it is in the spool (one entry per
+		// attachment, however often it is repeated)
+		var spooled []ledger.Key
+		if _, err := spool.Apply(spoolDir, func(e spool.Entry) error {
+			spooled = append(spooled, e.Key)
+			return errors.New("kept for the test") // an error keeps the entry
+		}); err == nil {
+			t.Fatal("spool.Apply hid the release error")
+		}
+		want := ledger.Key{Network: "gone", ContainerID: "lonely", IfName: "eth0"}
+		if len(spooled) != 1 || spooled[0] != want {
+			t.Fatalf("after DEL %s the spool holds %v, want exactly %v", v, spooled, want)
 		}
 	}
 }

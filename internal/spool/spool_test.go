@@ -1,7 +1,9 @@
 package spool
 
 import (
+	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -64,5 +66,78 @@ func TestWriteRefusesBadKeys(t *testing.T) {
 	}
 	if Len(dir) != 0 {
 		t.Fatal("bad key spooled")
+	}
+}
+
+// Entries that are not what the plugin writes are moved aside with their reason,
+// never applied and never silently dropped.
+func TestApplyRejectsBadEntries(t *testing.T) {
+	k := ledger.Key{Network: "n", ContainerID: "c", IfName: "eth0"}
+	good := func(mut func(map[string]any)) []byte {
+		m := map[string]any{"version": 1, "key": map[string]string{"network": k.Network, "containerID": k.ContainerID, "ifname": k.IfName}, "spooled": "2026-01-01T00:00:00Z", "verb": "DEL"}
+		mut(m)
+		b, err := json.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for _, c := range []struct {
+		name, file string
+		data       []byte
+		why        string
+	}{
+		{"oversized", fileName(k), append(good(func(map[string]any) {}), []byte(strings.Repeat(" ", MaxEntrySize))...), "larger than"},
+		{"other version", fileName(k), good(func(m map[string]any) { m["version"] = 2 }), "version 2"},
+		{"wrong name", "0123.del", good(func(map[string]any) {}), "wrong name"},
+		{"hostile key", fileName(k), good(func(m map[string]any) {
+			m["key"] = map[string]string{"network": "n", "containerID": "../../etc", "ifname": "eth0"}
+		}), "CNI_CONTAINERID"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(dir, c.file), c.data, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			n, err := Apply(dir, func(e Entry) error {
+				t.Errorf("applied a bad entry: %+v", e)
+				return nil
+			})
+			if n != 0 || err == nil || !strings.Contains(err.Error(), c.why) {
+				t.Fatalf("apply = %d, %v; want an error saying %q", n, err, c.why)
+			}
+			why, rerr := os.ReadFile(filepath.Join(dir, "rejected", c.file+".why"))
+			if rerr != nil || !strings.Contains(string(why), c.why) {
+				t.Fatalf("rejected entry's reason %q (%v), want %q", why, rerr, c.why)
+			}
+			if Len(dir) != 0 {
+				t.Fatal("bad entry left in the spool")
+			}
+		})
+	}
+}
+
+// A full spool refuses a new attachment's DEL (the runtime then retries it) and
+// still takes a repeated DEL of an attachment already spooled.
+func TestWriteFull(t *testing.T) {
+	dir := t.TempDir()
+	in := ledger.Key{Network: "n", ContainerID: "in", IfName: "eth0"}
+	if err := Write(dir, Entry{Key: in, Spooled: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < MaxEntries; i++ {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("fill%05d.del", i)), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	err := Write(dir, Entry{Key: ledger.Key{Network: "n", ContainerID: "new", IfName: "eth0"}, Spooled: time.Now()})
+	if !errors.Is(err, ErrFull) || !strings.Contains(err.Error(), dir) {
+		t.Fatalf("write to a full spool: %v, want ErrFull naming %s", err, dir)
+	}
+	if err := Write(dir, Entry{Key: in, Spooled: time.Now()}); err != nil {
+		t.Fatalf("repeated DEL of a spooled attachment: %v", err)
+	}
+	if n := Len(dir); n != MaxEntries {
+		t.Fatalf("%d entries, want %d", n, MaxEntries)
 	}
 }
