@@ -57,6 +57,71 @@ func TestConnectivityThroughNode(t *testing.T) {
 				ping(t, podA, ipsB[j])
 				ping(t, podB, ipsA[j])
 			}
+			// The pod side: loopback up, host-length addresses, default routes through
+			// the link-local gateways.
+			inNS(t, podA, func() error {
+				lo, err := netlink.LinkByName("lo")
+				if err != nil || lo.Attrs().Flags&net.FlagUp == 0 {
+					return fmt.Errorf("pod lo not up: %v", err)
+				}
+				eth0, err := netlink.LinkByName("eth0")
+				if err != nil {
+					return err
+				}
+				addrs, err := netlink.AddrList(eth0, netlink.FAMILY_ALL)
+				if err != nil {
+					return err
+				}
+				hostLen := 0
+				for _, a := range addrs {
+					if ones, bits := a.Mask.Size(); a.IP.IsGlobalUnicast() && ones == bits {
+						hostLen++
+					}
+				}
+				if hostLen != 2 {
+					return fmt.Errorf("pod eth0 addresses %v, want one /32 and one /128", addrs)
+				}
+				gws := map[string]bool{}
+				routes, err := netlink.RouteList(eth0, netlink.FAMILY_ALL)
+				if err != nil {
+					return err
+				}
+				for _, r := range routes {
+					if (r.Dst == nil || r.Dst.IP.IsUnspecified()) && r.Gw != nil {
+						gws[r.Gw.String()] = true
+					}
+				}
+				if !gws[veth.GatewayV4.String()] || !gws[veth.GatewayV6.String()] {
+					return fmt.Errorf("pod default routes via %v, want via %s and %s", gws, veth.GatewayV4, veth.GatewayV6)
+				}
+				return nil
+			})
+			// The node side: proxy ARP and the IPv6 gateway on the pod's veth only;
+			// the node's global IPv4 forwarding untouched.
+			inNS(t, node, func() error {
+				name := veth.HostVethName("ipl", network, "conn-a", "eth0")
+				b, err := os.ReadFile("/proc/sys/net/ipv4/conf/" + name + "/proxy_arp")
+				if err != nil || strings.TrimSpace(string(b)) != "1" {
+					return fmt.Errorf("proxy_arp on %s = %q (%v), want 1", name, b, err)
+				}
+				if b, err := os.ReadFile("/proc/sys/net/ipv4/conf/all/forwarding"); err != nil || strings.TrimSpace(string(b)) != "0" {
+					return fmt.Errorf("node's net.ipv4.conf.all.forwarding = %q (%v): a global sysctl was changed", b, err)
+				}
+				l, err := netlink.LinkByName(name)
+				if err != nil {
+					return err
+				}
+				addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
+				if err != nil {
+					return err
+				}
+				for _, a := range addrs {
+					if a.IP.Equal(veth.GatewayV6) {
+						return nil
+					}
+				}
+				return fmt.Errorf("host veth %s addresses %v lack the gateway %s", name, addrs, veth.GatewayV6)
+			})
 			inNS(t, node, func() error {
 				if err := cni.CheckNetworkList(ctx, list, rtA); err != nil {
 					return fmt.Errorf("CHECK a: %w", err)
