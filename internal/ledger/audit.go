@@ -53,6 +53,11 @@ func (l *Ledger) Audit() (AuditReport, error) {
 	pools := map[string]PoolRecord{}
 	liveByPool := map[string]uint64{}
 	storedLeases := map[Key]bool{}
+	type poolSet struct {
+		network string
+		set     int
+	}
+	accounted := map[poolSet]uint64{} // addresses below the fresh cursor, held or free
 	err := l.st.View(func(tx ReadTx) error {
 		if err := tx.ForEachPool(func(p PoolRecord) error { pools[p.Network] = p; return nil }); err != nil {
 			return err
@@ -92,6 +97,7 @@ func (l *Ledger) Audit() (AuditReport, error) {
 					bad("lease %s: two addresses from range set %d", ls.Key, set)
 				} else {
 					seen[set] = true
+					accounted[poolSet{ls.Key.Network, set}]++
 					if off, _ := pools[ls.Key.Network].Ranges[set].Offset(p.Addr()); off >= pools[ls.Key.Network].NextFresh[set] {
 						bad("lease %s: %s is past the pool's fresh cursor", ls.Key, p.Addr())
 					}
@@ -109,6 +115,10 @@ func (l *Ledger) Audit() (AuditReport, error) {
 			}
 			if s := inSet(f.Network, f.IP); s != f.Set {
 				bad("free %s/%s: recorded in range set %d, belongs to %d", f.Network, f.IP, f.Set, s)
+			} else if off, _ := pools[f.Network].Ranges[s].Offset(f.IP); off >= pools[f.Network].NextFresh[s] {
+				bad("free %s/%s is past the pool's fresh cursor", f.Network, f.IP)
+			} else {
+				accounted[poolSet{f.Network, s}]++
 			}
 			return nil
 		}); err != nil {
@@ -176,6 +186,21 @@ func (l *Ledger) Audit() (AuditReport, error) {
 		rep.Pools = append(rep.Pools, pa)
 		if p.Allocations != p.Releases+liveByPool[n] {
 			bad("pool %q does not balance: %d allocations != %d releases + %d live", n, p.Allocations, p.Releases, liveByPool[n])
+		}
+		// Every address the pool has handed out (offsets below its fresh cursor, but
+		// gateways) is now either held or free; one that is neither is leaked for good.
+		for i, set := range p.Ranges {
+			want := p.NextFresh[i]
+			gws := map[netip.Addr]bool{}
+			for _, r := range set {
+				if off, ok := set.Offset(r.Gateway); r.Gateway.IsValid() && ok && off < p.NextFresh[i] && !gws[r.Gateway] {
+					gws[r.Gateway] = true
+					want--
+				}
+			}
+			if got := accounted[poolSet{n, i}]; got != want {
+				bad("pool %q range set %d: %d addresses handed out, but %d are held or free; %d are neither (leaked)", n, i, want, got, int64(want)-int64(got))
+			}
 		}
 	}
 	// memory against store

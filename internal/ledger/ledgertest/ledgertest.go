@@ -108,6 +108,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"InvalidKeys", testInvalidKeys},
 		{"ReleaseMany", testReleaseMany},
 		{"ConcurrentGroupCommit", testConcurrent},
+		{"AuditFindsDamage", testAuditFindsDamage},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore) })
@@ -492,5 +493,69 @@ func testConcurrent(t *testing.T, newStore Factory) {
 	l2 := Open(t, reopen(), ledger.Options{})
 	if n := len(l2.Leases("")); n != len(live) {
 		t.Fatalf("after reopen %d leases, %d acknowledged", n, len(live))
+	}
+}
+
+// testAuditFindsDamage: the audit reports a store damaged behind the ledger's back:
+// an address whose free record was lost (neither held nor free: leaked for good), and
+// an address written into a second lease (held twice).
+func testAuditFindsDamage(t *testing.T, newStore Factory) {
+	for _, c := range []struct {
+		name   string
+		damage func(tx ledger.Tx, a, b ledger.Lease, freed netip.Addr) error
+		want   string
+	}{
+		{"free record lost", func(tx ledger.Tx, _, _ ledger.Lease, freed netip.Addr) error {
+			return tx.DeleteFree("net", freed)
+		}, "neither (leaked)"},
+		{"held twice", func(tx ledger.Tx, a, b ledger.Lease, _ netip.Addr) error {
+			b.IPs = a.IPs
+			return tx.PutLease(b)
+		}, "double"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			st, reopen := newStore(t)
+			l, err := ledger.Open(st, ledger.Options{Logger: TestLogger(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := Ranges(t, `[[{"subnet":"10.9.0.0/29"}]]`)
+			var ls []ledger.Lease
+			for _, cid := range []string{"a", "b", "c"} {
+				x, _, err := l.Allocate(ledger.AllocateRequest{Key: Key(cid), Ranges: r})
+				if err != nil {
+					t.Fatal(err)
+				}
+				ls = append(ls, x)
+			}
+			if _, _, err := l.Release(Key("c"), ledger.ReasonDEL, ""); err != nil {
+				t.Fatal(err)
+			}
+			if rep, err := l.Audit(); err != nil || !rep.OK {
+				t.Fatalf("audit before the damage: %+v %v", rep, err)
+			}
+			st2 := reopen()
+			t.Cleanup(func() { st2.Close() })
+			if err := st2.Update(func(tx ledger.Tx) error { return c.damage(tx, ls[0], ls[1], ls[2].IPs[0].Addr()) }); err != nil {
+				t.Fatal(err)
+			}
+			l2, err := ledger.Open(st2, ledger.Options{Logger: TestLogger(t)})
+			if err != nil {
+				t.Logf("open refused the damaged store: %v", err)
+				return
+			}
+			rep, err := l2.Audit()
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := fmt.Sprint(rep.Problems)
+			if len(rep.DoubleAssigned) > 0 {
+				got += " double"
+			}
+			if rep.OK || !strings.Contains(got, c.want) {
+				t.Fatalf("audit of a damaged store: ok=%v problems %v double %v; want %q", rep.OK, rep.Problems, rep.DoubleAssigned, c.want)
+			}
+			t.Logf("audit found: %s", got)
+		})
 	}
 }
