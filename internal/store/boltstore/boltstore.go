@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -60,6 +61,11 @@ func Open(path string, opts ...Option) (s *Store, err error) {
 			err = corrupt(path, fmt.Errorf("%v", r))
 		}
 	}()
+	// bbolt would take an empty file for a new one and start an empty ledger over
+	// it: every lease it held forgotten, its addresses handed out again.
+	if fi, err := os.Stat(path); err == nil && fi.Size() == 0 {
+		return nil, corrupt(path, errors.New("the file is empty"))
+	}
 	bo := &bolt.Options{Timeout: 2 * time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType}
 	for _, o := range opts {
 		o(bo)
@@ -95,6 +101,17 @@ func (s *Store) ensureSchema(btx *bolt.Tx) error {
 	if meta == nil {
 		if !btx.Writable() {
 			return corrupt(s.path, errors.New("no meta bucket"))
+		}
+		// A new file has no buckets at all; a bbolt file of something else has some.
+		var other []string
+		if err := btx.ForEach(func(name []byte, _ *bolt.Bucket) error {
+			other = append(other, strconv.Quote(string(name)))
+			return nil
+		}); err != nil {
+			return err
+		}
+		if len(other) > 0 {
+			return corrupt(s.path, fmt.Errorf("a bbolt file of something else: buckets %s and no ipledger meta bucket", strings.Join(other, ", ")))
 		}
 		var err error
 		if meta, err = btx.CreateBucket(bucketMeta); err != nil {

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	bolt "go.etcd.io/bbolt"
+
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/store/boltstore"
@@ -58,6 +60,9 @@ func TestCorruptFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	cases["truncated"] = b[:100]
+	cases["empty"] = []byte{}
+	cases["foreign bbolt"] = boltFile(t, filepath.Join(dir, "foreign.src"), "other", nil)
+	cases["other schema"] = boltFile(t, filepath.Join(dir, "schema.src"), "meta", map[string]string{"schema": "99"})
 	for name, content := range cases {
 		t.Run(name, func(t *testing.T) {
 			p := filepath.Join(dir, name+".db")
@@ -65,7 +70,8 @@ func TestCorruptFile(t *testing.T) {
 				t.Fatal(err)
 			}
 			_, err := boltstore.Open(p)
-			if !errors.Is(err, ledger.ErrCorrupt) || !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), "move the file aside") {
+			if !errors.Is(err, ledger.ErrCorrupt) || !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), "move the file aside") ||
+				(name == "other schema" && !strings.Contains(err.Error(), `schema version "99"`)) {
 				t.Fatalf("err = %v, want ErrCorrupt naming %s and the fix", err, p)
 			}
 			after, _ := os.ReadFile(p)
@@ -272,4 +278,36 @@ func TestCrashChild(t *testing.T) {
 		}
 		w.Flush()
 	}
+}
+
+// boltFile writes a bbolt file with one bucket holding kv and returns its bytes.
+func boltFile(t *testing.T, path, bucket string, kv map[string]string) []byte {
+	t.Helper()
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		b, err := tx.CreateBucket([]byte(bucket))
+		if err != nil {
+			return err
+		}
+		for k, v := range kv {
+			if err := b.Put([]byte(k), []byte(v)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if cerr := db.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
