@@ -152,6 +152,7 @@ func TestCrashConsistency(t *testing.T) {
 	live := map[string]string{} // container ID -> IP, acknowledged and not released
 	rng := rand.New(rand.NewPCG(1, uint64(time.Now().UnixNano())))
 	const kills = 60
+	acks, midOp := 0, 0 // acknowledged operations; kills that landed inside one
 	for run := 0; run < kills; run++ {
 		cmd := exec.Command(exe, "-test.run=^TestCrashChild$")
 		cmd.Env = append(os.Environ(), "IPLEDGER_CRASH_CHILD="+p, fmt.Sprintf("IPLEDGER_CRASH_RUN=%d", run))
@@ -163,20 +164,24 @@ func TestCrashConsistency(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		lines := make(chan string, 1024)
+		// Read everything as it comes, so that the child never blocks on a full pipe
+		// (it would then be killed while waiting, not in the middle of a commit).
+		var lines []string
+		read := make(chan struct{})
 		go func() {
+			defer close(read)
 			sc := bufio.NewScanner(out)
 			for sc.Scan() {
-				lines <- sc.Text()
+				lines = append(lines, sc.Text())
 			}
-			close(lines)
 		}()
 		time.Sleep(time.Duration(20+rng.IntN(120)) * time.Millisecond)
 		if err := cmd.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
+		<-read
 		pending := "" // the one operation begun but not acknowledged
-		for line := range lines {
+		for _, line := range lines {
 			f := strings.Fields(line)
 			switch {
 			case len(f) == 2 && f[0] == "BEGIN":
@@ -189,7 +194,11 @@ func TestCrashConsistency(t *testing.T) {
 			case len(f) >= 1 && f[0] == "ERR":
 				t.Fatalf("child: %s", line)
 			}
+			acks++
 			pending = ""
+		}
+		if pending != "" {
+			midOp++
 		}
 		cmd.Wait()
 		st, err := boltstore.Open(p)
@@ -225,7 +234,11 @@ func TestCrashConsistency(t *testing.T) {
 		}
 		l.Close()
 	}
-	t.Logf("%d kills, %d live leases at the end", kills, len(live))
+	t.Logf("%d kills (%d inside an operation), %d acknowledged operations, %d live leases at the end", kills, midOp, acks, len(live))
+	// The test proves something only if the child worked and was killed mid-change.
+	if acks < kills || midOp < kills/4 {
+		t.Fatalf("%d acknowledged operations and %d kills inside one over %d kills: the child did not run its loop", acks, midOp, kills)
+	}
 }
 
 // TestCrashChild is the child of TestCrashConsistency; it does nothing when run alone.
