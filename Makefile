@@ -1,3 +1,6 @@
+# Go 1.26: from PATH, else where this project's machines have it (/usr/local/go). The
+# tests run `go build` themselves, so the PATH is exported to them as well.
+export PATH := $(PATH):/usr/local/go/bin
 GO      ?= go
 BIN     := bin
 BINS    := ipledger ipledger-veth ipledgerd ipledgerctl

@@ -16,4 +16,8 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+if ! command -v go >/dev/null; then
+  echo "install-deps: Go is not installed: put Go 1.26 (go.mod's version) on PATH or in /usr/local/go (https://go.dev/dl/); then run make test again" >&2
+  exit 1
+fi
 go mod download
