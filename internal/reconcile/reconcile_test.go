@@ -13,6 +13,7 @@ import (
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/cri"
 	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/store/memstore"
 )
@@ -136,10 +137,8 @@ func (w tWriter) Write(p []byte) (int, error) { w.t.Helper(); w.t.Log(string(p))
 func newFixture(t *testing.T, mod func(*Options)) *fixture {
 	t.Helper()
 	clk := &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
-	l, err := ledger.Open(memstore.New(), ledger.Options{Clock: clk.Now})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := ledgertest.Open(t, memstore.New(), ledger.Options{Clock: clk.Now}) // audited at the end
+	var err error
 	f := &fixture{t: t, clk: clk, l: l, rt: newFakeRuntime(), ns: &fakeNetns{st: map[string]NSState{}}, ctx: context.Background()}
 	o := Options{Ledger: l, Runtime: f.rt, Netns: f.ns, Interval: interval, Grace: grace, StrandedGrace: 5 * time.Second, Clock: clk.Now, Logger: testLogger(t)}
 	if mod != nil {
