@@ -47,8 +47,11 @@
 // confirmations, within Grace plus one Interval of the runtime answering.
 //
 // A lease younger than Grace whose sandbox the runtime does not know is assumed to
-// be in creation (containerd adds a sandbox to its store only after CNI ADD) and
-// is not suspected.
+// be in creation (containerd adds a sandbox to its store only after CNI ADD): it is
+// not shown as suspect and its observations do not count toward the two
+// confirmations, but its clock starts at the first such observation. A lease leaked
+// at ADD (its sandbox never came) is so released within Grace plus one Interval of
+// its creation, as any other gone sandbox's lease.
 //
 // # Stranded reclaim (off by default)
 //
@@ -253,6 +256,7 @@ type observation struct {
 	sandbox string // verdict
 	ns      NSState
 	nsInfo  string
+	young   bool // not known to the runtime and younger than Grace: maybe in creation
 }
 
 // Reconcile runs one round.
@@ -311,8 +315,8 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 			}
 		}
 		if o.sandbox == SandboxGone && now.Sub(ls.Created) < r.o.Grace {
-			// in creation: containerd lists a sandbox only after its CNI ADD
-			o.sandbox = SandboxUnknown
+			// maybe in creation: containerd lists a sandbox only after its CNI ADD
+			o.young = true
 		}
 		if o.sandbox == SandboxGone || o.sandbox == SandboxNotReady {
 			o.ns, o.nsInfo = r.o.Netns.Probe(ls.NetNS, ls.IPs)
@@ -347,6 +351,12 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 		case o.sandbox == SandboxReady:
 			delete(r.sus, k)
 			s = nil
+		case o.young:
+			// not evidence yet, but the clock starts now
+			if s == nil && cls != classNone && o.ns != NSUnknown {
+				s = &suspicion{class: cls, created: o.ls.Created, first: now, reason: reason, detail: detail}
+				r.sus[k] = s
+			}
 		case o.sandbox == SandboxUnknown || o.ns == NSUnknown:
 			// no evidence: keep whatever we suspected, unchanged
 		case cls == classNone:
@@ -364,7 +374,9 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 			}
 		}
 		v := view{sandbox: o.sandbox}
-		if s != nil {
+		if o.young {
+			v.sandbox = SandboxUnknown
+		} else if s != nil {
 			v.class = s.class
 			v.suspect = fmt.Sprintf("%s for %s, %d observations", s.detail, now.Sub(s.first).Round(time.Millisecond), s.count)
 			switch s.class {

@@ -489,6 +489,34 @@ func TestYoungLeaseInCreation(t *testing.T) {
 	f.untilReleased("a", 10)
 }
 
+// TestLeakedAtAddReclaimTime: a lease whose sandbox never came (the ADD's result was
+// lost) is released within Grace plus one Interval of its creation (invariant 3),
+// and not on the first trustworthy observation even when Grace has passed (the
+// two-observation rule).
+func TestLeakedAtAddReclaimTime(t *testing.T) {
+	for _, ns := range []NSState{NSGone, NSAddrAbsent} {
+		t.Run(ns.String(), func(t *testing.T) {
+			f := newFixture(t, nil)
+			f.add("a", "u1")
+			f.ns.set("/ns/a", ns)
+			start := f.clk.Now()
+			f.r.Reconcile(f.ctx) // the round right after ADD
+			for f.clk.Now().Sub(start) < grace {
+				f.rounds(1)
+			}
+			// now Grace has passed, but this is the first observation that counts
+			if !f.held("a") {
+				t.Fatalf("released after %v on one counted observation", f.clk.Now().Sub(start))
+			}
+			took := f.clk.Now().Sub(start) + f.untilReleased("a", 10)
+			if took > grace+interval {
+				t.Fatalf("leak reclaimed %v after ADD, want within grace+interval = %v", took, grace+interval)
+			}
+			t.Logf("leaked at ADD: released %v after it (grace %v, interval %v)", took, grace, interval)
+		})
+	}
+}
+
 func TestReleaseOnlySameHolder(t *testing.T) {
 	f := newFixture(t, nil)
 	ls := f.add("a", "u1")
