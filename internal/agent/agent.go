@@ -364,7 +364,7 @@ func (s *Server) gc(ctx context.Context, req api.Request) *api.Response {
 	for _, a := range req.Valid {
 		valid[ledger.Key{Network: req.Network, ContainerID: a.ContainerID, IfName: a.IfName}] = true
 	}
-	var drop []ledger.Key
+	var drop []ledger.Lease
 	for _, ls := range s.cfg.Ledger.Leases(req.Network) {
 		if valid[ls.Key] {
 			continue
@@ -373,18 +373,21 @@ func (s *Server) gc(ctx context.Context, req api.Request) *api.Response {
 			s.log.Warn("GC keeps a lease the runtime says is in use or cannot vouch for", "attachment", ls.Key.String())
 			continue
 		}
-		drop = append(drop, ls.Key)
+		drop = append(drop, ls)
 	}
-	// lock each attachment so a concurrent ADD or DEL of it is not interleaved
+	// Lock each attachment so a concurrent ADD or DEL of it is not interleaved, and
+	// release only the holder that was judged: not one the attachment got since.
 	var released int
-	for _, k := range drop {
-		unlock := s.locks.lock(k)
-		out, err := s.cfg.Ledger.ReleaseMany([]ledger.Key{k}, ledger.ReasonGC, "not in cni.dev/valid-attachments")
+	for _, ls := range drop {
+		unlock := s.locks.lock(ls.Key)
+		_, ok, err := s.cfg.Ledger.ReleaseIfCreated(ls.Key, ls.Created, ledger.ReasonGC, "not in cni.dev/valid-attachments")
 		unlock()
 		if err != nil {
 			return errResp(errorOf(err))
 		}
-		released += len(out)
+		if ok {
+			released++
+		}
 	}
 	return &api.Response{Released: released}
 }

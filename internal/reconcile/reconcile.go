@@ -537,6 +537,9 @@ func (r *Reconciler) MayRelease(ctx context.Context, ls ledger.Lease) bool {
 	if sb != SandboxGone && sb != SandboxNotReady {
 		return false
 	}
+	if sb == SandboxGone && r.o.Clock().Sub(ls.Created) < r.o.Grace {
+		return false // maybe in creation: its ADD may not have returned yet
+	}
 	ns, _ := r.o.Netns.Probe(ls.NetNS, ls.IPs)
 	return abandoned(sb, ns)
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -599,11 +600,15 @@ func TestMayRelease(t *testing.T) {
 		{"gone", nil, false, NSGone, true},
 		{"notready, absent", ptr(cri.StateNotReady), false, NSAddrAbsent, true},
 		{"notready, stranded", ptr(cri.StateNotReady), false, NSAddrPresent, false},
+		{"gone but younger than grace (maybe in creation)", nil, false, NSGone, false},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
 			f := newFixture(t, nil)
 			ls := f.add("a", "u1")
+			if !strings.Contains(c.name, "younger") {
+				f.clk.Advance(grace)
+			}
 			if c.state != nil {
 				f.rt.set("a", *c.state)
 			}
