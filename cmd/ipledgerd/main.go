@@ -49,8 +49,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.reconcileInterval, "reconcile-interval", 30*time.Second, "how often leases are compared with the runtime's sandboxes")
 	fs.DurationVar(&o.releaseGrace, "release-grace", 60*time.Second, "how long a lease must look abandoned, over at least two observations, before it is released")
 	fs.DurationVar(&o.reuseDelay, "reuse-delay", 30*time.Second, "least time between an address's release and its allocation to another pod")
-	fs.BoolVar(&o.reclaimStranded, "reclaim-stranded", false, "remove the interface of a NotReady sandbox that still holds its address (identity-checked) and release it after --stranded-grace")
-	fs.DurationVar(&o.strandedGrace, "stranded-grace", 10*time.Minute, "how long a lease must be stranded before --reclaim-stranded acts")
+	fs.BoolVar(&o.reclaimStranded, "reclaim-stranded", false, "remove the interface of a NotReady sandbox that still holds its address (identity-checked) and release it after --stranded-grace; off by default because it changes a pod's namespace, and a stranded lease is reported and kept either way")
+	fs.DurationVar(&o.strandedGrace, "stranded-grace", 10*time.Minute, "how long a lease must be stranded before --reclaim-stranded acts; at least --release-grace")
 	fs.StringVar(&o.etcdEndpoints, "etcd-endpoints", "", "cluster mode: etcd endpoints (not available in this release)")
 	fs.StringVar(&o.nodeName, "node-name", "", "cluster mode: this node's name")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -70,6 +70,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 		if d <= 0 {
 			return nil, fmt.Errorf("%s: must be positive", name)
 		}
+	}
+	if o.strandedGrace < o.releaseGrace {
+		return nil, fmt.Errorf("--stranded-grace %v is shorter than --release-grace %v: a stranded lease (its address still configured in a pod's namespace) must wait at least as long as an abandoned one; raise --stranded-grace", o.strandedGrace, o.releaseGrace)
 	}
 	if o.reuseDelay < 0 {
 		return nil, errors.New("--reuse-delay: must not be negative")

@@ -1,0 +1,30 @@
+package main
+
+import (
+	"io"
+	"strings"
+	"testing"
+)
+
+// TestBadFlags: each bad flag is refused with a message naming it and the fix.
+func TestBadFlags(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--reconcile-interval", "0s"}, "--reconcile-interval: must be positive"},
+		{[]string{"--release-grace", "-1s"}, "--release-grace: must be positive"},
+		{[]string{"--reuse-delay", "-1s"}, "--reuse-delay: must not be negative"},
+		{[]string{"--release-grace", "2m", "--stranded-grace", "1m"}, "raise --stranded-grace"},
+		{[]string{"--etcd-endpoints", "http://127.0.0.1:2379"}, "--etcd-endpoints"},
+		{[]string{"extra"}, "unexpected arguments"},
+	} {
+		var stderr strings.Builder
+		if _, err := parse(c.args, &stderr); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("parse %q: %v, want an error with %q", c.args, err, c.want)
+		}
+	}
+	if _, err := parse(nil, io.Discard); err != nil {
+		t.Errorf("defaults refused: %v", err)
+	}
+}
