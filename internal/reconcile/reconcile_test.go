@@ -78,6 +78,10 @@ type fakeNetns struct {
 	mu        sync.Mutex
 	st        map[string]NSState
 	reclaimed []string
+	// reclaimErr, when set, fails Reclaim; reclaimLeaves leaves the address in place
+	// (an interface the reclaim did not find, another one holding the address).
+	reclaimErr    error
+	reclaimLeaves bool
 }
 
 var _ Netns = (*fakeNetns)(nil)
@@ -98,7 +102,12 @@ func (f *fakeNetns) Reclaim(ns ledger.NetNS, ips []netip.Prefix) (string, error)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reclaimed = append(f.reclaimed, ns.Path)
-	f.st[ns.Path] = NSAddrAbsent
+	if f.reclaimErr != nil {
+		return "", f.reclaimErr
+	}
+	if !f.reclaimLeaves {
+		f.st[ns.Path] = NSAddrAbsent
+	}
 	return "removed eth0", nil
 }
 
@@ -360,6 +369,32 @@ func TestStrandedReclaim(t *testing.T) {
 	f.ns.set("/ns/b", NSAddrPresent)
 	if f.rounds(30); !f.held("b") || len(f.ns.reclaimed) != 1 {
 		t.Fatal("reclaimed a gone sandbox's namespace")
+	}
+}
+
+// TestStrandedReclaimVerified: a reclaim that fails, or after which the address is
+// still configured in the namespace, releases nothing.
+func TestStrandedReclaimVerified(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		err    error
+		leaves bool
+	}{{"reclaim fails", errors.New("netns identity changed"), false}, {"address still present", nil, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, func(o *Options) { o.ReclaimStranded = true; o.StrandedGrace = 5 * time.Second })
+			f.ns.reclaimErr, f.ns.reclaimLeaves = c.err, c.leaves
+			f.add("a", "u1")
+			f.clk.Advance(time.Hour)
+			f.rt.set("a", cri.StateNotReady)
+			f.ns.set("/ns/a", NSAddrPresent)
+			f.rounds(30)
+			if len(f.ns.reclaimed) == 0 {
+				t.Fatal("reclaim never tried")
+			}
+			if !f.held("a") {
+				t.Fatal("released a stranded lease whose address was not verified gone")
+			}
+		})
 	}
 }
 
