@@ -1,0 +1,135 @@
+package reconcile
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ipledger/ipledger/internal/ledger"
+)
+
+// realNS creates a network namespace with `ip netns add` holding a veth interface
+// d0 with addr, and returns its identity as ADD records it. It is removed at cleanup.
+func realNS(t *testing.T, addr string) ledger.NetNS {
+	t.Helper()
+	name := fmt.Sprintf("iplrec%d%d", os.Getpid()%100000, len(t.Name()))
+	name = name + strings.NewReplacer("/", "", " ", "", ",", "").Replace(t.Name())
+	if len(name) > 40 {
+		name = name[:40]
+	}
+	ip(t, "netns", "add", name)
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+			t.Errorf("ip netns del %s: %v %s", name, err, out)
+		}
+	})
+	ip(t, "-n", name, "link", "add", "d0", "type", "veth", "peer", "name", "d1") // no dummy module everywhere
+	ip(t, "-n", name, "addr", "add", addr, "dev", "d0")
+	ip(t, "-n", name, "link", "set", "d0", "up")
+	path := "/run/netns/" + name
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		t.Fatal(err)
+	}
+	return ledger.NetNS{Path: path, Dev: st.Dev, Ino: st.Ino}
+}
+
+func ip(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+func pfx(s string) []netip.Prefix { return []netip.Prefix{netip.MustParsePrefix(s)} }
+
+func hostIdentity(t *testing.T) ledger.NetNS {
+	var st unix.Stat_t
+	if err := unix.Stat("/proc/self/ns/net", &st); err != nil {
+		t.Fatal(err)
+	}
+	return ledger.NetNS{Path: "/proc/self/ns/net", Dev: st.Dev, Ino: st.Ino}
+}
+
+// TestNSFSProbe: the real probe, on namespaces the test made, gives each verdict the
+// reconciler acts on, and never opens a namespace that is not the one recorded.
+func TestNSFSProbe(t *testing.T) {
+	ns := realNS(t, "10.99.0.5/32")
+	file := filepath.Join(t.TempDir(), "not-a-netns")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var fst unix.Stat_t
+	if err := unix.Stat(file, &fst); err != nil {
+		t.Fatal(err)
+	}
+	other := ns
+	other.Ino++
+	noID := ns
+	noID.Dev, noID.Ino = 0, 0
+	for _, c := range []struct {
+		name string
+		ns   ledger.NetNS
+		ips  []netip.Prefix
+		want NSState
+		info string
+	}{
+		{"address present", ns, pfx("10.99.0.5/24"), NSAddrPresent, "10.99.0.5 on d0"},
+		{"address absent", ns, pfx("10.99.0.6/24"), NSAddrAbsent, ""},
+		{"path gone", ledger.NetNS{Path: "/run/netns/iplrec-never-made", Dev: 4, Ino: 1}, pfx("10.99.0.5/24"), NSGone, "does not exist"},
+		{"path now another namespace", other, pfx("10.99.0.5/24"), NSGone, "not the namespace"},
+		{"no identity recorded", noID, pfx("10.99.0.5/24"), NSUnknown, "no namespace identity"},
+		{"not recorded", ledger.NetNS{}, pfx("10.99.0.5/24"), NSNotRecorded, ""},
+		{"the host's namespace", hostIdentity(t), pfx("127.0.0.1/8"), NSUnknown, "refused"},
+		{"a plain file", ledger.NetNS{Path: file, Dev: fst.Dev, Ino: fst.Ino}, pfx("10.99.0.5/24"), NSUnknown, "not a network namespace"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got, info := NSFS{}.Probe(c.ns, c.ips)
+			if got != c.want || !strings.Contains(info, c.info) {
+				t.Fatalf("Probe = %s %q, want %s with %q", got, info, c.want, c.info)
+			}
+		})
+	}
+}
+
+// TestNSFSReclaim: reclaim removes the one interface holding the address in the
+// recorded namespace; it refuses the host's namespace and the loopback interface,
+// and the host's links stay as they were.
+func TestNSFSReclaim(t *testing.T) {
+	hostBefore := ip(t, "-o", "link", "show")
+	ns := realNS(t, "10.99.1.5/32")
+	ip(t, "-n", filepath.Base(ns.Path), "addr", "add", "10.99.1.9/32", "dev", "lo")
+
+	if _, err := (NSFS{}).Reclaim(ns, pfx("10.99.1.9/24")); err == nil || !strings.Contains(err.Error(), "loopback") {
+		t.Fatalf("reclaim of an address on lo: %v, want refused", err)
+	}
+	if _, err := (NSFS{}).Reclaim(hostIdentity(t), pfx("127.0.0.1/8")); err == nil || !strings.Contains(err.Error(), "host") {
+		t.Fatalf("reclaim in the host's namespace: %v, want refused", err)
+	}
+	other := ns
+	other.Ino++
+	if _, err := (NSFS{}).Reclaim(other, pfx("10.99.1.5/24")); err == nil {
+		t.Fatal("reclaim in a namespace whose identity does not match: no error")
+	}
+	what, err := NSFS{}.Reclaim(ns, pfx("10.99.1.5/24"))
+	if err != nil || !strings.Contains(what, "removed interface d0") {
+		t.Fatalf("reclaim = %q, %v", what, err)
+	}
+	if st, info := (NSFS{}).Probe(ns, pfx("10.99.1.5/24")); st != NSAddrAbsent {
+		t.Fatalf("after reclaim Probe = %s %s, want absent", st, info)
+	}
+	if out := ip(t, "-n", filepath.Base(ns.Path), "-o", "link", "show"); !strings.Contains(out, " lo:") || strings.Contains(out, "d0") {
+		t.Fatalf("links in the namespace after reclaim:\n%s", out)
+	}
+	if after := ip(t, "-o", "link", "show"); after != hostBefore {
+		t.Fatalf("host links changed:\n%s\n%s", hostBefore, after)
+	}
+}
