@@ -136,7 +136,6 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	srv.ApplySpool()
 	if o.metricsAddr != "" {
 		mln, err := net.Listen("tcp", o.metricsAddr)
 		if err != nil {
