@@ -543,14 +543,6 @@ func (l *Ledger) Release(k Key, reason Reason, detail string) (released Lease, o
 	return l.releaseIf(k, reason, detail, func(*Lease) bool { return true })
 }
 
-// ReleaseCreatedBefore frees the lease of k only when it was created before t: a DEL
-// that was spooled at t must not release a lease the attachment got after it (a
-// container ID re-used, a runtime retrying ADD after the DEL). A lease created at or
-// after t is kept, and ok is false.
-func (l *Ledger) ReleaseCreatedBefore(k Key, t time.Time, reason Reason, detail string) (released Lease, ok bool, err error) {
-	return l.releaseIf(k, reason, detail, func(ls *Lease) bool { return ls.Created.Before(t) })
-}
-
 // releaseIf releases the lease of k when cond holds for it.
 func (l *Ledger) releaseIf(k Key, reason Reason, detail string, cond func(*Lease) bool) (released Lease, ok bool, err error) {
 	if !reason.Valid() {
@@ -575,38 +567,6 @@ func (l *Ledger) releaseIf(k Key, reason Reason, detail string, cond func(*Lease
 		return Lease{}, false, err
 	}
 	return released, ok, nil
-}
-
-// ReleaseMany frees several leases in one transaction (GC), all with the same reason.
-// Keys that hold nothing are ignored. It returns the leases released.
-func (l *Ledger) ReleaseMany(keys []Key, reason Reason, detail string) ([]Lease, error) {
-	if !reason.Valid() {
-		return nil, fmt.Errorf("release reason %q is not valid", reason)
-	}
-	var out []Lease
-	err := l.do(func(c *change) error {
-		out = nil
-		now := l.opts.Clock().UTC()
-		for _, k := range keys {
-			ls, ok := l.leases[k]
-			if !ok {
-				continue
-			}
-			snapshot := cloneLease(ls)
-			out = append(out, snapshot)
-			if err := c.release(k, reason, detail, now); err != nil {
-				return err
-			}
-			c.onCommit(func() {
-				l.log.Info("released", "attachment", snapshot.Key.String(), "ips", fmt.Sprint(snapshot.IPs), "reason", string(reason), "detail", detail)
-			})
-		}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return out, nil
 }
 
 func cloneLease(ls *Lease) Lease {

@@ -17,3 +17,11 @@ func (l *Ledger) ReleaseIfCreated(k Key, created time.Time, reason Reason, detai
 	}
 	return l.releaseIf(k, reason, detail, func(ls *Lease) bool { return ls.Created.Equal(created) })
 }
+
+// ReleaseCreatedBefore frees the lease of k only when it was created before t: a DEL
+// that was spooled at t must not release a lease the attachment got after it (a
+// container ID re-used, a runtime retrying ADD after the DEL). A lease created at or
+// after t is kept, and ok is false.
+func (l *Ledger) ReleaseCreatedBefore(k Key, t time.Time, reason Reason, detail string) (released Lease, ok bool, err error) {
+	return l.releaseIf(k, reason, detail, func(ls *Lease) bool { return ls.Created.Before(t) })
+}

@@ -158,7 +158,7 @@ func TestPropertyNeverReleaseReady(t *testing.T) {
 				ls := before[rng.IntN(len(before))]
 				op = "gc " + ls.Key.ContainerID
 				if r.MayRelease(ctx, ls) {
-					l.ReleaseMany([]ledger.Key{ls.Key}, ledger.ReasonGC, "")
+					l.ReleaseIfCreated(ls.Key, ls.Created, ledger.ReasonGC, "") // as the agent's GC does
 				}
 			default: // time passes, a round runs
 				clk.Advance(time.Duration(rng.IntN(int(2 * interval))))

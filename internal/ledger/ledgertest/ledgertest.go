@@ -106,7 +106,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"Persistence", testPersistence},
 		{"Supersede", testSupersede},
 		{"InvalidKeys", testInvalidKeys},
-		{"ReleaseMany", testReleaseMany},
+		{"ConditionalRelease", testConditionalRelease},
 		{"ConcurrentGroupCommit", testConcurrent},
 		{"AuditFindsDamage", testAuditFindsDamage},
 	}
@@ -409,21 +409,37 @@ func testInvalidKeys(t *testing.T, newStore Factory) {
 	}
 }
 
-func testReleaseMany(t *testing.T, newStore Factory) {
+// testConditionalRelease: ReleaseIfCreated releases only the holder it names and
+// ReleaseCreatedBefore only a lease older than its time; either keeps a lease the
+// attachment got since.
+func testConditionalRelease(t *testing.T, newStore Factory) {
 	st, _ := newStore(t)
-	l := Open(t, st, ledger.Options{Clock: NewClock().Now})
+	clk := NewClock()
+	l := Open(t, st, ledger.Options{Clock: clk.Now})
 	r := Ranges(t, `[[{"subnet":"10.9.0.0/24"}]]`)
-	for i := 0; i < 5; i++ {
-		if _, _, err := l.Allocate(ledger.AllocateRequest{Key: Key(fmt.Sprint("c", i)), Ranges: r}); err != nil {
-			t.Fatal(err)
-		}
+	ls, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("c"), Ranges: r})
+	if err != nil {
+		t.Fatal(err)
 	}
-	out, err := l.ReleaseMany([]ledger.Key{Key("c1"), Key("c3"), Key("nope")}, ledger.ReasonGC, "not in valid-attachments")
-	if err != nil || len(out) != 2 {
-		t.Fatalf("released %v, %v; want c1 and c3", out, err)
+	if _, ok, err := l.ReleaseIfCreated(ls.Key, ls.Created.Add(time.Nanosecond), ledger.ReasonGC, ""); ok || err != nil {
+		t.Fatalf("ReleaseIfCreated of another holder: released %v, %v", ok, err)
 	}
-	if n := len(l.Leases("net")); n != 3 {
-		t.Fatalf("%d leases left, want 3", n)
+	if _, ok, err := l.ReleaseCreatedBefore(ls.Key, ls.Created, ledger.ReasonDEL, ""); ok || err != nil {
+		t.Fatalf("ReleaseCreatedBefore its own creation time: released %v, %v", ok, err)
+	}
+	if _, ok, err := l.ReleaseCreatedBefore(ls.Key, ls.Created.Add(time.Nanosecond), ledger.ReasonDEL, ""); !ok || err != nil {
+		t.Fatalf("ReleaseCreatedBefore a later time: released %v, %v", ok, err)
+	}
+	clk.Advance(time.Second)
+	ls2, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("c"), Ranges: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := l.ReleaseIfCreated(ls2.Key, ls.Created, ledger.ReasonGC, ""); ok {
+		t.Fatal("ReleaseIfCreated released the attachment's new lease for its old one")
+	}
+	if _, ok, err := l.ReleaseIfCreated(ls2.Key, ls2.Created, ledger.ReasonGC, ""); !ok || err != nil {
+		t.Fatalf("ReleaseIfCreated of the named holder: released %v, %v", ok, err)
 	}
 }
 
