@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ipledger/ipledger/internal/clock/clocktest"
 	"github.com/ipledger/ipledger/internal/cri"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/store/memstore"
@@ -29,7 +30,7 @@ func TestPropertyNeverReleaseReady(t *testing.T) {
 	var releasedByRec, rounds int
 	for seed := 0; seed < seeds; seed++ {
 		rng := rand.New(rand.NewPCG(uint64(seed), 7))
-		clk := &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+		clk := clocktest.New()
 		l, err := ledger.Open(memstore.New(), ledger.Options{Clock: clk.Now})
 		if err != nil {
 			t.Fatal(err)
@@ -37,7 +38,7 @@ func TestPropertyNeverReleaseReady(t *testing.T) {
 		rt := newFakeRuntime()
 		ns := &fakeNetns{st: map[string]NSState{}}
 		r, err := New(Options{Ledger: l, Runtime: rt, Netns: ns, Interval: interval, Grace: grace,
-			ReclaimStranded: rng.IntN(2) == 0, StrandedGrace: 2 * time.Second, Clock: clk.Now, Logger: slog.New(slog.DiscardHandler)})
+			ReclaimStranded: rng.IntN(2) == 0, StrandedGrace: 2 * time.Second, Clock: clk, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
 		}

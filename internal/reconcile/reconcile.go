@@ -74,6 +74,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/clock"
 	"github.com/ipledger/ipledger/internal/cri"
 	"github.com/ipledger/ipledger/internal/ledger"
 )
@@ -148,8 +149,9 @@ type Options struct {
 	// ReclaimStranded enables removing stranded interfaces after StrandedGrace.
 	ReclaimStranded bool
 	StrandedGrace   time.Duration
-	// Clock returns the current time; default time.Now.
-	Clock  func() time.Time
+	// Clock gives the wall time a round is recorded at and the monotonic time every
+	// how-long decision is taken on; default clock.NewSystem().
+	Clock  clock.Clock
 	Logger *slog.Logger
 }
 
@@ -173,11 +175,21 @@ const (
 // suspicion is what the reconciler holds against one lease.
 type suspicion struct {
 	class   class
-	created time.Time // the lease's Created: identity of the holder
-	first   time.Time
-	count   int // observations in trustworthy rounds
+	created time.Time     // the lease's Created: identity of the holder
+	first   time.Duration // Clock.Mono at the first observation
+	count   int           // observations in trustworthy rounds
 	reason  ledger.Reason
 	detail  string
+}
+
+// sight is when this process first saw one holder of a key (Clock.Mono). A lease's
+// Created is a wall time written by whichever process made it, under whatever the
+// wall clock said then; its age for every decision is counted from the first sight
+// instead, which a clock step cannot move. A lease made before this process started
+// is first seen at the first round, so a restart can only delay a release.
+type sight struct {
+	created time.Time // the holder's Created (identity, not arithmetic)
+	at      time.Duration
 }
 
 type view struct {
@@ -188,14 +200,17 @@ type view struct {
 
 // Round is the outcome of one reconciliation round.
 type Round struct {
-	At       time.Time
-	Err      error // listing failed: nothing was done
-	Doubtful bool  // releases were withheld
+	At       time.Time // wall time, for records
+	Err      error     // listing failed: nothing was done
+	Doubtful bool      // releases were withheld
 	Why      string
 	Released []ledger.Lease
 	Reasons  []ledger.Reason
 	Stranded int
 	Suspect  int
+	// Unknown counts leases with no evidence this round (a status or probe error
+	// touching them alone); they are kept as they were.
+	Unknown int
 }
 
 // Reconciler compares leases with sandboxes. It is safe for concurrent use; rounds
@@ -206,13 +221,14 @@ type Reconciler struct {
 
 	round sync.Mutex // one round at a time
 
-	mu        sync.Mutex
-	sus       map[ledger.Key]*suspicion
-	views     map[ledger.Key]view
-	lastLen   int  // sandboxes in the last successful listing
-	listed    bool // a listing has succeeded
-	runtimeOK bool
-	last      Round
+	mu         sync.Mutex
+	sus        map[ledger.Key]*suspicion
+	seen       map[ledger.Key]sight
+	views      map[ledger.Key]view
+	prevListed map[string]bool // sandboxes listed before and not since found gone
+	listed     bool            // a listing has succeeded
+	runtimeOK  bool
+	last       Round
 }
 
 // New checks o and returns a Reconciler.
@@ -227,13 +243,13 @@ func New(o Options) (*Reconciler, error) {
 		return nil, errors.New("reconcile: stranded grace must be positive")
 	}
 	if o.Clock == nil {
-		o.Clock = time.Now
+		o.Clock = clock.NewSystem()
 	}
 	log := o.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Reconciler{o: o, log: log, sus: map[ledger.Key]*suspicion{}, views: map[ledger.Key]view{}}, nil
+	return &Reconciler{o: o, log: log, sus: map[ledger.Key]*suspicion{}, seen: map[ledger.Key]sight{}, views: map[ledger.Key]view{}}, nil
 }
 
 // Run reconciles at once and then every Interval until ctx is done.
@@ -250,21 +266,55 @@ func (r *Reconciler) Run(ctx context.Context) {
 	}
 }
 
+// ageLocked returns how long ago (by Clock.Mono) this process first saw ls's holder,
+// recording the sight now if it never did. r.mu must be held.
+func (r *Reconciler) ageLocked(ls ledger.Lease, now time.Duration) time.Duration {
+	s, ok := r.seen[ls.Key]
+	if !ok || !s.created.Equal(ls.Created) {
+		r.seen[ls.Key] = sight{created: ls.Created, at: now}
+		return 0
+	}
+	return now - s.at
+}
+
+// age is ageLocked for callers outside a round (the Guard's questions).
+func (r *Reconciler) age(ls ledger.Lease) time.Duration {
+	now := r.o.Clock.Mono()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ageLocked(ls, now)
+}
+
 // observation is one round's evidence about one lease.
 type observation struct {
 	ls      ledger.Lease
 	sandbox string // verdict
+	status  string // where the verdict came from: the listing, SandboxStatus, its error
 	ns      NSState
 	nsInfo  string
-	young   bool // not known to the runtime and younger than Grace: maybe in creation
+}
+
+// statusAnswer is one SandboxStatus answer, asked once per sandbox per round.
+type statusAnswer struct {
+	sb  cri.Sandbox
+	err error
+}
+
+// decision is one lease's outcome in a round, logged with its evidence.
+type decision struct {
+	level slog.Level
+	what  string
+	o     observation
+	s     *suspicion
+	age   time.Duration
 }
 
 // Reconcile runs one round.
 func (r *Reconciler) Reconcile(ctx context.Context) Round {
 	r.round.Lock()
 	defer r.round.Unlock()
-	now := r.o.Clock()
-	rd := Round{At: now}
+	now := r.o.Clock.Mono()
+	rd := Round{At: r.o.Clock.Now()}
 	sbs, err := r.o.Runtime.ListSandboxes(ctx)
 	if err != nil {
 		rd.Err = err
@@ -272,7 +322,7 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 		r.runtimeOK = false
 		r.last = rd
 		r.mu.Unlock()
-		r.log.Warn("reconcile: runtime listing failed; no action this round", "err", err)
+		r.log.Warn("reconcile: runtime listing failed; no decision this round, every lease kept", "err", err)
 		return rd
 	}
 	listed := make(map[string]cri.Sandbox, len(sbs))
@@ -280,30 +330,50 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 		listed[s.ID] = s
 	}
 	r.mu.Lock()
-	if len(sbs) == 0 && r.listed && r.lastLen > 0 {
-		rd.Doubtful, rd.Why = true, fmt.Sprintf("empty listing after a listing of %d sandboxes", r.lastLen)
+	prev := r.prevListed
+	if len(sbs) == 0 && r.listed && len(prev) > 0 {
+		rd.Doubtful, rd.Why = true, fmt.Sprintf("empty listing after a listing of %d sandboxes", len(prev))
 	}
 	r.mu.Unlock()
 
 	leases := r.o.Ledger.Leases("")
 	obs := make([]observation, 0, len(leases))
+	asked := map[string]statusAnswer{}
+	var history []string // known sandboxes missing from this listing, listed before
 	for _, ls := range leases {
+		id := ls.Key.ContainerID
 		o := observation{ls: ls, sandbox: SandboxUnknown}
-		sb, ok := listed[ls.Key.ContainerID]
-		if !ok {
-			st, err := r.o.Runtime.SandboxStatus(ctx, ls.Key.ContainerID)
+		sb, ok := listed[id]
+		if ok {
+			o.status = "listed " + sb.State.String()
+		} else {
+			a, done := asked[id]
+			if !done {
+				a.sb, a.err = r.o.Runtime.SandboxStatus(ctx, id)
+				asked[id] = a
+			}
 			switch {
-			case errors.Is(err, cri.ErrNotFound):
-				o.sandbox = SandboxGone
-			case err != nil:
+			case errors.Is(a.err, cri.ErrNotFound):
+				o.sandbox, o.status = SandboxGone, "not listed; status: not found"
+			case a.err != nil:
+				// No evidence about this sandbox, and only about this sandbox: its
+				// leases keep what they had; the others are judged as usual.
+				o.status = "not listed; status failed: " + a.err.Error()
+			case prev[id]:
+				// Listed before, missing now, and the runtime still knows it: the
+				// listing is partial, so this round's absences are not trusted. It
+				// stays in the history until the runtime lists it or forgets it.
+				sb, ok = a.sb, true
+				history = append(history, id)
+				o.status = "missing from the listing though listed before; status " + a.sb.State.String()
 				if !rd.Doubtful {
-					rd.Doubtful, rd.Why = true, "sandbox status failed: "+err.Error()
+					rd.Doubtful, rd.Why = true, fmt.Sprintf("partial listing: sandbox %.12s was listed before, is missing now, but the runtime still knows it", id)
 				}
 			default:
-				sb, ok = st, true
-				if !rd.Doubtful {
-					rd.Doubtful, rd.Why = true, fmt.Sprintf("partial listing: sandbox %.12s not listed but known", ls.Key.ContainerID)
-				}
+				// Never listed: most likely created after the listing (a pod
+				// starting). Its status is this lease's evidence; the round stands.
+				sb, ok = a.sb, true
+				o.status = "not listed (created after the listing?); status " + a.sb.State.String()
 			}
 		}
 		if ok {
@@ -314,10 +384,6 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 				o.sandbox = SandboxNotReady
 			}
 		}
-		if o.sandbox == SandboxGone && now.Sub(ls.Created) < r.o.Grace {
-			// maybe in creation: containerd lists a sandbox only after its CNI ADD
-			o.young = true
-		}
 		if o.sandbox == SandboxGone || o.sandbox == SandboxNotReady {
 			o.ns, o.nsInfo = r.o.Netns.Probe(ls.NetNS, ls.IPs)
 		}
@@ -325,19 +391,30 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 	}
 
 	r.mu.Lock()
-	r.listed, r.lastLen, r.runtimeOK = true, len(sbs), true
+	r.listed, r.runtimeOK = true, true
+	r.prevListed = make(map[string]bool, len(listed)+len(history))
+	for id := range listed {
+		r.prevListed[id] = true
+	}
+	for _, id := range history {
+		r.prevListed[id] = true
+	}
 	live := make(map[ledger.Key]bool, len(obs))
 	type act struct {
-		ls      ledger.Lease
+		decision
 		reason  ledger.Reason
 		detail  string
 		reclaim bool
 	}
 	var acts []act
+	decisions := make([]decision, 0, len(obs))
 	views := make(map[ledger.Key]view, len(obs))
 	for _, o := range obs {
 		k := o.ls.Key
 		live[k] = true
+		age := r.ageLocked(o.ls, now)
+		// maybe in creation: containerd lists a sandbox only after its CNI ADD
+		young := o.sandbox == SandboxGone && age < r.o.Grace
 		cls, reason, detail := judge(o.sandbox, o.ns)
 		if o.nsInfo != "" {
 			detail += " (" + o.nsInfo + ")"
@@ -347,21 +424,27 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 		if s != nil && !s.created.Equal(o.ls.Created) {
 			s = nil // another holder under the same key
 		}
+		d := decision{level: slog.LevelInfo, o: o, age: age}
 		switch {
 		case o.sandbox == SandboxReady:
 			delete(r.sus, k)
 			s = nil
-		case o.young:
+			d.level, d.what = slog.LevelDebug, "keep: sandbox READY"
+		case young:
 			// not evidence yet, but the clock starts now
 			if s == nil && cls != classNone && o.ns != NSUnknown {
 				s = &suspicion{class: cls, created: o.ls.Created, first: now, reason: reason, detail: detail}
 				r.sus[k] = s
 			}
+			d.level, d.what = slog.LevelDebug, fmt.Sprintf("keep: maybe in creation (first seen %s ago, grace %s)", age.Round(time.Millisecond), r.o.Grace)
 		case o.sandbox == SandboxUnknown || o.ns == NSUnknown:
 			// no evidence: keep whatever we suspected, unchanged
+			rd.Unknown++
+			d.level, d.what = slog.LevelWarn, "keep: no evidence this round"
 		case cls == classNone:
 			delete(r.sus, k)
 			s = nil
+			d.what = "keep: nothing suspicious"
 		default:
 			if s == nil || s.class != cls {
 				s = &suspicion{class: cls, created: o.ls.Created, first: now}
@@ -373,12 +456,13 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 				s.count++
 			}
 		}
+		d.s = s
 		v := view{sandbox: o.sandbox}
-		if o.young {
+		if young {
 			v.sandbox = SandboxUnknown
 		} else if s != nil {
 			v.class = s.class
-			v.suspect = fmt.Sprintf("%s for %s, %d observations", s.detail, now.Sub(s.first).Round(time.Millisecond), s.count)
+			v.suspect = fmt.Sprintf("%s for %s, %d observations", s.detail, (now - s.first).Round(time.Millisecond), s.count)
 			switch s.class {
 			case classAbandoned:
 				rd.Suspect++
@@ -390,19 +474,43 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 			}
 		}
 		views[k] = v
-		if s == nil || !evidence || rd.Doubtful || s.count < 2 {
+		if !evidence {
+			decisions = append(decisions, d)
 			continue
 		}
+		held := now - s.first
 		switch {
-		case s.class == classAbandoned && now.Sub(s.first) >= r.o.Grace:
-			acts = append(acts, act{ls: o.ls, reason: s.reason, detail: fmt.Sprintf("%s for %s over %d observations", s.detail, now.Sub(s.first).Round(time.Millisecond), s.count)})
-		case s.class == classStranded && r.o.ReclaimStranded && o.sandbox == SandboxNotReady && now.Sub(s.first) >= r.o.StrandedGrace:
-			acts = append(acts, act{ls: o.ls, reason: ledger.ReasonReconcileNotReady, reclaim: true})
+		case rd.Doubtful:
+			d.what = "suspect: round doubtful, no release (" + rd.Why + ")"
+		case s.class == classDoubt:
+			d.what = "keep: suspected but cannot be verified"
+		case s.count < 2:
+			d.what = "suspect: one observation, a second is needed"
+		case s.class == classAbandoned && held >= r.o.Grace:
+			d.what = "release"
+			acts = append(acts, act{decision: d, reason: s.reason, detail: fmt.Sprintf("%s for %s over %d observations", s.detail, held.Round(time.Millisecond), s.count)})
+			continue
+		case s.class == classAbandoned:
+			d.what = fmt.Sprintf("suspect: within grace (%s of %s)", held.Round(time.Millisecond), r.o.Grace)
+		case s.class == classStranded && r.o.ReclaimStranded && o.sandbox == SandboxNotReady && o.ls.NetNS.Ino == 0:
+			d.what = "keep: stranded; not reclaimable, the namespace's identity was not recorded at ADD"
+		case s.class == classStranded && r.o.ReclaimStranded && o.sandbox == SandboxNotReady && held >= r.o.StrandedGrace:
+			d.what = "reclaim stranded interface, then release"
+			acts = append(acts, act{decision: d, reason: ledger.ReasonReconcileNotReady, reclaim: true})
+			continue
+		case s.class == classStranded:
+			d.what = "keep: stranded, the address is still configured"
 		}
+		decisions = append(decisions, d)
 	}
 	for k := range r.sus {
 		if !live[k] {
 			delete(r.sus, k)
+		}
+	}
+	for k := range r.seen {
+		if !live[k] {
+			delete(r.seen, k)
 		}
 	}
 	r.views = views
@@ -411,49 +519,89 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 	if rd.Doubtful {
 		r.log.Warn("reconcile: doubtful round; no release", "why", rd.Why)
 	}
+	for _, d := range decisions {
+		r.logDecision(ctx, d, now)
+	}
 	for _, a := range acts {
 		if a.reclaim {
-			what, err := r.o.Netns.Reclaim(a.ls.NetNS, a.ls.IPs)
+			what, err := r.o.Netns.Reclaim(a.o.ls.NetNS, a.o.ls.IPs)
 			if err != nil {
-				r.log.Error("reconcile: reclaiming stranded lease failed; kept", "attachment", a.ls.Key.String(), "err", err)
+				a.level, a.what = slog.LevelError, "keep: reclaiming the stranded interface failed: "+err.Error()
+				r.logDecision(ctx, a.decision, now)
 				continue
 			}
 			// release only on verified absence
-			st, info := r.o.Netns.Probe(a.ls.NetNS, a.ls.IPs)
+			st, info := r.o.Netns.Probe(a.o.ls.NetNS, a.o.ls.IPs)
 			if st != NSAddrAbsent && st != NSGone {
-				r.log.Error("reconcile: stranded address still present after reclaim; kept", "attachment", a.ls.Key.String(), "netns", info)
+				a.level, a.what = slog.LevelError, fmt.Sprintf("keep: stranded address still present after reclaim (%s %s)", st, info)
+				r.logDecision(ctx, a.decision, now)
 				continue
 			}
-			a.detail = "stranded for " + now.Sub(r.firstOf(a.ls.Key)).Round(time.Millisecond).String() + "; " + what
+			a.detail = "stranded for " + (now - r.firstOf(a.o.ls.Key)).Round(time.Millisecond).String() + "; " + what
 		}
-		rel, ok, err := r.o.Ledger.ReleaseIfCreated(a.ls.Key, a.ls.Created, a.reason, a.detail)
+		rel, ok, err := r.o.Ledger.ReleaseIfCreated(a.o.ls.Key, a.o.ls.Created, a.reason, a.detail)
 		if err != nil {
-			r.log.Error("reconcile: release failed", "attachment", a.ls.Key.String(), "err", err)
+			a.level, a.what = slog.LevelError, "keep: release failed: "+err.Error()
+			r.logDecision(ctx, a.decision, now)
 			continue
 		}
 		r.mu.Lock()
-		delete(r.sus, a.ls.Key)
-		delete(r.views, a.ls.Key)
+		delete(r.sus, a.o.ls.Key)
+		delete(r.views, a.o.ls.Key)
 		r.mu.Unlock()
-		if ok {
-			rd.Released = append(rd.Released, rel)
-			rd.Reasons = append(rd.Reasons, a.reason)
-			r.log.Info("reconcile: released", "attachment", a.ls.Key.String(), "ips", fmt.Sprint(rel.IPs), "reason", string(a.reason), "detail", a.detail, "leaseAge", now.Sub(rel.Created).Round(time.Millisecond))
+		if !ok {
+			a.what = "nothing released: the attachment was released or taken by another holder since the round began"
+			r.logDecision(ctx, a.decision, now)
+			continue
 		}
+		rd.Released = append(rd.Released, rel)
+		rd.Reasons = append(rd.Reasons, a.reason)
+		a.what = "release " + string(a.reason) + ": " + a.detail
+		r.logDecision(ctx, a.decision, now, slog.String("ips", fmt.Sprint(rel.IPs)))
 	}
+	r.log.Debug("reconcile: round", "sandboxes", len(sbs), "leases", len(obs), "suspect", rd.Suspect, "stranded", rd.Stranded, "unknown", rd.Unknown, "released", len(rd.Released), "doubtful", rd.Doubtful)
 	r.mu.Lock()
 	r.last = rd
 	r.mu.Unlock()
 	return rd
 }
 
-func (r *Reconciler) firstOf(k ledger.Key) time.Time {
+// logDecision writes one line for one lease's decision with its evidence: the
+// sandbox verdict and where it came from, the namespace probe, the observations that
+// counted and how long the suspicion and the lease (since first seen) have lasted.
+func (r *Reconciler) logDecision(ctx context.Context, d decision, now time.Duration, extra ...slog.Attr) {
+	if !r.log.Enabled(ctx, d.level) {
+		return
+	}
+	attrs := []slog.Attr{
+		slog.String("attachment", d.o.ls.Key.String()),
+		slog.String("decision", d.what),
+		slog.String("sandbox", d.o.sandbox),
+		slog.String("status", d.o.status),
+	}
+	if d.o.sandbox == SandboxGone || d.o.sandbox == SandboxNotReady {
+		attrs = append(attrs, slog.String("netns", d.o.ns.String()))
+		if d.o.nsInfo != "" {
+			attrs = append(attrs, slog.String("netnsInfo", d.o.nsInfo))
+		}
+	}
+	obs := 0
+	if d.s != nil {
+		obs = d.s.count
+		attrs = append(attrs, slog.Duration("suspectedFor", (now-d.s.first).Round(time.Millisecond)))
+	}
+	attrs = append(attrs, slog.Int("observations", obs), slog.Duration("seenFor", d.age.Round(time.Millisecond)))
+	attrs = append(attrs, extra...)
+	r.log.LogAttrs(ctx, d.level, "reconcile: decision", attrs...)
+}
+
+func (r *Reconciler) firstOf(k ledger.Key) time.Duration {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if s := r.sus[k]; s != nil {
 		return s.first
 	}
-	return r.o.Clock()
+	return r.o.Clock.Mono()
 }
 
 // judge classifies one observation. Only GONE and NOTREADY can be suspected.
@@ -486,20 +634,48 @@ func abandoned(sandbox string, ns NSState) bool {
 	return c == classAbandoned
 }
 
-// sandboxOf asks the runtime about one sandbox: READY, NOTREADY, GONE or UNKNOWN.
-func (r *Reconciler) sandboxOf(ctx context.Context, id string) string {
+// sandboxOf asks the runtime about one sandbox: READY, NOTREADY, GONE or UNKNOWN,
+// and the answer it is based on.
+func (r *Reconciler) sandboxOf(ctx context.Context, id string) (string, string) {
 	st, err := r.o.Runtime.SandboxStatus(ctx, id)
 	switch {
 	case errors.Is(err, cri.ErrNotFound):
-		return SandboxGone
+		return SandboxGone, "status: not found"
 	case err != nil:
-		return SandboxUnknown
+		return SandboxUnknown, "status failed: " + err.Error()
 	case st.State == cri.StateReady:
-		return SandboxReady
+		return SandboxReady, "status READY"
 	case st.State == cri.StateNotReady:
-		return SandboxNotReady
+		return SandboxNotReady, "status NOTREADY"
 	}
-	return SandboxUnknown
+	return SandboxUnknown, "status " + st.State.String()
+}
+
+// guard judges one lease for supersession or GC: whether the runtime and the
+// namespace recorded at ADD together show the holder cannot use its address, and the
+// evidence. A lease first seen by this process less than Grace ago whose sandbox the
+// runtime does not know may be in creation (its ADD may not have returned yet): kept.
+func (r *Reconciler) guard(ctx context.Context, who string, ls ledger.Lease) bool {
+	age := r.age(ls)
+	sb, status := r.sandboxOf(ctx, ls.Key.ContainerID)
+	o := observation{ls: ls, sandbox: sb, status: status}
+	d := decision{level: slog.LevelInfo, o: o, age: age}
+	switch {
+	case sb == SandboxGone && age < r.o.Grace:
+		d.what = fmt.Sprintf("%s: keep: maybe in creation (first seen %s ago, grace %s)", who, age.Round(time.Millisecond), r.o.Grace)
+	case sb != SandboxGone && sb != SandboxNotReady:
+		d.what = who + ": keep: the runtime does not say the sandbox is gone or NOTREADY"
+	default:
+		d.o.ns, d.o.nsInfo = r.o.Netns.Probe(ls.NetNS, ls.IPs)
+		if abandoned(sb, d.o.ns) {
+			d.what = who + ": may release"
+			r.logDecision(ctx, d, r.o.Clock.Mono())
+			return true
+		}
+		d.what = who + ": keep: the namespace does not show the address unused"
+	}
+	r.logDecision(ctx, d, r.o.Clock.Mono())
+	return false
 }
 
 // Supersedable implements agent.Guard: of olds, the leases whose sandbox the
@@ -507,41 +683,20 @@ func (r *Reconciler) sandboxOf(ctx context.Context, id string) string {
 // no longer holds. When the runtime cannot tell, none.
 func (r *Reconciler) Supersedable(ctx context.Context, olds []ledger.Lease) []ledger.Key {
 	var out []ledger.Key
-	now := r.o.Clock()
 	for _, ls := range olds {
-		sb := r.sandboxOf(ctx, ls.Key.ContainerID)
-		if sb == SandboxGone && now.Sub(ls.Created) < r.o.Grace {
-			r.log.Info("supersede: old sandbox unknown to the runtime but its lease is young (in creation?); kept", "old", ls.Key.String())
-			continue
+		if r.guard(ctx, "supersede", ls) {
+			out = append(out, ls.Key)
 		}
-		ns := NSUnknown
-		info := ""
-		if sb == SandboxGone || sb == SandboxNotReady {
-			ns, info = r.o.Netns.Probe(ls.NetNS, ls.IPs)
-		}
-		if !abandoned(sb, ns) {
-			r.log.Info("supersede: old lease kept", "old", ls.Key.String(), "sandbox", sb, "netns", ns.String(), "info", info)
-			continue
-		}
-		r.log.Info("supersede: old lease may go", "old", ls.Key.String(), "sandbox", sb, "netns", ns.String())
-		out = append(out, ls.Key)
 	}
 	return out
 }
 
 // MayRelease implements agent.Guard: GC may release ls only when the runtime
 // reports its sandbox gone or NOTREADY and the address is not in use, the same
-// evidence the reconciler needs (minus the grace: GC comes from the runtime).
+// evidence the reconciler needs (minus the grace and the two observations: GC comes
+// from the runtime), and never while the lease may still be in creation.
 func (r *Reconciler) MayRelease(ctx context.Context, ls ledger.Lease) bool {
-	sb := r.sandboxOf(ctx, ls.Key.ContainerID)
-	if sb != SandboxGone && sb != SandboxNotReady {
-		return false
-	}
-	if sb == SandboxGone && r.o.Clock().Sub(ls.Created) < r.o.Grace {
-		return false // maybe in creation: its ADD may not have returned yet
-	}
-	ns, _ := r.o.Netns.Probe(ls.NetNS, ls.IPs)
-	return abandoned(sb, ns)
+	return r.guard(ctx, "gc", ls)
 }
 
 // Annotate implements agent.Guard with the last round's view of the lease.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/clock/clocktest"
 	"github.com/ipledger/ipledger/internal/cri"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
@@ -29,6 +30,11 @@ type fakeRuntime struct {
 	empty     bool            // listings are empty (status still answers from state)
 	lists     int
 	statuses  int
+	// statusErrFor fails SandboxStatus for the named sandboxes only.
+	statusErrFor map[string]error
+	// afterList runs, with f.mu held, after a listing was made and before it is
+	// returned: what happens in the runtime while the reconciler works.
+	afterList func()
 }
 
 func newFakeRuntime() *fakeRuntime {
@@ -53,6 +59,9 @@ func (f *fakeRuntime) ListSandboxes(ctx context.Context) ([]cri.Sandbox, error) 
 			out = append(out, cri.Sandbox{ID: id, State: st})
 		}
 	}
+	if f.afterList != nil {
+		f.afterList()
+	}
 	return out, nil
 }
 
@@ -62,6 +71,9 @@ func (f *fakeRuntime) SandboxStatus(ctx context.Context, id string) (cri.Sandbox
 	f.statuses++
 	if f.statusErr != nil {
 		return cri.Sandbox{}, f.statusErr
+	}
+	if err := f.statusErrFor[id]; err != nil {
+		return cri.Sandbox{}, err
 	}
 	st, ok := f.state[id]
 	if !ok {
@@ -113,14 +125,6 @@ func (f *fakeNetns) Reclaim(ns ledger.NetNS, ips []netip.Prefix) (string, error)
 
 func (f *fakeNetns) set(path string, s NSState) { f.mu.Lock(); f.st[path] = s; f.mu.Unlock() }
 
-type clock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *clock) Now() time.Time          { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
-func (c *clock) Advance(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
-
 const (
 	interval = 500 * time.Millisecond
 	grace    = time.Second
@@ -128,7 +132,7 @@ const (
 
 type fixture struct {
 	t   *testing.T
-	clk *clock
+	clk *clocktest.Clock
 	l   *ledger.Ledger
 	rt  *fakeRuntime
 	ns  *fakeNetns
@@ -146,11 +150,11 @@ func (w tWriter) Write(p []byte) (int, error) { w.t.Helper(); w.t.Log(string(p))
 
 func newFixture(t *testing.T, mod func(*Options)) *fixture {
 	t.Helper()
-	clk := &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
+	clk := clocktest.New()
 	l := ledgertest.Open(t, memstore.New(), ledger.Options{Clock: clk.Now}) // audited at the end
 	var err error
 	f := &fixture{t: t, clk: clk, l: l, rt: newFakeRuntime(), ns: &fakeNetns{st: map[string]NSState{}}, ctx: context.Background()}
-	o := Options{Ledger: l, Runtime: f.rt, Netns: f.ns, Interval: interval, Grace: grace, StrandedGrace: 5 * time.Second, Clock: clk.Now, Logger: testLogger(t)}
+	o := Options{Ledger: l, Runtime: f.rt, Netns: f.ns, Interval: interval, Grace: grace, StrandedGrace: 5 * time.Second, Clock: clk, Logger: testLogger(t)}
 	if mod != nil {
 		mod(&o)
 	}
@@ -173,14 +177,16 @@ func mustRanges(s string) []pool.RangeSet {
 
 func key(id string) ledger.Key { return ledger.Key{Network: "net", ContainerID: id, IfName: "eth0"} }
 
-// add allocates a lease for sandbox id of pod uid, netns path "/ns/"+id, and ages it
-// past the in-creation window.
+// add allocates a lease for sandbox id of pod uid, netns path "/ns/"+id, and has the
+// reconciler see it at once, as a round right after the ADD would: its in-creation
+// window runs from now.
 func (f *fixture) add(id, uid string) ledger.Lease {
 	f.t.Helper()
 	ls, _, err := f.l.Allocate(ledger.AllocateRequest{Key: key(id), Pod: ledger.Pod{Namespace: "ns", Name: "p-" + uid, UID: uid}, NetNS: ledger.NetNS{Path: "/ns/" + id, Dev: 4, Ino: uint64(len(id))}, Ranges: ranges})
 	if err != nil {
 		f.t.Fatal(err)
 	}
+	f.r.age(ls)
 	return ls
 }
 
@@ -476,22 +482,98 @@ func TestEmptyListingContradictsHistory(t *testing.T) {
 	}
 }
 
+// TestPartialListingNoAction: a sandbox listed before that is missing from later
+// listings while the runtime still knows it makes those listings untrustworthy
+// (invariant 4): nothing is released while it lasts, however long.
 func TestPartialListingNoAction(t *testing.T) {
 	f := newFixture(t, nil)
 	f.add("a", "u1")
 	f.add("b", "u2")
-	f.clk.Advance(time.Hour)
+	f.add("c", "u3")
 	f.rt.set("a", cri.StateReady)
-	f.rt.hide["a"] = true // a is missing from the listing but known
+	f.rt.set("c", cri.StateReady) // keeps the listing non-empty
+	f.clk.Advance(time.Hour)
+	f.rounds(1)           // a is listed
+	f.rt.hide["a"] = true // now a is missing from the listing but known
 	f.ns.set("/ns/b", NSGone)
 	if n := f.rounds(20); n != 0 || !f.held("b") {
 		t.Fatal("released during a partial listing")
+	}
+	if rd := f.r.Last(); !rd.Doubtful || !strings.Contains(rd.Why, "partial listing") {
+		t.Fatalf("last round %+v, want doubtful for a partial listing", rd)
 	}
 	delete(f.rt.hide, "a")
 	f.untilReleased("b", 5)
 	if !f.held("a") {
 		t.Fatal("a released")
 	}
+}
+
+// TestSandboxCreatedAfterListing: on a busy node a sandbox is created between the
+// listing and the status calls of every round (its lease exists, the listing
+// missed it, its status says READY). That is no reason to doubt the round: the
+// lease of a gone sandbox is still released within grace plus one interval of its
+// first observation (invariant 3), and the new sandboxes' leases are kept.
+func TestSandboxCreatedAfterListing(t *testing.T) {
+	f := newFixture(t, nil)
+	f.add("gone", "u0")
+	f.clk.Advance(time.Hour)
+	f.ns.set("/ns/gone", NSGone)
+	n := 0
+	f.rt.afterList = func() {
+		// a pod starts while the reconciler works: ADD, then the runtime's record
+		n++
+		id := fmt.Sprintf("new%d", n)
+		if _, _, err := f.l.Allocate(ledger.AllocateRequest{Key: key(id), Pod: ledger.Pod{UID: id}, NetNS: ledger.NetNS{Path: "/ns/" + id, Dev: 4, Ino: uint64(100 + n)}, Ranges: ranges}); err != nil {
+			t.Error(err)
+		}
+		f.rt.state[id] = cri.StateReady
+	}
+	took := f.untilReleased("gone", 10)
+	if took > grace+interval {
+		t.Fatalf("released %v after the first round; want within grace+interval %v", took, grace+interval)
+	}
+	for i := 1; i <= n; i++ {
+		if !f.held(fmt.Sprintf("new%d", i)) {
+			t.Fatalf("lease of READY sandbox new%d released", i)
+		}
+	}
+	if rd := f.r.Last(); rd.Doubtful {
+		t.Fatalf("round doubtful: %s", rd.Why)
+	}
+}
+
+// TestStatusErrorConfined: one sandbox whose status keeps failing makes only its own
+// leases doubtful; another gone sandbox's lease is still released on time, and the
+// failing one's lease is kept and shown UNKNOWN.
+func TestStatusErrorConfined(t *testing.T) {
+	f := newFixture(t, nil)
+	f.add("broken", "u1")
+	f.add("gone", "u2")
+	f.add("ready", "u3")
+	f.rt.set("ready", cri.StateReady)
+	f.rt.statusErrFor = map[string]error{"broken": errors.New("rpc error: code = Unknown desc = failed to get sandbox status")}
+	f.clk.Advance(time.Hour)
+	f.ns.set("/ns/broken", NSGone)
+	f.ns.set("/ns/gone", NSGone)
+	took := f.untilReleased("gone", 10)
+	if took > grace+interval {
+		t.Fatalf("released %v after the first round; want within grace+interval %v", took, grace+interval)
+	}
+	if n := f.rounds(20); n != 0 || !f.held("broken") || !f.held("ready") {
+		t.Fatal("released a lease whose sandbox's status fails, or a READY one")
+	}
+	v := api.LeaseView{Network: "net", ContainerID: "broken", IfName: "eth0"}
+	f.r.Annotate(&v)
+	if v.Sandbox != SandboxUnknown || v.Suspect != "" {
+		t.Fatalf("view of the failing sandbox's lease %+v, want UNKNOWN and unsuspected", v)
+	}
+	if rd := f.r.Last(); rd.Doubtful || rd.Unknown != 1 {
+		t.Fatalf("last round %+v, want not doubtful with one unknown", rd)
+	}
+	// status answers again: the lease is judged like any other
+	f.rt.statusErrFor = nil
+	f.untilReleased("broken", 10)
 }
 
 func TestSuspicionResets(t *testing.T) {
