@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strings"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
@@ -31,7 +32,19 @@ var _ Netns = NSFS{}
 var hostNS = []string{"/proc/self/ns/net", "/proc/thread-self/ns/net", "/proc/1/ns/net"}
 
 // open opens the namespace recorded in ns with every identity check, or says why not.
-func open(ns ledger.NetNS) (*os.File, NSState, string) {
+//
+// When the lease recorded a path but no identity (dev:inode; the plugin could not
+// stat the path at ADD), the namespace at the path cannot be proven to be the
+// recorded one. With read=true (Probe) it is still judged by what is there, because
+// both answers are then safe: a path that now holds no network namespace, or the
+// host's (a pod's namespace is never the host's: ADD refuses it), cannot hold the
+// pod's namespace, so it is NSGone; any other network namespace there is opened
+// read-only and its addresses decide — still configured there means kept
+// (stranded), absent means the address is not in use at the path the runtime gave.
+// The sandbox verdict (gone or NOTREADY) is the other half of the evidence. Without
+// this the lease would stay UNKNOWN, and so kept, forever. With read=false (Reclaim,
+// which changes the namespace) an unrecorded identity is refused.
+func open(ns ledger.NetNS, read bool) (*os.File, NSState, string) {
 	if ns.Path == "" {
 		return nil, NSNotRecorded, ""
 	}
@@ -42,10 +55,11 @@ func open(ns ledger.NetNS) (*os.File, NSState, string) {
 		}
 		return nil, NSUnknown, fmt.Sprintf("stat %s: %v", ns.Path, err)
 	}
-	if ns.Ino == 0 {
+	recorded := ns.Ino != 0
+	if !recorded && !read {
 		return nil, NSUnknown, "no namespace identity recorded for " + ns.Path
 	}
-	if st.Dev != ns.Dev || st.Ino != ns.Ino {
+	if recorded && (st.Dev != ns.Dev || st.Ino != ns.Ino) {
 		return nil, NSGone, fmt.Sprintf("%s is now %d:%d, not the namespace %d:%d recorded at ADD", ns.Path, st.Dev, st.Ino, ns.Dev, ns.Ino)
 	}
 	f, err := os.OpenFile(ns.Path, os.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -56,18 +70,24 @@ func open(ns ledger.NetNS) (*os.File, NSState, string) {
 		return nil, NSUnknown, err.Error()
 	}
 	var fst unix.Stat_t
-	if err := unix.Fstat(int(f.Fd()), &fst); err != nil || fst.Dev != ns.Dev || fst.Ino != ns.Ino {
+	if err := unix.Fstat(int(f.Fd()), &fst); err != nil || fst.Dev != st.Dev || fst.Ino != st.Ino {
 		f.Close()
 		return nil, NSUnknown, "namespace changed while opening " + ns.Path
 	}
 	if t, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_NSTYPE); err != nil || t != unix.CLONE_NEWNET {
 		f.Close()
+		if !recorded {
+			return nil, NSGone, ns.Path + " holds no network namespace (no identity was recorded at ADD)"
+		}
 		return nil, NSUnknown, ns.Path + " is not a network namespace"
 	}
 	for _, h := range hostNS {
 		var hs unix.Stat_t
 		if unix.Stat(h, &hs) == nil && hs.Dev == fst.Dev && hs.Ino == fst.Ino {
 			f.Close()
+			if !recorded {
+				return nil, NSGone, fmt.Sprintf("%s is now the host's namespace (%s), which no pod's namespace is (no identity was recorded at ADD)", ns.Path, h)
+			}
 			return nil, NSUnknown, fmt.Sprintf("refused: %s is the host's namespace (%s)", ns.Path, h)
 		}
 	}
@@ -107,7 +127,7 @@ func find(h *netlink.Handle, ips []netip.Prefix) (netlink.Link, netip.Addr, erro
 
 // Probe implements Netns.
 func (NSFS) Probe(ns ledger.NetNS, ips []netip.Prefix) (NSState, string) {
-	f, st, info := open(ns)
+	f, st, info := open(ns, true)
 	if f == nil {
 		return st, info
 	}
@@ -121,16 +141,20 @@ func (NSFS) Probe(ns ledger.NetNS, ips []netip.Prefix) (NSState, string) {
 	if err != nil {
 		return NSUnknown, fmt.Sprintf("addresses in %s: %v", ns.Path, err)
 	}
-	if l == nil {
-		return NSAddrAbsent, ""
+	note := ""
+	if ns.Ino == 0 {
+		note = " (no identity recorded at ADD: judged by the namespace now at the path)"
 	}
-	return NSAddrPresent, fmt.Sprintf("%s on %s in %s", ip, l.Attrs().Name, ns.Path)
+	if l == nil {
+		return NSAddrAbsent, strings.TrimPrefix(note, " ")
+	}
+	return NSAddrPresent, fmt.Sprintf("%s on %s in %s%s", ip, l.Attrs().Name, ns.Path, note)
 }
 
 // Reclaim implements Netns: it deletes the interface that carries one of ips in
 // the namespace recorded at ADD (never lo), after the identity checks.
 func (NSFS) Reclaim(ns ledger.NetNS, ips []netip.Prefix) (string, error) {
-	f, st, info := open(ns)
+	f, st, info := open(ns, false)
 	if f == nil {
 		return "", fmt.Errorf("reclaim: namespace %s: %s (%s)", ns.Path, st, info)
 	}

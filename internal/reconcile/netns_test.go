@@ -8,9 +8,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/cri"
 	"github.com/ipledger/ipledger/internal/ledger"
 )
 
@@ -86,7 +89,11 @@ func TestNSFSProbe(t *testing.T) {
 		{"address absent", ns, pfx("10.99.0.6/24"), NSAddrAbsent, ""},
 		{"path gone", ledger.NetNS{Path: "/run/netns/iplrec-never-made", Dev: 4, Ino: 1}, pfx("10.99.0.5/24"), NSGone, "does not exist"},
 		{"path now another namespace", other, pfx("10.99.0.5/24"), NSGone, "not the namespace"},
-		{"no identity recorded", noID, pfx("10.99.0.5/24"), NSUnknown, "no namespace identity"},
+		{"no identity recorded, address present", noID, pfx("10.99.0.5/24"), NSAddrPresent, "no identity recorded"},
+		{"no identity recorded, address absent", noID, pfx("10.99.0.6/24"), NSAddrAbsent, "no identity recorded"},
+		{"no identity recorded, path gone", ledger.NetNS{Path: "/run/netns/iplrec-never-made"}, pfx("10.99.0.5/24"), NSGone, "does not exist"},
+		{"no identity recorded, a plain file", ledger.NetNS{Path: file}, pfx("10.99.0.5/24"), NSGone, "holds no network namespace"},
+		{"no identity recorded, now the host's", ledger.NetNS{Path: "/proc/self/ns/net"}, pfx("127.0.0.1/8"), NSGone, "host's namespace"},
 		{"not recorded", ledger.NetNS{}, pfx("10.99.0.5/24"), NSNotRecorded, ""},
 		{"the host's namespace", hostIdentity(t), pfx("127.0.0.1/8"), NSUnknown, "refused"},
 		{"a plain file", ledger.NetNS{Path: file, Dev: fst.Dev, Ino: fst.Ino}, pfx("10.99.0.5/24"), NSUnknown, "not a network namespace"},
@@ -119,6 +126,9 @@ func TestNSFSReclaim(t *testing.T) {
 	if _, err := (NSFS{}).Reclaim(other, pfx("10.99.1.5/24")); err == nil {
 		t.Fatal("reclaim in a namespace whose identity does not match: no error")
 	}
+	if _, err := (NSFS{}).Reclaim(ledger.NetNS{Path: ns.Path}, pfx("10.99.1.5/24")); err == nil || !strings.Contains(err.Error(), "no namespace identity") {
+		t.Fatalf("reclaim in a namespace whose identity was not recorded: %v, want refused", err)
+	}
 	what, err := NSFS{}.Reclaim(ns, pfx("10.99.1.5/24"))
 	if err != nil || !strings.Contains(what, "removed interface d0") {
 		t.Fatalf("reclaim = %q, %v", what, err)
@@ -131,5 +141,47 @@ func TestNSFSReclaim(t *testing.T) {
 	}
 	if after := ip(t, "-o", "link", "show"); after != hostBefore {
 		t.Fatalf("host links changed:\n%s\n%s", hostBefore, after)
+	}
+}
+
+// TestUnrecordedIdentityResolved: a lease whose namespace path exists but whose
+// identity was never recorded is not kept UNKNOWN forever. With the real probe, a
+// gone sandbox whose namespace at that path no longer holds the address is released
+// within the grace; one whose namespace still holds it is kept as stranded, and is
+// never reclaimed (nothing proves the namespace is the one of the ADD).
+func TestUnrecordedIdentityResolved(t *testing.T) {
+	f := newFixture(t, func(o *Options) { o.Netns = NSFS{}; o.ReclaimStranded = true; o.StrandedGrace = time.Second })
+	ns := realNS(t, "10.246.0.250/32")
+	alloc := func(id string) ledger.Lease {
+		t.Helper()
+		ls, _, err := f.l.Allocate(ledger.AllocateRequest{Key: key(id), Pod: ledger.Pod{UID: "u-" + id}, NetNS: ledger.NetNS{Path: ns.Path}, Ranges: ranges})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.r.age(ls)
+		return ls
+	}
+	absent := alloc("absent")
+	f.clk.Advance(time.Hour)
+	f.untilReleased("absent", 10)
+	if r := lastReason(t, f.l, absent); r != ledger.ReasonReconcileGone {
+		t.Fatalf("reason %s", r)
+	}
+	// the namespace at the path holds the lease's address: stranded, kept, not reclaimed
+	present := alloc("present")
+	addr := present.IPs[0].Addr().String()
+	ip(t, "-n", filepath.Base(ns.Path), "addr", "add", addr+"/32", "dev", "d0")
+	f.rt.set("present", cri.StateNotReady)
+	f.clk.Advance(time.Hour)
+	if n := f.rounds(20); n != 0 || !f.held("present") {
+		t.Fatal("released a lease whose address is still configured at its namespace path")
+	}
+	var a api.Audit
+	f.r.Summary(&a)
+	if a.Stranded != 1 {
+		t.Fatalf("audit %+v, want one stranded", a)
+	}
+	if out := ip(t, "-n", filepath.Base(ns.Path), "-o", "addr", "show"); !strings.Contains(out, addr) {
+		t.Fatalf("the interface was reclaimed without a recorded identity:\n%s", out)
 	}
 }

@@ -99,8 +99,9 @@ type NSState int
 
 // Namespace verdicts.
 const (
-	// NSUnknown: the namespace could not be inspected (error, identity not
-	// recorded while the path exists, refused as the host's).
+	// NSUnknown: the namespace could not be inspected (an error, or the recorded
+	// identity is the host's and is refused). A path whose identity was not recorded
+	// is judged by what is at it now (see NSFS), never left unknown for that alone.
 	NSUnknown NSState = iota
 	// NSNotRecorded: the lease has no namespace path.
 	NSNotRecorded
