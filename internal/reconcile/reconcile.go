@@ -26,32 +26,56 @@
 //     so the address is never handed to another pod while it is configured there;
 //   - no namespace was recorded: GONE is abandoned (the runtime's NotFound is the
 //     evidence), NOTREADY is only suspected (nothing can verify it);
-//   - the namespace cannot be inspected: no evidence.
+//   - the namespace cannot be inspected: no evidence;
+//   - a path whose identity was not recorded at ADD is judged by what is at it
+//     now (see [NSFS]), so such a lease is not kept UNKNOWN forever.
 //
 // An abandoned lease is released (reason reconcile-gone or reconcile-notready) when
 // the suspicion has held for Grace since it was first seen AND was confirmed by at
 // least two observations in trustworthy rounds. Any observation of the sandbox
 // READY, or of the address in use, resets it.
 //
-// # When in doubt, keep (invariant 4)
+// # Time
+//
+// Every "how long" (the grace, the stranded grace, the in-creation window) is
+// measured on Clock.Mono, which wall-clock steps do not move. A lease's Created is
+// a wall time possibly written by an earlier process; it identifies the holder but
+// is never subtracted from. A lease's age is counted from this process's first
+// sight of it (a round, or a Guard question): a lease made before a restart is
+// first seen at the first round, so a restart can delay a release, never hurry it.
+//
+// # When in doubt, keep (invariant 4) — but only what the doubt touches
 //
 // A round whose listing fails does nothing at all, not even aging suspicions. A
-// round is "doubtful" when the listing is empty while the previous successful
-// listing was not, when a sandbox missing from the listing is found by
-// SandboxStatus (a partial listing), or when any SandboxStatus call fails: a
-// doubtful round releases nothing and its observations do not count toward the two
-// confirmations (a suspicion first seen in it does start its clock, since each GONE
-// is a per-sandbox NotFound). After a real reboot the runtime may answer an empty
-// list forever: the first empty round is doubtful, the next ones are consistent with
-// the (empty) history, and each lease is released on its own per-sandbox NotFound
-// confirmations, within Grace plus one Interval of the runtime answering.
+// round is "doubtful" (releases nothing, and its observations do not count toward
+// the two confirmations) when its listing contradicts recent history: it is empty
+// while the previous successful listing was not, or a sandbox listed before is
+// missing from it while SandboxStatus still finds it (a partial listing; such a
+// sandbox stays in the history until it is listed again or found gone). A
+// suspicion first seen in a doubtful round does start its clock, since each GONE
+// is a per-sandbox NotFound.
 //
-// A lease younger than Grace whose sandbox the runtime does not know is assumed to
-// be in creation (containerd adds a sandbox to its store only after CNI ADD): it is
-// not shown as suspect and its observations do not count toward the two
-// confirmations, but its clock starts at the first such observation. A lease leaked
-// at ADD (its sandbox never came) is so released within Grace plus one Interval of
-// its creation, as any other gone sandbox's lease.
+// Errors confine doubt to what they touch: a failed SandboxStatus for sandbox X
+// leaves only the leases of X without evidence (kept as they were, shown UNKNOWN);
+// a sandbox never listed before that SandboxStatus finds (created between the
+// listing and the status call, the normal case on a busy node) is judged on its
+// status. Neither makes the round doubtful, so one broken sandbox or a steady
+// stream of new pods cannot stop every release (invariant 3). After a real reboot
+// the runtime may answer an empty list forever: the first empty round is doubtful,
+// the next ones are consistent with the (empty) history, and each lease is released
+// on its own per-sandbox NotFound confirmations, within Grace plus one Interval of
+// the runtime answering.
+//
+// A lease first seen less than Grace ago whose sandbox the runtime does not know is
+// assumed to be in creation (containerd adds a sandbox to its store only after CNI
+// ADD): it is not shown as suspect and its observations do not count toward the
+// two confirmations, but its clock starts at the first such observation.
+//
+// Every round logs one line per lease ("reconcile: decision") with the decision and
+// its evidence: the sandbox verdict and where it came from (the listing,
+// SandboxStatus or its error), the namespace probe, the observations that counted,
+// how long it has been suspected and seen. READY and in-creation leases log at
+// Debug, failures to get evidence at Warn, everything else at Info.
 //
 // # Stranded reclaim (off by default)
 //
