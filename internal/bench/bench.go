@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+	"github.com/ipledger/ipledger/internal/testenv/debpkg"
 )
 
 // DefaultCNIBinDir holds Debian's containernetworking-plugins (host-local, ptp).
@@ -183,8 +184,15 @@ func (h *harness) setup() error {
 	h.work = work
 	h.ns = map[string]bool{}
 	h.tb.Cleanup(h.deleteAllNetNS)
-	if _, err := exec.LookPath("ip"); err != nil {
-		return errors.New("the ip command (iproute2) is needed: apt-get install iproute2")
+	// iproute2 and Debian's CNI plugins (the baseline), installed if missing, under
+	// the lock every test process takes: another package's test may be installing
+	// them right now.
+	pkgs := []debpkg.Package{debpkg.IPRoute2}
+	if h.opts.CNIBinDir == DefaultCNIBinDir {
+		pkgs = append(pkgs, debpkg.CNIPlugins)
+	}
+	if err := debpkg.Ensure(pkgs...); err != nil {
+		return err
 	}
 	h.cniPath = filepath.Join(work, "cni")
 	if err := os.Mkdir(h.cniPath, 0o755); err != nil {

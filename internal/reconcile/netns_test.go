@@ -15,12 +15,14 @@ import (
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/cri"
 	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/testenv/debpkg"
 )
 
 // realNS creates a network namespace with `ip netns add` holding a veth interface
 // d0 with addr, and returns its identity as ADD records it. It is removed at cleanup.
 func realNS(t *testing.T, addr string) ledger.NetNS {
 	t.Helper()
+	debpkg.Need(t, debpkg.IPRoute2)
 	name := fmt.Sprintf("iplrec%d%d", os.Getpid()%100000, len(t.Name()))
 	name = name + strings.NewReplacer("/", "", " ", "", ",", "").Replace(t.Name())
 	if len(name) > 40 {

@@ -19,6 +19,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+	"github.com/ipledger/ipledger/internal/testenv/debpkg"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/net/icmp"
 	"golang.org/x/net/ipv4"
@@ -63,6 +64,12 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	binDir = dir
+	// iproute2 and Debian's host-local, installed if missing under the lock every
+	// test process takes (another package's test may be installing them now).
+	if err := debpkg.Ensure(debpkg.IPRoute2, debpkg.CNIPlugins); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	build := exec.Command("go", "build", "-o", filepath.Join(dir, pluginType), "github.com/ipledger/ipledger/cmd/ipledger-veth")
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {

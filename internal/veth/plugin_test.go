@@ -29,7 +29,21 @@ func TestConnectivityThroughNode(t *testing.T) {
 			ipam := k.new(t)
 			node := newNetNS(t, "node")
 			podA, podB := newNetNS(t, "a"), newNetNS(t, "b")
+			// A new namespace inherits the host's net.ipv4.conf.all.forwarding (on on
+			// every Kubernetes node and Docker host). What the plugin must not do is
+			// change it: the node namespace (ours, not the host's) starts with it off,
+			// so a plugin turning it on is seen whatever the host's setting, and the
+			// value after the ADDs is compared with the value before.
+			var fwdBefore string
 			inNS(t, node, func() error {
+				if err := os.WriteFile("/proc/sys/net/ipv4/conf/all/forwarding", []byte("0"), 0o644); err != nil {
+					return err
+				}
+				b, err := os.ReadFile("/proc/sys/net/ipv4/conf/all/forwarding")
+				fwdBefore = strings.TrimSpace(string(b))
+				if err != nil {
+					return err
+				}
 				return os.WriteFile("/proc/sys/net/ipv6/conf/all/forwarding", []byte("1"), 0o644)
 			})
 			network := "iplt-conn"
@@ -104,8 +118,8 @@ func TestConnectivityThroughNode(t *testing.T) {
 				if err != nil || strings.TrimSpace(string(b)) != "1" {
 					return fmt.Errorf("proxy_arp on %s = %q (%v), want 1", name, b, err)
 				}
-				if b, err := os.ReadFile("/proc/sys/net/ipv4/conf/all/forwarding"); err != nil || strings.TrimSpace(string(b)) != "0" {
-					return fmt.Errorf("node's net.ipv4.conf.all.forwarding = %q (%v): a global sysctl was changed", b, err)
+				if b, err := os.ReadFile("/proc/sys/net/ipv4/conf/all/forwarding"); err != nil || strings.TrimSpace(string(b)) != fwdBefore {
+					return fmt.Errorf("node's net.ipv4.conf.all.forwarding = %q (%v), was %q before the ADDs: a global sysctl was changed", b, err, fwdBefore)
 				}
 				l, err := netlink.LinkByName(name)
 				if err != nil {

@@ -15,44 +15,15 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/ipledger/ipledger/internal/testenv/debpkg"
 )
 
-// Debian packages that provide what the env runs.
-var depPkgs = []string{"containerd", "runc", "containernetworking-plugins", "iproute2"}
-
-var depsMu sync.Mutex
-
-// ensureDeps installs containerd, runc and the CNI plugins with apt-get when
-// any of them is missing.
+// ensureDeps installs containerd, runc, the CNI plugins and iproute2 when any is
+// missing, under the machine-wide lock every test and scripts/install-deps.sh take
+// (see debpkg): a concurrent test process is never caught half-way through apt.
 func ensureDeps() error {
-	depsMu.Lock()
-	defer depsMu.Unlock()
-	missing := false
-	for _, b := range []string{"containerd", "ctr", "containerd-shim-runc-v2", "runc"} {
-		if _, err := exec.LookPath(b); err != nil {
-			missing = true
-		}
-	}
-	for _, p := range []string{"bridge", "host-local", "loopback"} {
-		if _, err := os.Stat(filepath.Join(DefaultCNIBinDir, p)); err != nil {
-			missing = true
-		}
-	}
-	if !missing {
-		return nil
-	}
-	env := append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-	up := exec.Command("apt-get", "-o", "DPkg::Lock::Timeout=300", "update", "-qq")
-	up.Env = env
-	if out, err := up.CombinedOutput(); err != nil {
-		return fmt.Errorf("containerdenv: apt-get update: %v\n%s", err, out)
-	}
-	in := exec.Command("apt-get", append([]string{"-o", "DPkg::Lock::Timeout=300", "install", "-y", "-qq"}, depPkgs...)...)
-	in.Env = env
-	if out, err := in.CombinedOutput(); err != nil {
-		return fmt.Errorf("containerdenv: apt-get install %v: %v\n%s", depPkgs, err, out)
-	}
-	return nil
+	return debpkg.Ensure(debpkg.Containerd, debpkg.Runc, debpkg.CNIPlugins, debpkg.IPRoute2)
 }
 
 // overlayWorks reports whether an overlay mount can be made under dir.
