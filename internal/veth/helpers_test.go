@@ -294,8 +294,19 @@ type linkState struct {
 	Name  string
 	Flags net.Flags
 	Alias string
+	Kind  string // netlink link type: veth, bridge, device, ...
 }
 
+// foreign reports whether l is a pod or bridge link of another process on the
+// machine: a veth or bridge that is not one of these tests' networks (all named
+// iplt-*). A runtime or another package's test (go test runs packages in parallel)
+// creates and removes such links at any time; they are not the plugin's doing.
+// Every other host link (lo, the uplinks, our networks' veths) is compared strictly.
+func (l linkState) foreign() bool {
+	return (l.Kind == "veth" || l.Kind == "bridge") && !strings.Contains(l.Alias, " net=iplt-")
+}
+
+// hostLinks lists the host's links, without foreign ones.
 func hostLinks(t *testing.T) []linkState {
 	t.Helper()
 	links, err := netlink.LinkList()
@@ -305,7 +316,9 @@ func hostLinks(t *testing.T) []linkState {
 	var out []linkState
 	for _, l := range links {
 		a := l.Attrs()
-		out = append(out, linkState{a.Index, a.Name, a.Flags, a.Alias})
+		if s := (linkState{a.Index, a.Name, a.Flags, a.Alias, l.Type()}); !s.foreign() {
+			out = append(out, s)
+		}
 	}
 	return out
 }
@@ -467,10 +480,11 @@ func readFile(t *testing.T, p string) string {
 	return string(b)
 }
 
-// linksChanged reports whether the host's links differ in a way the plugin could have
-// caused: a link that existed before is gone or changed, or a new link carries our
-// prefix. New links of other kinds come from other processes on the machine (a
-// runtime, another test binary) and are not the plugin's doing.
+// linksChanged reports whether the host's links (foreign ones left out, see
+// hostLinks) differ in a way the plugin could have caused: a link that existed
+// before is gone or changed, or a new link carries our prefix. New links of other
+// kinds come from other processes on the machine (a runtime, another test binary)
+// and are not the plugin's doing.
 func linksChanged(before, after []linkState) bool {
 	now := map[int]linkState{}
 	for _, l := range after {
