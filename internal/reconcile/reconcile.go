@@ -384,6 +384,9 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 				// No evidence about this sandbox, and only about this sandbox: its
 				// leases keep what they had; the others are judged as usual.
 				o.status = "not listed; status failed: " + a.err.Error()
+				if prev[id] {
+					history = append(history, id) // still unexplained: keep it in the history
+				}
 			case prev[id]:
 				// Listed before, missing now, and the runtime still knows it: the
 				// listing is partial, so this round's absences are not trusted. It
