@@ -264,10 +264,10 @@ func countRejected(err error) int {
 
 // Serve publishes the spool next to the socket, applies it, then answers on ln until
 // ctx is done or ln is closed. Accept errors (EMFILE, ECONNABORTED, ...) do not end
-// it: it backs off and retries. At the end it stops accepting, closes connections
-// whose request has not arrived, waits for every request in flight (warning each
-// DrainTimeout; the caller closes the ledger only after Serve returns), applies the
-// spool once more and returns: nil after ctx is done, the listener's error otherwise.
+// it: it backs off and retries. At the end it stops accepting, waits for every
+// connection it accepted to be answered (warning each DrainTimeout; the caller closes
+// the ledger only after Serve returns), applies the spool once more and returns: nil
+// after ctx is done, the listener's error otherwise.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if s.spool != nil {
 		if err := spool.Publish(s.cfg.Socket, s.spool.Path()); err != nil {
@@ -326,7 +326,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			break
 		}
 	}
-	s.conns.closeReading()
+	// Connections still reading their request are served too (a client that sent
+	// half its request before the signal gets its answer); ReadTimeout bounds them.
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()
 	for waiting := true; waiting; {
@@ -378,7 +379,7 @@ func (s *Server) handleConn(ctx context.Context, tc *trackedConn) {
 	conn.SetReadDeadline(time.Now().Add(s.cfg.ReadTimeout))
 	req, err := api.ReadRequest(bufio.NewReader(conn))
 	if !s.conns.startHandling(tc) {
-		return // evicted or shut down before its request was read
+		return // evicted before its request was read
 	}
 	var resp *api.Response
 	switch {
@@ -412,17 +413,16 @@ func (s *Server) answer(conn net.Conn, resp *api.Response) {
 // connSet tracks the connections being served, and which of them are still waiting
 // for their request.
 type connSet struct {
-	mu   sync.Mutex
-	seq  uint64
-	m    map[*trackedConn]struct{}
-	shut bool
+	mu  sync.Mutex
+	seq uint64
+	m   map[*trackedConn]struct{}
 }
 
 type trackedConn struct {
 	conn     net.Conn
 	seq      uint64
 	handling bool // its request was read: it is never evicted
-	closed   bool // closed by eviction or shutdown before its request was read
+	closed   bool // evicted before its request was read
 }
 
 func (cs *connSet) add(c net.Conn) *trackedConn {
@@ -430,10 +430,6 @@ func (cs *connSet) add(c net.Conn) *trackedConn {
 	defer cs.mu.Unlock()
 	cs.seq++
 	tc := &trackedConn{conn: c, seq: cs.seq}
-	if cs.shut {
-		tc.closed = true
-		c.Close()
-	}
 	cs.m[tc] = struct{}{}
 	return tc
 }
@@ -471,21 +467,6 @@ func (cs *connSet) evictOldestReading() bool {
 	oldest.closed = true
 	oldest.conn.Close()
 	return true
-}
-
-// closeReading closes every connection still waiting for its request, and any
-// added later: at shutdown, requests not yet read are not started (their clients
-// retry, or spool a DEL).
-func (cs *connSet) closeReading() {
-	cs.mu.Lock()
-	defer cs.mu.Unlock()
-	cs.shut = true
-	for tc := range cs.m {
-		if !tc.handling && !tc.closed {
-			tc.closed = true
-			tc.conn.Close()
-		}
-	}
 }
 
 func errResp(e *api.Error) *api.Response { return &api.Response{Error: e} }

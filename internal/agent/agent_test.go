@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -239,5 +240,62 @@ func TestConcurrentRequests(t *testing.T) {
 	}
 	if got := len(l.Leases("net")); got != 1+16 {
 		t.Errorf("%d leases, want 17 (one for the repeated attachment, 16 of the others kept)", got)
+	}
+}
+
+// failingStore is a real bbolt store whose transactions fail when they delete the
+// lease of one attachment, as a disk error during that release would.
+type failingStore struct {
+	ledger.Store
+	fail ledger.Key
+}
+
+func (f *failingStore) Update(fn func(ledger.Tx) error) error {
+	return f.Store.Update(func(tx ledger.Tx) error { return fn(failingTx{tx, f.fail}) })
+}
+
+type failingTx struct {
+	ledger.Tx
+	fail ledger.Key
+}
+
+func (f failingTx) DeleteLease(k ledger.Key) error {
+	if k == f.fail {
+		return fmt.Errorf("%w: injected write error deleting %s", ledger.ErrStore, k)
+	}
+	return f.Tx.DeleteLease(k)
+}
+
+// A GC whose first release fails goes on with the others and reports every failure
+// (the CNI spec: collect as much as possible, return an aggregated error).
+func TestGCContinuesAfterAFailedRelease(t *testing.T) {
+	dir := t.TempDir()
+	st, err := boltstore.Open(filepath.Join(dir, "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	fs := &failingStore{Store: st, fail: ledgertest.Key("a-fails")}
+	l := ledgertest.Open(t, fs, ledger.Options{})
+	s, err := agent.New(agent.Config{Ledger: l, Socket: filepath.Join(dir, "s.sock"), Logger: ledgertest.TestLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, cid := range []string{"a-fails", "b-stale", "c-stale", "d-valid"} {
+		mustAdd(t, s, cid)
+	}
+	r := s.Handle(context.Background(), api.Request{Version: api.Version, Op: api.OpGC, Network: "net", Valid: []api.Attachment{{ContainerID: "d-valid", IfName: "eth0"}}})
+	if r.Error == nil || r.Error.Code != api.CodeStore || !strings.Contains(r.Error.Msg, "net/a-fails/eth0") || !strings.Contains(r.Error.Msg, "injected write error") {
+		t.Fatalf("GC with one failing release answered %+v; want a store error naming the failed attachment", r.Error)
+	}
+	if r.Released != 2 {
+		t.Errorf("GC released %d, want 2 (it must go on after the failure)", r.Released)
+	}
+	var held []string
+	for _, ls := range l.Leases("net") {
+		held = append(held, ls.Key.ContainerID)
+	}
+	if strings.Join(held, ",") != "a-fails,d-valid" {
+		t.Fatalf("after GC the ledger holds %v; want the failed one and the valid one", held)
 	}
 }
