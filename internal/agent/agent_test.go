@@ -119,7 +119,7 @@ func TestSpoolOrderSurvivesClockSteps(t *testing.T) {
 
 			again := mustAdd(t, s, "back")
 			if again.Existed {
-				t.Fatalf("ADD answered the lease %v a spooled DEL was meant for", old.Lease.IPs)
+				t.Errorf("ADD answered the lease %v a spooled DEL was meant for", old.Lease.IPs)
 			}
 			s.ApplySpool()
 
