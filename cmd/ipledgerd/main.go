@@ -19,6 +19,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/agent"
 	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/spool"
 	"github.com/ipledger/ipledger/internal/store/boltstore"
 )
 
@@ -43,7 +44,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.stateDir, "state-dir", "/var/lib/ipledger", "directory of the ledger's state file (ledger.db) and the DEL spool")
 	fs.StringVar(&o.socket, "socket", "/run/ipledger/ipledger.sock", "unix socket the plugins and the CLI call (mode 0600)")
-	fs.StringVar(&o.spoolDir, "spool-dir", "", "directory where plugins spool DELs while the agent is down (default STATE-DIR/spool)")
+	fs.StringVar(&o.spoolDir, "spool-dir", "", "directory where plugins spool DELs while the agent is down (default STATE-DIR/spool); published to the plugins as the symlink SOCKET.spool")
 	fs.StringVar(&o.criEndpoint, "cri-endpoint", "", "CRI runtime endpoint, e.g. unix:///run/containerd/containerd.sock (none: no runtime reconciliation)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "address for Prometheus metrics and /healthz, e.g. 127.0.0.1:9780 (none: off)")
 	fs.DurationVar(&o.reconcileInterval, "reconcile-interval", 30*time.Second, "how often leases are compared with the runtime's sandboxes")
@@ -145,7 +146,7 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 		go hs.Serve(mln)
 		defer hs.Close()
 	}
-	log.Info("serving", "socket", o.socket, "state", filepath.Join(o.stateDir, "ledger.db"), "spool", o.spoolDir, "cri", o.criEndpoint)
+	log.Info("serving", "socket", o.socket, "state", filepath.Join(o.stateDir, "ledger.db"), "spool", o.spoolDir, "spool_pointer", spool.Pointer(o.socket), "cri", o.criEndpoint)
 	err = srv.Serve(ctx, ln)
 	log.Info("stopped")
 	return err

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -19,6 +20,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/clock"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/spool"
@@ -42,23 +44,60 @@ type Guard interface {
 
 // Config wires a Server.
 type Config struct {
-	Ledger        *ledger.Ledger
-	Socket        string
+	Ledger *ledger.Ledger
+	Socket string
+	// SpoolDir is the DEL spool this agent applies; Serve publishes it next to Socket
+	// (spool.Publish) so that plugins spool nowhere else. Empty: no spool.
 	SpoolDir      string
 	SpoolInterval time.Duration // default 2s
 	Guard         Guard
 	Logger        *slog.Logger
-	// DrainTimeout bounds how long shutdown waits for requests in flight; default 30s.
+	// Clock gives the monotonic time for how-long-ago decisions; default the system's.
+	Clock clock.Clock
+	// DrainTimeout is how long shutdown waits for requests in flight before it warns
+	// (it keeps waiting: the ledger must not close under a request); default 30s.
 	DrainTimeout time.Duration
+	// MaxConns bounds the connections served at once; default DefaultMaxConns.
+	MaxConns int
+	// ReadTimeout bounds reading one request from a connection; default
+	// DefaultReadTimeout.
+	ReadTimeout time.Duration
 }
+
+// Bounds on what a client can hold of the agent.
+const (
+	// DefaultMaxConns connections are served at once. Every CNI call is one short
+	// connection and a node runs a few tens of pod starts at once at most; 128 leaves
+	// room for bursts and CLI calls while bounding goroutines, file descriptors and
+	// buffered requests (128 x api.MaxRequest = 32 MiB at worst).
+	DefaultMaxConns = 128
+	// DefaultReadTimeout bounds reading a request: a plugin writes its few KiB right
+	// after connecting, so 5s is generous even on a loaded node, and a connection that
+	// sends nothing gives its slot back quickly.
+	DefaultReadTimeout = 5 * time.Second
+	// writeTimeout bounds writing an answer to a client that does not read it.
+	writeTimeout = 10 * time.Second
+)
+
+// Counter names the server adds to its Stats (exposed as metrics).
+const (
+	CounterSpoolApplied   = "spool_applied"   // spooled DELs applied
+	CounterSpoolUnmatched = "spool_unmatched" // spooled DELs applied that matched no lease
+	CounterSpoolRejected  = "spool_rejected"  // spool entries moved aside unapplied
+	CounterAcceptErrors   = "accept_errors"   // failed Accepts (the server retries)
+	CounterConnsEvicted   = "conns_evicted"   // idle connections closed to admit another
+)
 
 // Server serves the agent API.
 type Server struct {
 	cfg   Config
 	log   *slog.Logger
 	locks keyLocks
-	wg    sync.WaitGroup
+	wg    sync.WaitGroup // connections being served
 	stats *Stats
+	spool *spool.Dir // nil: no spool
+	sem   chan struct{}
+	conns connSet
 }
 
 // New checks cfg and returns a server.
@@ -72,11 +111,25 @@ func New(cfg Config) (*Server, error) {
 	if cfg.DrainTimeout <= 0 {
 		cfg.DrainTimeout = 30 * time.Second
 	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = DefaultMaxConns
+	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.NewSystem()
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{cfg: cfg, log: log, locks: keyLocks{m: map[ledger.Key]*keyLock{}}, stats: newStats()}, nil
+	s := &Server{cfg: cfg, log: log, locks: keyLocks{m: map[ledger.Key]*keyLock{}}, stats: newStats(),
+		sem: make(chan struct{}, cfg.MaxConns), conns: connSet{m: map[*trackedConn]struct{}{}}}
+	if cfg.SpoolDir != "" {
+		s.spool = spool.Open(cfg.SpoolDir, cfg.Clock.Mono)
+	}
+	return s, nil
 }
 
 // Stats are the server's counters, for metrics.
@@ -119,87 +172,301 @@ func Listen(path string) (net.Listener, error) {
 	return ln, nil
 }
 
-// ApplySpool applies spooled DELs; it is called before serving and periodically.
+// Ordering spooled DELs against ADDs, without clocks.
+//
+// A spooled DEL names an attachment, not a lease, and the plugin's wall clock says
+// nothing reliable about when it was written relative to the ledger's leases (clocks
+// step). The order comes from the attachment's lock instead:
+//
+//   - Every request that can hand the attachment a lease (ADD) first takes the
+//     attachment's lock and applies its pending entry, if any (settleSpooled), before
+//     it allocates; the entry's removal is durable before the ADD answers.
+//   - Every spool pass takes the attachment's lock per entry and re-reads the entry
+//     under it.
+//
+// A runtime sends an attachment's DEL and its next ADD one after the other, and the
+// plugin answers a spooled DEL only after the entry is in place. So a DEL answered
+// before an ADD was sent is applied by that ADD, before it allocates. Any entry a
+// later pass finds was therefore written after the last ADD of its attachment started:
+// it refers to the lease that ADD made (the runtime tore that attachment down, maybe
+// after giving up on the ADD) or to nothing, and releasing the attachment's current
+// lease is right in both cases. No timestamp is compared; an entry that matches no
+// lease is logged and counted (CounterSpoolUnmatched).
+
+// settleSpooled applies the pending spooled DEL of k, if any. The caller holds k's
+// lock. It fails only when the entry could not be applied (the store failed); an entry
+// rejected as untrustworthy is logged, counted and moved aside, and does not fail it.
+func (s *Server) settleSpooled(k ledger.Key) error {
+	if s.spool == nil {
+		return nil
+	}
+	applied, err := s.spool.Take(k, func(e spool.Entry) error {
+		detail := "spooled DEL (plugin clock " + e.Spooled.Format(time.RFC3339) + ")"
+		_, ok, err := s.cfg.Ledger.Release(k, ledger.ReasonDEL, detail)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			s.log.Warn("spooled DEL matched no lease (released since, or never allocated)", "attachment", k.String(), "spooled", e.Spooled)
+			s.stats.add(CounterSpoolUnmatched, 1)
+		}
+		return nil
+	})
+	if applied {
+		s.log.Info("applied a spooled DEL", "attachment", k.String())
+		s.stats.add(CounterSpoolApplied, 1)
+	}
+	if errors.Is(err, spool.ErrRejected) {
+		s.log.Error("DEL spool", "err", err)
+		s.stats.add(CounterSpoolRejected, 1)
+		return nil
+	}
+	return err
+}
+
+// ApplySpool applies every spooled DEL, each under its attachment's lock, and tidies
+// the spool (bad entries moved aside, stale temporary files removed). Serve calls it
+// before its first Accept, periodically, and after draining.
 func (s *Server) ApplySpool() {
-	if s.cfg.SpoolDir == "" {
+	if s.spool == nil {
 		return
 	}
-	n, err := spool.Apply(s.cfg.SpoolDir, func(e spool.Entry) error {
-		// Serialized with requests of the same attachment, and only a lease that
-		// existed when the DEL was spooled: an ADD answered after it keeps its lease.
-		unlock := s.locks.lock(e.Key)
-		defer unlock()
-		_, _, err := s.cfg.Ledger.ReleaseCreatedBefore(e.Key, e.Spooled, ledger.ReasonDEL, "spooled DEL from "+e.Spooled.Format(time.RFC3339Nano))
-		return err
-	})
-	if n > 0 {
-		s.log.Info("applied spooled DELs", "count", n)
-		s.stats.add("spool_applied", n)
-	}
+	keys, err := s.spool.Pending()
 	if err != nil {
 		s.log.Error("DEL spool", "err", err)
+		s.stats.add(CounterSpoolRejected, countRejected(err))
+	}
+	for _, k := range keys {
+		unlock := s.locks.lock(k)
+		err := s.settleSpooled(k)
+		unlock()
+		if err != nil {
+			s.log.Error("DEL spool: entry kept for the next pass", "attachment", k.String(), "err", err)
+		}
 	}
 }
 
-// Serve applies the spool, then answers on ln until ctx is done; then it stops
-// accepting, waits for requests in flight (at most DrainTimeout) and returns.
+func countRejected(err error) int {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		n := 0
+		for _, e := range j.Unwrap() {
+			if errors.Is(e, spool.ErrRejected) {
+				n++
+			}
+		}
+		return n
+	}
+	if errors.Is(err, spool.ErrRejected) {
+		return 1
+	}
+	return 0
+}
+
+// Serve publishes the spool next to the socket, applies it, then answers on ln until
+// ctx is done or ln is closed. Accept errors (EMFILE, ECONNABORTED, ...) do not end
+// it: it backs off and retries. At the end it stops accepting, waits for every
+// connection it accepted to be answered (warning each DrainTimeout; the caller closes
+// the ledger only after Serve returns), applies the spool once more and returns: nil
+// after ctx is done, the listener's error otherwise.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	if s.spool != nil {
+		if err := spool.Publish(s.cfg.Socket, s.spool.Path()); err != nil {
+			return err
+		}
+	}
 	s.ApplySpool()
+	bgCtx, stopBg := context.WithCancel(ctx)
+	var bg sync.WaitGroup
+	bg.Add(1)
 	go func() {
+		defer bg.Done()
 		t := time.NewTicker(s.cfg.SpoolInterval)
 		defer t.Stop()
 		for {
 			select {
-			case <-ctx.Done():
+			case <-bgCtx.Done():
 				return
 			case <-t.C:
 				s.ApplySpool()
 			}
 		}
 	}()
-	go func() { <-ctx.Done(); ln.Close() }()
+	stopClose := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stopClose()
+	var result error
+	var delay time.Duration
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
 			if ctx.Err() != nil {
 				break
 			}
-			if ne, ok := err.(net.Error); ok && ne.Timeout() {
-				continue
+			if errors.Is(err, net.ErrClosed) {
+				result = fmt.Errorf("listener closed: %w", err)
+				break
 			}
-			return err
+			// Everything else (EMFILE, ENFILE, ECONNABORTED, ENOBUFS, a timeout) is
+			// the moment's trouble, not the listener's end: back off as net/http
+			// does, 5ms doubling to 1s, and keep serving.
+			if delay == 0 {
+				delay = 5 * time.Millisecond
+			} else if delay *= 2; delay > time.Second {
+				delay = time.Second
+			}
+			s.stats.add(CounterAcceptErrors, 1)
+			s.log.Warn("accept failed; retrying", "err", err, "retry_in", delay)
+			select {
+			case <-time.After(delay):
+			case <-ctx.Done():
+			}
+			continue
 		}
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			s.handleConn(ctx, conn)
-		}()
+		delay = 0
+		if !s.admit(ctx, conn) {
+			break
+		}
 	}
+	// Connections still reading their request are served too (a client that sent
+	// half its request before the signal gets its answer); ReadTimeout bounds them.
 	done := make(chan struct{})
 	go func() { s.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(s.cfg.DrainTimeout):
-		s.log.Warn("drain timed out; requests still in flight")
+	for waiting := true; waiting; {
+		select {
+		case <-done:
+			waiting = false
+		case <-time.After(s.cfg.DrainTimeout):
+			s.log.Warn("drain: requests still in flight; waiting for them before the ledger closes", "after", s.cfg.DrainTimeout)
+		}
 	}
+	stopBg()
+	bg.Wait()
 	s.ApplySpool()
-	return nil
+	return result
 }
 
-func (s *Server) handleConn(ctx context.Context, conn net.Conn) {
+// admit serves conn once a connection slot is free. When every slot is taken it closes
+// the oldest connection still waiting for its request (a client that connected and
+// sent nothing holds a slot only until a busier moment needs it), then waits for a
+// slot. It returns false when ctx ended while waiting.
+func (s *Server) admit(ctx context.Context, conn net.Conn) bool {
+	select {
+	case s.sem <- struct{}{}:
+	default:
+		if s.conns.evictOldestReading() {
+			s.stats.add(CounterConnsEvicted, 1)
+		}
+		select {
+		case s.sem <- struct{}{}:
+		case <-ctx.Done():
+			conn.Close()
+			return false
+		}
+	}
+	tc := s.conns.add(conn)
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer func() { <-s.sem }()
+		defer s.conns.remove(tc)
+		s.handleConn(ctx, tc)
+	}()
+	return true
+}
+
+func (s *Server) handleConn(ctx context.Context, tc *trackedConn) {
+	conn := tc.conn
 	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(60 * time.Second))
+	conn.SetReadDeadline(time.Now().Add(s.cfg.ReadTimeout))
 	req, err := api.ReadRequest(bufio.NewReader(conn))
+	if !s.conns.startHandling(tc) {
+		return // evicted before its request was read
+	}
 	var resp *api.Response
-	if err != nil {
+	switch {
+	case errors.Is(err, api.ErrRequestTooLarge):
 		resp = errResp(&api.Error{Code: api.CodeInvalid, Msg: err.Error()})
-	} else {
+		s.stats.observe(opUnknown, 0, resp.Error)
+		s.answer(conn, resp)
+		// let the client finish writing, so that it reads the answer instead of a
+		// broken pipe; bounded by the read deadline and a byte budget
+		io.CopyN(io.Discard, conn, 4*api.MaxRequest)
+		return
+	case err != nil:
+		if errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, io.EOF) {
+			return // nothing (complete) was asked; nobody waits for an answer
+		}
+		resp = errResp(&api.Error{Code: api.CodeInvalid, Msg: err.Error()})
+	default:
 		// requests in flight finish even when shutdown starts
 		resp = s.Handle(context.WithoutCancel(ctx), req)
 	}
+	s.answer(conn, resp)
+}
+
+func (s *Server) answer(conn net.Conn, resp *api.Response) {
 	resp.Version = api.Version
 	b, _ := json.Marshal(resp)
+	conn.SetWriteDeadline(time.Now().Add(writeTimeout))
 	conn.Write(append(b, '\n'))
+}
+
+// connSet tracks the connections being served, and which of them are still waiting
+// for their request.
+type connSet struct {
+	mu  sync.Mutex
+	seq uint64
+	m   map[*trackedConn]struct{}
+}
+
+type trackedConn struct {
+	conn     net.Conn
+	seq      uint64
+	handling bool // its request was read: it is never evicted
+	closed   bool // evicted before its request was read
+}
+
+func (cs *connSet) add(c net.Conn) *trackedConn {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	cs.seq++
+	tc := &trackedConn{conn: c, seq: cs.seq}
+	cs.m[tc] = struct{}{}
+	return tc
+}
+
+func (cs *connSet) remove(tc *trackedConn) {
+	cs.mu.Lock()
+	delete(cs.m, tc)
+	cs.mu.Unlock()
+}
+
+// startHandling marks tc as handling its request; false when it was closed first.
+func (cs *connSet) startHandling(tc *trackedConn) bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	if tc.closed {
+		return false
+	}
+	tc.handling = true
+	return true
+}
+
+// evictOldestReading closes the oldest connection still waiting for its request.
+func (cs *connSet) evictOldestReading() bool {
+	cs.mu.Lock()
+	defer cs.mu.Unlock()
+	var oldest *trackedConn
+	for tc := range cs.m {
+		if !tc.handling && !tc.closed && (oldest == nil || tc.seq < oldest.seq) {
+			oldest = tc
+		}
+	}
+	if oldest == nil {
+		return false
+	}
+	oldest.closed = true
+	oldest.conn.Close()
+	return true
 }
 
 func errResp(e *api.Error) *api.Response { return &api.Response{Error: e} }
@@ -249,10 +516,30 @@ func (s *Server) Handle(ctx context.Context, req api.Request) *api.Response {
 	case api.OpPing:
 		resp = &api.Response{}
 	default:
-		resp = errResp(&api.Error{Code: api.CodeInvalid, Msg: fmt.Sprintf("op %q is not one of add, del, check, gc, status, leases, audit, history, release, ping", req.Op)})
+		resp = errResp(&api.Error{Code: api.CodeInvalid, Msg: fmt.Sprintf("op %q is not one of add, del, check, gc, status, leases, audit, history, release, ping", clip(req.Op))})
 	}
-	s.stats.observe(req.Op, time.Since(start), resp.Error)
+	s.stats.observe(opLabel(req.Op), time.Since(start), resp.Error)
 	return resp
+}
+
+// opUnknown is the metric label of every op the agent does not know: a client's
+// string never becomes a label of its own, so no client can grow the metric series.
+const opUnknown = "unknown"
+
+func opLabel(op string) string {
+	switch op {
+	case api.OpAdd, api.OpDel, api.OpCheck, api.OpGC, api.OpStatus, api.OpLeases, api.OpAudit, api.OpHistory, api.OpRelease, api.OpPing:
+		return op
+	}
+	return opUnknown
+}
+
+// clip shortens a client's string for an error message.
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "..."
+	}
+	return s
 }
 
 func (s *Server) view(ls ledger.Lease) api.LeaseView {
@@ -275,8 +562,16 @@ func (s *Server) add(ctx context.Context, req api.Request) *api.Response {
 	if len(req.Ranges) == 0 {
 		return errResp(&api.Error{Code: api.CodeInvalid, Msg: "ipam.ranges: missing; give the network's ranges"})
 	}
+	if n := api.CountRanges(req.Ranges); n > api.MaxRanges {
+		return errResp(&api.Error{Code: api.CodeInvalid, Msg: fmt.Sprintf("ipam.ranges: %d ranges; at most %d in one network", n, api.MaxRanges)})
+	}
 	unlock := s.locks.lock(k)
 	defer unlock()
+	// a DEL of this attachment spooled before this ADD was sent is applied first: it
+	// must release the lease it was meant for now, not a lease this ADD answers
+	if err := s.settleSpooled(k); err != nil {
+		return errResp(errorOf(err))
+	}
 	areq := ledger.AllocateRequest{Key: k, Pod: req.Pod, NetNS: req.NetNS, Ranges: req.Ranges}
 	if req.Pod.UID != "" && s.cfg.Guard != nil {
 		if _, held := s.cfg.Ledger.Lease(k); !held {
@@ -306,6 +601,11 @@ func (s *Server) del(req api.Request) *api.Response {
 	}
 	unlock := s.locks.lock(k)
 	defer unlock()
+	// a pending spooled DEL of this attachment is applied with it, so that it cannot
+	// outlive this DEL and meet a later lease
+	if err := s.settleSpooled(k); err != nil {
+		return errResp(errorOf(err))
+	}
 	_, ok, err := s.cfg.Ledger.Release(k, ledger.ReasonDEL, req.Detail)
 	if err != nil {
 		return errResp(errorOf(err))
@@ -377,19 +677,43 @@ func (s *Server) gc(ctx context.Context, req api.Request) *api.Response {
 	}
 	// Lock each attachment so a concurrent ADD or DEL of it is not interleaved, and
 	// release only the holder that was judged: not one the attachment got since.
+	// A failed release does not stop the others: the CNI spec asks GC to collect as
+	// much as it can and report every failure.
 	var released int
+	var failed []error
 	for _, ls := range drop {
 		unlock := s.locks.lock(ls.Key)
 		_, ok, err := s.cfg.Ledger.ReleaseIfCreated(ls.Key, ls.Created, ledger.ReasonGC, "not in cni.dev/valid-attachments")
 		unlock()
 		if err != nil {
-			return errResp(errorOf(err))
+			failed = append(failed, fmt.Errorf("%s: %w", ls.Key, err))
+			continue
 		}
 		if ok {
 			released++
 		}
 	}
-	return &api.Response{Released: released}
+	resp := &api.Response{Released: released}
+	if len(failed) > 0 {
+		resp.Error = gcError(released, failed)
+	}
+	return resp
+}
+
+// gcError reports every failed release of a GC (the first few in full).
+func gcError(released int, failed []error) *api.Error {
+	const shown = 8
+	e := errorOf(failed[0])
+	msg := fmt.Sprintf("GC released %d leases and failed to release %d:", released, len(failed))
+	for i, err := range failed {
+		if i == shown {
+			msg += fmt.Sprintf(" ... and %d more", len(failed)-shown)
+			break
+		}
+		msg += " [" + err.Error() + "]"
+	}
+	e.Msg = msg
+	return e
 }
 
 func (s *Server) status(req api.Request) *api.Response {

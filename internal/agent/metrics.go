@@ -96,3 +96,10 @@ func MetricsHandler(l *ledger.Ledger, s *Stats) http.Handler {
 	})
 	return mux
 }
+
+// Counter returns the value of the named counter (one of the Counter* names).
+func (s *Stats) Counter(name string) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.counters[name]
+}

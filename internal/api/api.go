@@ -20,8 +20,34 @@ import (
 // Version is the protocol version this code speaks.
 const Version = 1
 
-// MaxMessage bounds a request or response line.
-const MaxMessage = 16 << 20
+// Bounds on messages.
+const (
+	// MaxRequest bounds a request line. Real requests are small: an ADD is under
+	// 2 KiB (its ranges are bounded by MaxRanges, pod fields by the ledger's limits);
+	// the largest is a GC, about 100 bytes per valid attachment, so 256 KiB carries
+	// some 2,500 attachments, ten times the most pods a node is run with. The agent
+	// holds at most one request per connection slot in memory, so the bound also
+	// bounds what clients can make it buffer.
+	MaxRequest = 256 << 10
+	// MaxResponse bounds an answer line (a lease listing of a large node); answers
+	// come from the agent, which the client trusts.
+	MaxResponse = 16 << 20
+	// MaxRanges bounds the ranges (over all range sets) of one network: a pool is a
+	// handful of ranges in practice, and the agent checks them under its ledger lock.
+	MaxRanges = 64
+)
+
+// ErrRequestTooLarge: a request longer than MaxRequest; the agent refuses it.
+var ErrRequestTooLarge = errors.New("request too large")
+
+// CountRanges is the number of ranges over all of sets.
+func CountRanges(sets []pool.RangeSet) int {
+	n := 0
+	for _, s := range sets {
+		n += len(s)
+	}
+	return n
+}
 
 // Operations.
 const (
@@ -164,14 +190,17 @@ func Call(ctx context.Context, socket string, req Request) (*Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := conn.Write(append(b, '\n')); err != nil {
-		return nil, fmt.Errorf("%w: socket %s: write: %v", ErrUnreachable, socket, err)
-	}
+	_, werr := conn.Write(append(b, '\n'))
 	r := bufio.NewReader(conn) // readLine joins longer lines
-	line, err := readLine(r)
+	line, err := readLine(r, MaxResponse)
 	if err != nil {
+		if werr != nil {
+			return nil, fmt.Errorf("%w: socket %s: write: %v", ErrUnreachable, socket, werr)
+		}
 		return nil, fmt.Errorf("%w: socket %s: reading the answer: %v", ErrNoAnswer, socket, err)
 	}
+	// an agent that refused the request (too large) may have answered before the
+	// write ended: its answer is read and returned below
 	var resp Response
 	if err := json.Unmarshal(line, &resp); err != nil {
 		return nil, fmt.Errorf("socket %s: bad answer: %w", socket, err)
@@ -188,7 +217,10 @@ func Call(ctx context.Context, socket string, req Request) (*Response, error) {
 // ReadRequest reads one request line.
 func ReadRequest(r *bufio.Reader) (Request, error) {
 	var req Request
-	line, err := readLine(r)
+	line, err := readLine(r, MaxRequest)
+	if errors.Is(err, errTooLong) {
+		return req, fmt.Errorf("%w: longer than %d bytes; a request is a few KiB (too many ranges or valid attachments?)", ErrRequestTooLarge, MaxRequest)
+	}
 	if err != nil {
 		return req, err
 	}
@@ -198,7 +230,9 @@ func ReadRequest(r *bufio.Reader) (Request, error) {
 	return req, nil
 }
 
-func readLine(r *bufio.Reader) ([]byte, error) {
+var errTooLong = errors.New("message too long")
+
+func readLine(r *bufio.Reader, limit int) ([]byte, error) {
 	var out []byte
 	for {
 		chunk, isPrefix, err := r.ReadLine()
@@ -206,8 +240,8 @@ func readLine(r *bufio.Reader) ([]byte, error) {
 			return nil, err
 		}
 		out = append(out, chunk...)
-		if len(out) > MaxMessage {
-			return nil, fmt.Errorf("message longer than %d bytes", MaxMessage)
+		if len(out) > limit {
+			return nil, fmt.Errorf("%w: longer than %d bytes", errTooLong, limit)
 		}
 		if !isPrefix {
 			return out, nil

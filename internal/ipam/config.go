@@ -19,9 +19,8 @@ import (
 
 // Defaults shared with ipledgerd.
 const (
-	DefaultSocket   = "/run/ipledger/ipledger.sock"
-	DefaultSpoolDir = "/var/lib/ipledger/spool"
-	DefaultTimeout  = 10 * time.Second
+	DefaultSocket  = "/run/ipledger/ipledger.sock"
+	DefaultTimeout = 10 * time.Second
 )
 
 // NetConf is the network configuration the plugin reads from stdin.
@@ -33,10 +32,14 @@ type NetConf struct {
 }
 
 // Config is the plugin's `ipam` section, host-local compatible where it overlaps.
+//
+// There is no spool setting: the plugin spools a DEL only where the agent serving
+// Socket published its spool (spool.Resolve), so the two cannot drift apart. The
+// field spoolDir of earlier releases is accepted and ignored.
 type Config struct {
 	Type     string          `json:"type"`
 	Socket   string          `json:"socket,omitempty"`
-	SpoolDir string          `json:"spoolDir,omitempty"`
+	SpoolDir string          `json:"spoolDir,omitempty"` // deprecated, ignored
 	Timeout  string          `json:"timeout,omitempty"`
 	Ranges   json.RawMessage `json:"ranges,omitempty"`
 	Routes   []*types.Route  `json:"routes,omitempty"`
@@ -84,9 +87,6 @@ func ParseConfig(stdin []byte, needRanges bool) (*NetConf, *types.Error) {
 	if c.Socket == "" {
 		c.Socket = DefaultSocket
 	}
-	if c.SpoolDir == "" {
-		c.SpoolDir = DefaultSpoolDir
-	}
 	c.timeout = DefaultTimeout
 	if c.Timeout != "" {
 		d, err := time.ParseDuration(c.Timeout)
@@ -96,6 +96,11 @@ func ParseConfig(stdin []byte, needRanges bool) (*NetConf, *types.Error) {
 		c.timeout = d
 	}
 	if len(c.Ranges) > 0 && string(c.Ranges) != "null" {
+		if needRanges {
+			if cerr := checkRangeCount(c.Ranges); cerr != nil {
+				return nil, cerr
+			}
+		}
 		sets, err := pool.ParseRangeSets(c.Ranges)
 		if err != nil && needRanges {
 			return nil, types.NewError(types.ErrInvalidNetworkConfig, "ipam."+strings.TrimPrefix(err.Error(), pool.ErrInvalidRange.Error()+": "), "")
@@ -165,4 +170,73 @@ func clip(s string) string {
 		return s[:40] + "..."
 	}
 	return s
+}
+
+// checkRangeCount refuses more than api.MaxRanges ranges before they are parsed and
+// checked against each other. Shapes it cannot count are left to ParseRangeSets,
+// whose errors name the field.
+func checkRangeCount(raw json.RawMessage) *types.Error {
+	var sets [][]json.RawMessage
+	if json.Unmarshal(raw, &sets) != nil {
+		return nil
+	}
+	n := 0
+	for _, s := range sets {
+		n += len(s)
+	}
+	if n > api.MaxRanges {
+		return types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.ranges: %d ranges; at most %d in one network", n, api.MaxRanges), "")
+	}
+	return nil
+}
+
+// ParseDelConfig reads what DEL needs and nothing else: the network name (which,
+// with CNI_CONTAINERID and CNI_IFNAME, identifies the attachment), the agent's socket
+// and the call's timeout. DEL must release whenever it can name the attachment, so
+// fields DEL does not use (ranges, routes, dns, mtu, anything a chained plugin reads)
+// are not looked at, and a malformed timeout falls back to the default (noted in
+// warnings, for stderr). It fails only when stdin is not a JSON object, or the name or
+// the socket is missing or malformed: without them the attachment or its agent is
+// unknown.
+func ParseDelConfig(stdin []byte) (conf *NetConf, warnings []string, cerr *types.Error) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(stdin, &top); err != nil || top == nil {
+		return nil, nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("network configuration is not a JSON object: %v", err), "")
+	}
+	conf = &NetConf{}
+	if raw, ok := top["cniVersion"]; ok {
+		json.Unmarshal(raw, &conf.CNIVersion) // skel has checked it
+	}
+	if err := json.Unmarshal(top["name"], &conf.Name); err != nil || conf.Name == "" {
+		return nil, nil, types.NewError(types.ErrInvalidNetworkConfig, "name: missing or not a string; the network name identifies the attachment", "")
+	}
+	if err := (ledger.Key{Network: conf.Name, ContainerID: "x", IfName: "x"}).Validate(); err != nil {
+		return nil, nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("name: %v", err), "")
+	}
+	c := &conf.IPAM
+	c.Socket, c.timeout = DefaultSocket, DefaultTimeout
+	var ipam map[string]json.RawMessage
+	if raw, ok := top["ipam"]; ok {
+		if err := json.Unmarshal(raw, &ipam); err != nil {
+			return nil, nil, types.NewError(types.ErrInvalidNetworkConfig, "ipam: not an object; DEL needs ipam.socket from it", "")
+		}
+	}
+	if raw, ok := ipam["socket"]; ok && string(raw) != "null" {
+		if err := json.Unmarshal(raw, &c.Socket); err != nil || c.Socket == "" {
+			return nil, nil, types.NewError(types.ErrInvalidNetworkConfig, "ipam.socket: not a path; DEL needs it to reach ipledgerd", "")
+		}
+	}
+	if raw, ok := ipam["timeout"]; ok && string(raw) != "null" {
+		var ts string
+		d, err := time.Duration(0), json.Unmarshal(raw, &ts)
+		if err == nil {
+			d, err = time.ParseDuration(ts)
+		}
+		if err != nil || d <= 0 {
+			warnings = append(warnings, fmt.Sprintf("ipam.timeout: %s is not a positive duration; DEL uses %v", raw, DefaultTimeout))
+		} else {
+			c.timeout = d
+		}
+	}
+	return conf, warnings, nil
 }

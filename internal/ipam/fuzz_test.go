@@ -41,8 +41,8 @@ func FuzzParseConfig(f *testing.F) {
 			t.Fatalf("accepted network name %q: %v", conf.Name, err)
 		}
 		c := conf.IPAM
-		if c.Socket == "" || c.SpoolDir == "" || c.timeout <= 0 {
-			t.Fatalf("accepted config without socket, spool or timeout: %+v", c)
+		if c.Socket == "" || c.timeout <= 0 {
+			t.Fatalf("accepted config without socket or timeout: %+v", c)
 		}
 		if needRanges && len(c.ranges) == 0 {
 			t.Fatalf("accepted config without ranges: %s", data)
@@ -97,6 +97,33 @@ func FuzzPodArgs(f *testing.F) {
 			if !strings.Contains(s, v) {
 				t.Fatalf("value %q not from %q", v, s)
 			}
+		}
+	})
+}
+
+// FuzzParseDelConfig: ParseDelConfig never panics; a config it accepts has a valid
+// network name, a socket and a positive timeout; a rejection is a CNI error.
+func FuzzParseDelConfig(f *testing.F) {
+	for _, s := range []string{
+		`{"cniVersion":"1.0.0","name":"n","ipam":{"type":"ipledger","socket":"/run/x.sock","timeout":"soon","ranges":"bad","routes":{"dst":1}},"mtu":"x"}`,
+		`{"name":"n"}`, `{"name":"n","ipam":5}`, `{"name":"n","ipam":{"socket":""}}`, `{"name":"../x"}`,
+		`{`, `null`, `[]`, `{"name":1}`, `{"name":"n","ipam":{"timeout":"-1s"}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		conf, _, cerr := ParseDelConfig(data)
+		if cerr != nil {
+			if conf != nil || cerr.Code == 0 || cerr.Msg == "" {
+				t.Fatalf("rejection %+v with conf %v", cerr, conf)
+			}
+			return
+		}
+		if err := (ledger.Key{Network: conf.Name, ContainerID: "c", IfName: "eth0"}).Validate(); err != nil {
+			t.Fatalf("accepted network name %q: %v", conf.Name, err)
+		}
+		if conf.IPAM.Socket == "" || conf.IPAM.timeout <= 0 {
+			t.Fatalf("accepted config without socket or timeout: %+v", conf.IPAM)
 		}
 	})
 }

@@ -153,16 +153,21 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	return out.PrintTo(p.Stdout)
 }
 
-// Del releases the attachment's lease. It never needs CNI_NETNS, succeeds for an
-// unknown attachment and, when the agent is unreachable, spools the DEL durably and
-// succeeds.
+// Del releases the attachment's lease. It never needs CNI_NETNS, reads only the
+// fields that name the attachment and its agent (ParseDelConfig), succeeds for an
+// unknown attachment and, when the agent is unreachable, spools the DEL durably where
+// the agent serving the socket published its spool, and succeeds. With no published
+// spool it fails (the runtime retries): a DEL answered success must be applied.
 func (p *Plugin) Del(args *skel.CmdArgs) error {
 	// skel re-checks CNI_NETNS after DEL; a stale or reused path must not fail a
 	// release that has happened (seed 003), and DEL never uses it.
 	args.Netns = ""
-	conf, cerr := ParseConfig(args.StdinData, false)
+	conf, warnings, cerr := ParseDelConfig(args.StdinData)
 	if cerr != nil {
 		return cerr
+	}
+	for _, w := range warnings {
+		fmt.Fprintln(p.Stderr, "ipledger: DEL:", w)
 	}
 	k, kerr := keyOf(conf, args)
 	if kerr != nil {
@@ -178,10 +183,15 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 	// spool it too (a release is idempotent) rather than fail a DEL the runtime may
 	// never retry
 	if errors.Is(err, api.ErrUnreachable) || errors.Is(err, api.ErrNoAnswer) || (errors.As(err, &ae) && ae.Code == api.CodeUnavailable) {
-		if serr := spool.Write(conf.IPAM.SpoolDir, spool.Entry{Key: k, Spooled: p.Now().UTC(), CNIVerb: "DEL", PodUID: pod.UID}); serr != nil {
-			return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("ipledgerd is not reachable on %s and the DEL could not be spooled in %s: %v", conf.IPAM.Socket, conf.IPAM.SpoolDir, serr), "")
+		socket := conf.IPAM.Socket
+		dir, rerr := spool.Resolve(socket)
+		if rerr != nil {
+			return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("ipledgerd is not reachable on %s and the DEL cannot be spooled: %v", socket, rerr), err.Error())
 		}
-		fmt.Fprintf(p.Stderr, "ipledger: agent unreachable on %s; DEL of %s spooled in %s\n", conf.IPAM.Socket, k, conf.IPAM.SpoolDir)
+		if serr := spool.Write(dir, spool.Entry{Key: k, Spooled: p.Now().UTC(), CNIVerb: "DEL", PodUID: pod.UID}); serr != nil {
+			return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("ipledgerd is not reachable on %s and the DEL could not be spooled in %s: %v", socket, dir, serr), err.Error())
+		}
+		fmt.Fprintf(p.Stderr, "ipledger: agent unreachable on %s; DEL of %s spooled in %s\n", socket, k, dir)
 		return nil
 	}
 	return toCNI(err, conf.IPAM.Socket)

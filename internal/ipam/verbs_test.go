@@ -2,14 +2,15 @@ package ipam_test
 
 import (
 	"encoding/json"
-	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
@@ -35,35 +36,39 @@ func (e *env) ctl(args ...string) ([]byte, int) {
 }
 
 // TestAgentUnreachable: ADD fails with code 11 naming the socket; STATUS answers 50;
-// DEL is spooled and succeeds.
+// DEL fails with code 11 naming the socket while no agent has published a spool for
+// it, and once one has, DEL is spooled there and succeeds.
 func TestAgentUnreachable(t *testing.T) {
 	_, nsPath := netns(t)
 	sock := filepath.Join(t.TempDir(), "nobody.sock")
-	spoolDir := t.TempDir()
+	spoolDir := filepath.Join(t.TempDir(), "spool")
 	c := ctx(t)
 	cni := newRuntime(t)
 	for _, v := range []string{"0.3.1", "1.1.0"} {
-		l := confList(t, fmt.Sprintf(`{"cniVersion":%q,"name":"gone","plugins":[{"type":"ipledger","ipam":{"type":"ipledger","socket":%q,"spoolDir":%q,"ranges":[[{"subnet":"10.84.0.0/24"}]]}}]}`, v, sock, spoolDir))
+		l := confList(t, fmt.Sprintf(`{"cniVersion":%q,"name":"gone","plugins":[{"type":"ipledger","ipam":{"type":"ipledger","socket":%q,"ranges":[[{"subnet":"10.84.0.0/24"}]]}}]}`, v, sock))
 		_, err := cni.AddNetworkList(c, l, rt("lonely", nsPath))
 		wantCode(t, err, types.ErrTryAgainLater, sock)
 		if v == "1.1.0" {
 			wantCode(t, cni.GetStatusNetworkList(c, l), types.ErrPluginNotAvailable, sock)
 		}
-		if err := cni.DelNetworkList(c, l, rt("lonely", "")); err != nil {
-			t.Fatalf("DEL with the agent down: %v", err)
+		os.Remove(spool.Pointer(sock))
+		wantCode(t, cni.DelNetworkList(c, l, rt("lonely", "")), types.ErrTryAgainLater, sock, spool.Pointer(sock))
+
+		// an agent that served sock once published its spool there
+		if err := spool.Publish(sock, spoolDir); err != nil {
+			t.Fatal(err)
+		}
+		for range 2 {
+			if err := cni.DelNetworkList(c, l, rt("lonely", "")); err != nil {
+				t.Fatalf("DEL with the agent down: %v", err)
+			}
 		}
 		// the DEL answered success because it is in the spool (one entry per
 		// attachment, however often it is repeated)
-		var spooled []ledger.Key
-		if _, err := spool.Apply(spoolDir, func(e spool.Entry) error {
-			spooled = append(spooled, e.Key)
-			return errors.New("kept for the test") // an error keeps the entry
-		}); err == nil {
-			t.Fatal("spool.Apply hid the release error")
-		}
+		spooled, err := spool.Open(spoolDir, func() time.Duration { return 0 }).Pending()
 		want := ledger.Key{Network: "gone", ContainerID: "lonely", IfName: "eth0"}
-		if len(spooled) != 1 || spooled[0] != want {
-			t.Fatalf("after DEL %s the spool holds %v, want exactly %v", v, spooled, want)
+		if err != nil || len(spooled) != 1 || spooled[0] != want {
+			t.Fatalf("after DEL %s the spool holds %v (%v), want exactly %v", v, spooled, err, want)
 		}
 	}
 }

@@ -7,14 +7,27 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/ipledger/ipledger/internal/clock/clocktest"
 	"github.com/ipledger/ipledger/internal/ledger"
 )
 
-func TestWriteApply(t *testing.T) {
+// spoolDir is a directory as the agent makes it: root-owned, mode 0700.
+func spoolDir(t *testing.T) string {
+	t.Helper()
 	dir := filepath.Join(t.TempDir(), "spool")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func TestWriteTake(t *testing.T) {
+	dir := spoolDir(t)
+	d := Open(dir, clocktest.New().Mono)
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	keys := []ledger.Key{{Network: "n", ContainerID: "b", IfName: "eth0"}, {Network: "n", ContainerID: "a", IfName: "eth0"}}
 	for i, k := range keys {
@@ -26,39 +39,29 @@ func TestWriteApply(t *testing.T) {
 	if err := Write(dir, Entry{Key: keys[0], Spooled: t0}); err != nil {
 		t.Fatal(err)
 	}
-	if n := Len(dir); n != 2 {
-		t.Fatalf("%d entries, want 2", n)
+	got, err := d.Pending()
+	if err != nil || len(got) != 2 || got[0] != keys[1] || got[1] != keys[0] {
+		t.Fatalf("pending = %v, %v; want %v sorted", got, err, keys)
 	}
-	// a hostile file: not an entry
-	if err := os.WriteFile(filepath.Join(dir, "0000.del"), []byte("{garbage"), 0o600); err != nil {
-		t.Fatal(err)
+	// a release that fails keeps the entry
+	applied, err := d.Take(keys[1], func(Entry) error { return errors.New("store down") })
+	if applied || err == nil || !strings.Contains(err.Error(), "store down") || d.Len() != 2 {
+		t.Fatalf("take with a failing release = %v, %v (%d left)", applied, err, d.Len())
 	}
-	// first apply fails for one key: it stays
-	var got []string
-	n, err := Apply(dir, func(e Entry) error {
-		got = append(got, e.Key.ContainerID)
-		if e.Key.ContainerID == "a" {
-			return errors.New("store down")
-		}
-		return nil
-	})
-	if n != 1 || err == nil || !strings.Contains(err.Error(), "store down") || !strings.Contains(err.Error(), "rejected spool entry 0000.del") {
-		t.Fatalf("apply = %d, %v", n, err)
+	var seen Entry
+	applied, err = d.Take(keys[1], func(e Entry) error { seen = e; return nil })
+	if !applied || err != nil || seen.Key != keys[1] || !seen.Spooled.Equal(t0.Add(time.Second)) || d.Len() != 1 {
+		t.Fatalf("take = %v, %v, entry %+v (%d left)", applied, err, seen, d.Len())
 	}
-	if strings.Join(got, ",") != "b,a" {
-		t.Fatalf("applied in order %v, want oldest first", got)
-	}
-	if _, err := os.Stat(filepath.Join(dir, "rejected", "0000.del.why")); err != nil {
-		t.Fatal("rejected entry not kept with its reason")
-	}
-	n, err = Apply(dir, func(Entry) error { return nil })
-	if n != 1 || err != nil || Len(dir) != 0 {
-		t.Fatalf("second apply = %d, %v, %d left", n, err, Len(dir))
+	// taken: a second take finds nothing
+	applied, err = d.Take(keys[1], func(Entry) error { t.Fatal("applied twice"); return nil })
+	if applied || err != nil {
+		t.Fatalf("second take = %v, %v", applied, err)
 	}
 }
 
 func TestWriteRefusesBadKeys(t *testing.T) {
-	dir := t.TempDir()
+	dir := spoolDir(t)
 	for _, k := range []ledger.Key{{Network: "n", ContainerID: "../x", IfName: "eth0"}, {Network: "n", ContainerID: strings.Repeat("a", 5000), IfName: "eth0"}} {
 		if err := Write(dir, Entry{Key: k}); !errors.Is(err, ledger.ErrInvalidAttachment) {
 			t.Errorf("key %q: err = %v", k.ContainerID[:4], err)
@@ -69,9 +72,9 @@ func TestWriteRefusesBadKeys(t *testing.T) {
 	}
 }
 
-// Entries that are not what the plugin writes are moved aside with their reason,
-// never applied and never silently dropped.
-func TestApplyRejectsBadEntries(t *testing.T) {
+// Entries that are not what the plugin writes (content, owner, mode, file type) are
+// moved aside with their reason, never applied and never silently dropped.
+func TestPendingRejectsBadEntries(t *testing.T) {
 	k := ledger.Key{Network: "n", ContainerID: "c", IfName: "eth0"}
 	good := func(mut func(map[string]any)) []byte {
 		m := map[string]any{"version": 1, "key": map[string]string{"network": k.Network, "containerID": k.ContainerID, "ifname": k.IfName}, "spooled": "2026-01-01T00:00:00Z", "verb": "DEL"}
@@ -82,53 +85,104 @@ func TestApplyRejectsBadEntries(t *testing.T) {
 		}
 		return b
 	}
-	for _, c := range []struct {
-		name, file string
-		data       []byte
-		why        string
-	}{
-		{"oversized", fileName(k), append(good(func(map[string]any) {}), []byte(strings.Repeat(" ", MaxEntrySize))...), "larger than"},
-		{"other version", fileName(k), good(func(m map[string]any) { m["version"] = 2 }), "version 2"},
-		{"wrong name", "0123.del", good(func(map[string]any) {}), "wrong name"},
-		{"hostile key", fileName(k), good(func(m map[string]any) {
-			m["key"] = map[string]string{"network": "n", "containerID": "../../etc", "ifname": "eth0"}
-		}), "CNI_CONTAINERID"},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			dir := t.TempDir()
-			if err := os.WriteFile(filepath.Join(dir, c.file), c.data, 0o600); err != nil {
+	plain := good(func(map[string]any) {})
+	write := func(data []byte, mode os.FileMode) func(t *testing.T, p string) {
+		return func(t *testing.T, p string) {
+			if err := os.WriteFile(p, data, mode); err != nil {
 				t.Fatal(err)
 			}
-			n, err := Apply(dir, func(e Entry) error {
-				t.Errorf("applied a bad entry: %+v", e)
-				return nil
-			})
-			if n != 0 || err == nil || !strings.Contains(err.Error(), c.why) {
-				t.Fatalf("apply = %d, %v; want an error saying %q", n, err, c.why)
+			if err := os.Chmod(p, mode); err != nil { // past the umask
+				t.Fatal(err)
+			}
+		}
+	}
+	for _, c := range []struct {
+		name, file string
+		make       func(t *testing.T, p string)
+		why        string
+	}{
+		{"garbage", fileName(k), write([]byte("{garbage"), 0o600), "not a spool entry"},
+		{"oversized", fileName(k), write(append(plain, []byte(strings.Repeat(" ", MaxEntrySize))...), 0o600), "larger than"},
+		{"other version", fileName(k), write(good(func(m map[string]any) { m["version"] = 2 }), 0o600), "version 2"},
+		{"wrong name", "0123.del", write(plain, 0o600), "wrong name"},
+		{"hostile key", fileName(k), write(good(func(m map[string]any) {
+			m["key"] = map[string]string{"network": "n", "containerID": "../../etc", "ifname": "eth0"}
+		}), 0o600), "CNI_CONTAINERID"},
+		{"group writable", fileName(k), write(plain, 0o620), "group or others may write"},
+		{"others writable", fileName(k), write(plain, 0o602), "group or others may write"},
+		{"not owned by root", fileName(k), func(t *testing.T, p string) {
+			write(plain, 0o600)(t, p)
+			if err := os.Chown(p, 65534, 65534); err != nil {
+				t.Fatal(err)
+			}
+		}, "owned by uid 65534"},
+		{"symlink", fileName(k), func(t *testing.T, p string) {
+			target := filepath.Join(t.TempDir(), "elsewhere")
+			write(plain, 0o600)(t, target)
+			if err := os.Symlink(target, p); err != nil {
+				t.Fatal(err)
+			}
+		}, "symlink"},
+		{"fifo", fileName(k), func(t *testing.T, p string) {
+			if err := syscall.Mkfifo(p, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, "not a regular file"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := spoolDir(t)
+			c.make(t, filepath.Join(dir, c.file))
+			d := Open(dir, clocktest.New().Mono)
+			keys, err := d.Pending()
+			if len(keys) != 0 || !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), c.why) {
+				t.Fatalf("pending = %v, %v; want a rejection saying %q", keys, err, c.why)
 			}
 			why, rerr := os.ReadFile(filepath.Join(dir, "rejected", c.file+".why"))
 			if rerr != nil || !strings.Contains(string(why), c.why) {
 				t.Fatalf("rejected entry's reason %q (%v), want %q", why, rerr, c.why)
 			}
+			if _, err := os.Lstat(filepath.Join(dir, "rejected", c.file)); err != nil {
+				t.Fatalf("rejected entry not kept: %v", err)
+			}
 			if Len(dir) != 0 {
 				t.Fatal("bad entry left in the spool")
+			}
+			// Take of the attachment rejects the same way and applies nothing
+			c.make(t, filepath.Join(dir, c.file))
+			if c.file == fileName(k) {
+				applied, err := d.Take(k, func(Entry) error { t.Fatal("applied a bad entry"); return nil })
+				if applied || !errors.Is(err, ErrRejected) {
+					t.Fatalf("take of a bad entry = %v, %v", applied, err)
+				}
 			}
 		})
 	}
 }
 
 // A full spool refuses a new attachment's DEL (the runtime then retries it) and
-// still takes a repeated DEL of an attachment already spooled.
+// still takes a repeated DEL of an attachment already spooled. Temporary files and
+// rejected entries do not count against the limit.
 func TestWriteFull(t *testing.T) {
-	dir := t.TempDir()
+	dir := spoolDir(t)
 	in := ledger.Key{Network: "n", ContainerID: "in", IfName: "eth0"}
 	if err := Write(dir, Entry{Key: in, Spooled: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
-	for i := 1; i < MaxEntries; i++ {
+	for i := range 100 {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf(".tmp-%d", i)), nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(dir, "rejected"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < MaxEntries-1; i++ {
 		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("fill%05d.del", i)), nil, 0o600); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if err := Write(dir, Entry{Key: ledger.Key{Network: "n", ContainerID: "last", IfName: "eth0"}, Spooled: time.Now()}); err != nil {
+		t.Fatalf("the last free slot (temporary files must not count): %v", err)
 	}
 	err := Write(dir, Entry{Key: ledger.Key{Network: "n", ContainerID: "new", IfName: "eth0"}, Spooled: time.Now()})
 	if !errors.Is(err, ErrFull) || !strings.Contains(err.Error(), dir) {
@@ -139,5 +193,119 @@ func TestWriteFull(t *testing.T) {
 	}
 	if n := Len(dir); n != MaxEntries {
 		t.Fatalf("%d entries, want %d", n, MaxEntries)
+	}
+}
+
+// Temporary files left by a plugin that died are removed once this agent has seen
+// them for StaleTemp, judged by its monotonic clock: a wall-clock step forward does
+// not remove a file a plugin may be writing.
+func TestStaleTempRemoved(t *testing.T) {
+	dir := spoolDir(t)
+	clk := clocktest.New()
+	d := Open(dir, clk.Mono)
+	tmp := filepath.Join(dir, ".tmp-123")
+	if err := os.WriteFile(tmp, []byte("half"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// an old mtime does not matter either: only how long this agent saw it
+	old := time.Now().Add(-24 * time.Hour)
+	os.Chtimes(tmp, old, old)
+	exists := func() bool { _, err := os.Lstat(tmp); return err == nil }
+	for _, step := range []func(){
+		func() {},
+		func() { clk.Step(2 * StaleTemp) },
+		func() { clk.Advance(StaleTemp - time.Second) },
+	} {
+		step()
+		if _, err := d.Pending(); err != nil {
+			t.Fatal(err)
+		}
+		if !exists() {
+			t.Fatal("a temporary file was removed before this agent had seen it for StaleTemp")
+		}
+	}
+	clk.Advance(time.Second)
+	if _, err := d.Pending(); err != nil {
+		t.Fatal(err)
+	}
+	if exists() {
+		t.Fatal("a temporary file seen for StaleTemp was not removed")
+	}
+}
+
+func TestPublishResolve(t *testing.T) {
+	base := t.TempDir()
+	sock := filepath.Join(base, "s.sock")
+	dir := filepath.Join(base, "state", "spool")
+	if _, err := Resolve(sock); !errors.Is(err, ErrNoSpool) || !strings.Contains(err.Error(), sock) {
+		t.Fatalf("resolve with nothing published: %v, want ErrNoSpool naming the socket", err)
+	}
+	if err := Publish(sock, dir); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Resolve(sock)
+	if err != nil || got != dir {
+		t.Fatalf("resolve = %q, %v; want %q", got, err, dir)
+	}
+	// publishing again (a restart, another state dir) replaces the pointer
+	dir2 := filepath.Join(base, "state2", "spool")
+	if err := Publish(sock, dir2); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := Resolve(sock); err != nil || got != dir2 {
+		t.Fatalf("resolve after a second publish = %q, %v; want %q", got, err, dir2)
+	}
+
+	ptr := Pointer(sock)
+	for _, c := range []struct {
+		name string
+		make func(t *testing.T)
+		why  string
+	}{
+		{"not a symlink", func(t *testing.T) { must(t, os.WriteFile(ptr, []byte(dir), 0o600)) }, "not a symlink"},
+		{"relative target", func(t *testing.T) { must(t, os.Symlink("state/spool", ptr)) }, "not an absolute path"},
+		{"target missing", func(t *testing.T) { must(t, os.Symlink(filepath.Join(base, "nowhere"), ptr)) }, "no such file"},
+		{"target a file", func(t *testing.T) {
+			f := filepath.Join(base, "afile")
+			must(t, os.WriteFile(f, nil, 0o600))
+			must(t, os.Symlink(f, ptr))
+		}, "not a directory"},
+		{"target group writable", func(t *testing.T) {
+			d := filepath.Join(base, "gw")
+			must(t, os.MkdirAll(d, 0o700))
+			must(t, os.Chmod(d, 0o770))
+			must(t, os.Symlink(d, ptr))
+		}, "group or others may write"},
+		{"target not root's", func(t *testing.T) {
+			d := filepath.Join(base, "nobody")
+			must(t, os.MkdirAll(d, 0o700))
+			must(t, os.Chown(d, 65534, 65534))
+			must(t, os.Symlink(d, ptr))
+		}, "owned by uid 65534"},
+		{"pointer not root's", func(t *testing.T) {
+			must(t, os.Symlink(dir, ptr))
+			must(t, os.Lchown(ptr, 65534, 65534))
+		}, "owned by uid 65534"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			os.Remove(ptr)
+			c.make(t)
+			_, err := Resolve(sock)
+			if !errors.Is(err, ErrNoSpool) || !strings.Contains(err.Error(), c.why) {
+				t.Fatalf("resolve = %v; want ErrNoSpool saying %q", err, c.why)
+			}
+		})
+	}
+	// an agent refuses to publish a spool others may write
+	gw := filepath.Join(base, "gw")
+	if err := Publish(sock, gw); err == nil || !strings.Contains(err.Error(), "group or others may write") {
+		t.Fatalf("publish of a group-writable spool: %v", err)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }
