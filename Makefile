@@ -24,13 +24,13 @@ test: deps build
 	$(GO) test $(TESTFLAGS) -p 1 ./...
 
 bench: deps build
-	$(GO) run ./cmd/ipledgerctl bench -v --bin $(BIN) --out bench-results.md
+	$(GO) run ./test/benchcmd -v --bin $(BIN) --out bench-results.md
 
 # bench: the whole benchmark in one run (as root, minutes): a Markdown table of
 # ipledger vs host-local/ptp vs the exec floor on stdout and in bench-results.md.
 # bench-smoke: the same with small counts (seconds), so the harness never rots.
 bench-smoke: build
-	$(GO) run ./cmd/ipledgerctl bench --smoke --bin $(BIN)
+	$(GO) run ./test/benchcmd --smoke --bin $(BIN)
 
 demo: build
 	./scripts/demo.sh
