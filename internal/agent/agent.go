@@ -47,7 +47,10 @@ type Config struct {
 	SpoolDir      string
 	SpoolInterval time.Duration // default 2s
 	Guard         Guard
-	Logger        *slog.Logger
+	// Runtime answers the operator's questions about the container runtime (doctor,
+	// release, readiness); nil when no runtime is configured.
+	Runtime RuntimeInfo
+	Logger  *slog.Logger
 	// DrainTimeout bounds how long shutdown waits for requests in flight; default 30s.
 	DrainTimeout time.Duration
 }
@@ -59,6 +62,7 @@ type Server struct {
 	locks keyLocks
 	wg    sync.WaitGroup
 	stats *Stats
+	clock *clockWatch
 }
 
 // New checks cfg and returns a server.
@@ -76,7 +80,7 @@ func New(cfg Config) (*Server, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Server{cfg: cfg, log: log, locks: keyLocks{m: map[ledger.Key]*keyLock{}}, stats: newStats()}, nil
+	return &Server{cfg: cfg, log: log, locks: keyLocks{m: map[ledger.Key]*keyLock{}}, stats: newStats(), clock: &clockWatch{}}, nil
 }
 
 // Stats are the server's counters, for metrics.
@@ -129,7 +133,10 @@ func (s *Server) ApplySpool() {
 		// existed when the DEL was spooled: an ADD answered after it keeps its lease.
 		unlock := s.locks.lock(e.Key)
 		defer unlock()
-		_, _, err := s.cfg.Ledger.ReleaseCreatedBefore(e.Key, e.Spooled, ledger.ReasonDEL, "spooled DEL from "+e.Spooled.Format(time.RFC3339Nano))
+		_, ok, err := s.cfg.Ledger.ReleaseCreatedBefore(e.Key, e.Spooled, ledger.ReasonDEL, "spooled DEL from "+e.Spooled.Format(time.RFC3339Nano))
+		if ok {
+			s.stats.Released(ledger.ReasonDEL, 1)
+		}
 		return err
 	})
 	if n > 0 {
@@ -245,13 +252,15 @@ func (s *Server) Handle(ctx context.Context, req api.Request) *api.Response {
 	case api.OpHistory:
 		resp = s.history(req)
 	case api.OpRelease:
-		resp = s.release(req)
+		resp = s.release(ctx, req)
 	case api.OpPing:
 		resp = &api.Response{}
+	case api.OpDoctor:
+		resp = s.doctor(ctx)
 	default:
 		resp = errResp(&api.Error{Code: api.CodeInvalid, Msg: fmt.Sprintf("op %q is not one of add, del, check, gc, status, leases, audit, history, release, ping", req.Op)})
 	}
-	s.stats.observe(req.Op, time.Since(start), resp.Error)
+	s.stats.observe(req.Op, time.Since(start), resp)
 	return resp
 }
 
@@ -263,6 +272,7 @@ func (s *Server) view(ls ledger.Lease) api.LeaseView {
 	v := api.ViewOf(ls, ranges)
 	if s.cfg.Guard != nil {
 		s.cfg.Guard.Annotate(&v)
+		s.annotateVerdict(&v)
 	}
 	return v
 }
@@ -291,10 +301,12 @@ func (s *Server) add(ctx context.Context, req api.Request) *api.Response {
 			}
 		}
 	}
+	superseding := s.held(areq.Supersede)
 	ls, existed, err := s.cfg.Ledger.Allocate(areq)
 	if err != nil {
 		return errResp(errorOf(err))
 	}
+	s.countSuperseded(superseding)
 	v := s.view(ls)
 	return &api.Response{Lease: &v, Existed: existed}
 }
@@ -445,10 +457,13 @@ func (s *Server) history(req api.Request) *api.Response {
 	return &api.Response{History: h}
 }
 
-func (s *Server) release(req api.Request) *api.Response {
+func (s *Server) release(ctx context.Context, req api.Request) *api.Response {
 	k := req.Key()
 	if err := k.Validate(); err != nil {
 		return errResp(errorOf(err))
+	}
+	if e := s.releaseAllowed(ctx, req); e != nil {
+		return errResp(e)
 	}
 	unlock := s.locks.lock(k)
 	defer unlock()
