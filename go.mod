@@ -13,6 +13,7 @@ require (
 	golang.org/x/sys v0.49.0
 	google.golang.org/grpc v1.85.0
 	k8s.io/cri-api v0.37.2
+	sigs.k8s.io/yaml v1.6.0
 )
 
 require (
