@@ -2,7 +2,7 @@
 # Installs what the build and the tests need on a fresh Debian machine (run as root).
 # Idempotent: packages already present are not fetched again.
 set -euo pipefail
-pkgs=(iproute2 containerd runc containernetworking-plugins)
+pkgs=(iproute2 containerd runc containernetworking-plugins chromium)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
