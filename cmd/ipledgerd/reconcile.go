@@ -201,7 +201,13 @@ func (r *lazyRuntime) NotReady(ctx context.Context) ([]api.SandboxAge, error) {
 	var out []api.SandboxAge
 	for _, sb := range sbs {
 		if sb.State == cri.StateNotReady {
-			out = append(out, api.SandboxAge{ID: sb.ID, Namespace: sb.Namespace, Name: sb.Name, Created: sb.CreatedAt})
+			created := sb.CreatedAt
+			if created.UnixNano() <= 0 {
+				// containerd 1.6 reports a failed sandbox's zero Go time as
+				// -6795364578871345152 ns (1754): unknown
+				created = time.Time{}
+			}
+			out = append(out, api.SandboxAge{ID: sb.ID, Namespace: sb.Namespace, Name: sb.Name, Created: created})
 		}
 	}
 	return out, nil

@@ -125,10 +125,31 @@ func (s *Server) doctor(ctx context.Context) *api.Response {
 			if err != nil {
 				d.Runtime, d.RuntimeError = "unreachable", err.Error()
 			}
-			d.NotReady = nr
+			d.NotReady = s.sandboxAges(nr)
 		}
 	}
 	return &api.Response{Doctor: d}
+}
+
+// sandboxAges fills in the creation time the runtime did not report (containerd 1.6
+// reports none for a sandbox whose network setup failed) with the creation of the
+// sandbox's oldest lease, the ADD that followed it; it stays zero when there is none.
+func (s *Server) sandboxAges(nr []api.SandboxAge) []api.SandboxAge {
+	missing := map[string]int{}
+	for i, sb := range nr {
+		if sb.Created.IsZero() {
+			missing[sb.ID] = i
+		}
+	}
+	if len(missing) == 0 {
+		return nr
+	}
+	for _, ls := range s.cfg.Ledger.Leases("") {
+		if i, ok := missing[ls.Key.ContainerID]; ok && (nr[i].Created.IsZero() || ls.Created.Before(nr[i].Created)) {
+			nr[i].Created = ls.Created
+		}
+	}
+	return nr
 }
 
 // poolUse sums each pool's addresses by state.

@@ -131,7 +131,12 @@ func Diagnose(env *Env, socket, nsPath string) []CheckLine {
 	}
 	if d.Runtime == "ok" {
 		var old []string
+		unknown := 0
 		for _, sb := range d.NotReady {
+			if sb.Created.IsZero() {
+				unknown++
+				continue
+			}
 			if age := d.Now.Sub(sb.Created); age > NotReadyAge {
 				name := short(sb.ID)
 				if sb.Name != "" {
@@ -144,6 +149,9 @@ func Diagnose(env *Env, socket, nsPath string) []CheckLine {
 			add(LevelWarn, "%d NotReady sandboxes older than %s: %s; nothing collects them (seed 004); fix: delete their pods, or remove them with the runtime (crictl rmp ID)", len(old), NotReadyAge, strings.Join(old, ", "))
 		} else {
 			add(LevelOK, "no NotReady sandbox older than %s", NotReadyAge)
+		}
+		if unknown > 0 {
+			add(LevelOK, "%d NotReady sandboxes of unknown age (the runtime reports no creation time and they hold no lease)", unknown)
 		}
 	}
 	if d.BooksBalanced {
