@@ -234,9 +234,16 @@ func (s *Server) drawSet(network string, idx int, set pool.RangeSet, ns netState
 		}
 		return sv
 	}
-	bs := (span + MaxCells - 1) / MaxCells
+	ceil := func(a, b uint64) uint64 { // without overflow: span may be 2^64-1 (an IPv6 /64)
+		q := a / b
+		if a%b != 0 {
+			q++
+		}
+		return q
+	}
+	bs := ceil(span, MaxCells)
 	sv.BlockSize = bs
-	n := (span + bs - 1) / bs
+	n := ceil(span, bs)
 	type block struct{ counts map[string]uint64 }
 	blocks := make([]block, n)
 	for a, ai := range ns.byIP {
