@@ -38,8 +38,8 @@ func (s *Server) HTTPHandler() http.Handler {
 }
 
 var (
-	descLive = prometheus.NewDesc("ipledger_leases_live", "Live leases (attachments holding addresses), per network.", []string{"network"}, nil)
-	descAddr = prometheus.NewDesc("ipledger_addresses", "Addresses of a network's pool by state: usable (size, gateways excluded), in_use, cooling (released less than the reuse delay ago), free (allocatable now).", []string{"network", "state"}, nil)
+	descLive  = prometheus.NewDesc("ipledger_leases_live", "Live leases (attachments holding addresses), per network.", []string{"network"}, nil)
+	descAddr  = prometheus.NewDesc("ipledger_addresses", "Addresses of a network's pool by state: usable (size, gateways excluded), in_use, cooling (released less than the reuse delay ago), free (allocatable now).", []string{"network", "state"}, nil)
 	descAlloc = prometheus.NewDesc("ipledger_address_allocations_total", "Addresses ever allocated from the pool (durable).", []string{"network"}, nil)
 	descRel   = prometheus.NewDesc("ipledger_address_releases_total", "Addresses ever released back to the pool (durable).", []string{"network"}, nil)
 	descBooks = prometheus.NewDesc("ipledger_books_balance", "Allocations minus releases minus addresses in use, per network: 0 when the books balance; alert on anything else.", []string{"network"}, nil)
@@ -101,4 +101,3 @@ func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descStr, prometheus.GaugeValue, float64(a.Stranded))
 	ch <- prometheus.MustNewConstMetric(descLeak, prometheus.GaugeValue, float64(a.Leaked))
 }
-

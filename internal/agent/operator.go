@@ -224,7 +224,7 @@ func (c *clockWatch) run(ctx context.Context, tick time.Duration, onStep func(ti
 		case <-t.C:
 		}
 		now := time.Now()
-		mono := now.Sub(prev)                 // monotonic readings
+		mono := now.Sub(prev)                   // monotonic readings
 		wall := now.Round(0).Sub(prev.Round(0)) // wall readings
 		if step := wall - mono; step > time.Second || step < -time.Second {
 			c.mu.Lock()

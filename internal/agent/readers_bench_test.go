@@ -178,4 +178,3 @@ func BenchmarkAddWhileReading(b *testing.B) {
 		})
 	}
 }
-

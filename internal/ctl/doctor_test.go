@@ -54,7 +54,7 @@ func TestDoctor(t *testing.T) {
 	ipCmd(t, "-n", ns, "link", "set", "lo", "down")
 
 	a := agentenv.Start(t, agentenv.Options{Args: []string{"--reuse-delay", "0s"}})
-	tiny, _ := pool.ParseRangeSets([]byte(`[[{"subnet":"10.92.0.0/30"}]]`)) // one usable address
+	tiny, _ := pool.ParseRangeSets([]byte(`[[{"subnet":"10.92.0.0/30"}]]`))  // one usable address
 	small, _ := pool.ParseRangeSets([]byte(`[[{"subnet":"10.93.0.0/28"}]]`)) // 13 usable
 	if _, err := a.Call(api.Request{Op: api.OpAdd, Network: "tiny", ContainerID: "t0", IfName: "eth0", Ranges: tiny}); err != nil {
 		t.Fatal(err)

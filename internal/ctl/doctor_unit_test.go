@@ -43,7 +43,9 @@ func TestDoctorVerdicts(t *testing.T) {
 			tc.change(d)
 			var out, errOut bytes.Buffer
 			env := &ctl.Env{Stdout: &out, Stderr: &errOut,
-				Call:     func(context.Context, string, api.Request) (*api.Response, error) { return &api.Response{Doctor: d}, nil },
+				Call: func(context.Context, string, api.Request) (*api.Response, error) {
+					return &api.Response{Doctor: d}, nil
+				},
 				Loopback: func(string) (bool, error) { return true, nil }}
 			code := ctl.Main(env, []string{"doctor"})
 			if code != tc.want || !strings.Contains(out.String(), tc.line) {

@@ -132,10 +132,10 @@ func TestOperatorSurfaceOnRealRuntime(t *testing.T) {
 	if _, held := leaseOf(w.leases(), webID); !held {
 		t.Fatal("the refused release released the lease")
 	}
-	if out, code = w.ctl("release", "--network", network, "--container-id", stuck.ContainerID, "--reason", "stuck pod"); code != 0 {
+	if _, code = w.ctl("release", "--network", network, "--container-id", stuck.ContainerID, "--reason", "stuck pod"); code != 0 {
 		t.Fatalf("release of a NOTREADY sandbox's lease: exit %d", code)
 	}
-	if out, code = w.ctl("release", "--network", network, "--container-id", webID, "--reason", "forced", "--force-release-ready-sandbox"); code != 0 {
+	if _, code = w.ctl("release", "--network", network, "--container-id", webID, "--reason", "forced", "--force-release-ready-sandbox"); code != 0 {
 		t.Fatalf("forced release: exit %d", code)
 	}
 	for _, v := range []api.LeaseView{stuck, web} {
