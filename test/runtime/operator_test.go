@@ -53,6 +53,12 @@ func TestOperatorSurfaceOnRealRuntime(t *testing.T) {
 	w := newWorld(t, "iplop0", "10.246.9.0/24", "--metrics-addr", metrics)
 	const network = "ops"
 	w.setConf(w.conflist(network, w.ipledgerIPAM(), true))
+	// a lease whose sandbox the runtime never had (an ADD whose sandbox creation
+	// failed after it): the reconciler releases it, reason reconcile-gone
+	if _, err := w.agent.Call(api.Request{Op: api.OpAdd, Network: network, ContainerID: "ghost", IfName: "eth0", Ranges: mustRanges(t, w.subnet),
+		Pod: ledger.Pod{Namespace: "default", Name: "ghost", UID: "uid-ghost"}}); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := w.run(cri.PodSpec{Namespace: "default", Name: "stuck", UID: "uid-stuck", LogDir: t.TempDir()}); err == nil || !strings.Contains(err.Error(), "failer") {
 		t.Fatalf("RunPodSandbox with the failer: %v", err)
 	}
@@ -71,7 +77,7 @@ func TestOperatorSurfaceOnRealRuntime(t *testing.T) {
 				ready++
 			}
 		}
-		return len(ls) == 2 && stranded == 1 && ready == 1
+		return len(ls) == 2 && stranded == 1 && ready == 1 // the ghost's lease is gone
 	})
 	var stuck, web api.LeaseView
 	for _, v := range ls {
@@ -99,7 +105,7 @@ func TestOperatorSurfaceOnRealRuntime(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{"ipledger_leases_stranded 1\n", "ipledger_runtime_up 1\n", `ipledger_books_balance{network="ops"} 0` + "\n", `ipledger_leases_live{network="ops"} 2` + "\n"} {
+	for _, want := range []string{`ipledger_releases_total{reason="reconcile-gone"} 1` + "\n", `ipledger_releases_total{reason="DEL"} 0` + "\n", "ipledger_leases_stranded 1\n", "ipledger_runtime_up 1\n", `ipledger_books_balance{network="ops"} 0` + "\n", `ipledger_leases_live{network="ops"} 2` + "\n"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q", want)
 		}
