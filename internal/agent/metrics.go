@@ -118,10 +118,12 @@ func (s *Stats) observe(op string, d time.Duration, resp *api.Response) {
 	}
 }
 
-// add adds n to the counter called name (spool_applied, spool_unmatched); an
-// unknown name is a programming error and panics in tests of this package.
+// add adds n to the counter called name: spool_applied or spool_unmatched. Another
+// name is a programming error; it is ignored rather than let a metric stop the agent.
 func (s *Stats) add(name string, n int) {
-	s.counters[name].Add(float64(n))
+	if c, ok := s.counters[name]; ok {
+		c.Add(float64(n))
+	}
 }
 
 // Released counts n leases released for reason.
