@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/clock"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/spool"
 )
@@ -198,12 +199,15 @@ func (s *Server) ready(ctx context.Context) error {
 	return nil
 }
 
-// clockWatch detects wall-clock steps: a difference of more than a second between
-// the wall clock's and the monotonic clock's elapsed time over one tick.
+// clockWatch detects wall-clock steps: over one check interval, the wall clock moved
+// more than a second more (or less) than the monotonic clock.
 type clockWatch struct {
-	mu    sync.Mutex
-	steps int
-	last  string
+	mu       sync.Mutex
+	started  bool
+	prevWall time.Time
+	prevMono time.Duration
+	steps    int
+	last     string
 }
 
 func (c *clockWatch) seen() (int, string) {
@@ -212,36 +216,39 @@ func (c *clockWatch) seen() (int, string) {
 	return c.steps, c.last
 }
 
-// run checks every tick until ctx is done; onStep is called for each step.
-func (c *clockWatch) run(ctx context.Context, tick time.Duration, onStep func(time.Duration)) {
-	t := time.NewTicker(tick)
-	defer t.Stop()
-	prev := time.Now()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		now := time.Now()
-		mono := now.Sub(prev)                   // monotonic readings
-		wall := now.Round(0).Sub(prev.Round(0)) // wall readings
-		if step := wall - mono; step > time.Second || step < -time.Second {
-			c.mu.Lock()
-			c.steps++
-			c.last = fmt.Sprintf("%s at %s", step.Round(time.Millisecond), now.Round(0).Format(time.RFC3339))
-			c.mu.Unlock()
-			onStep(step)
-		}
-		prev = now
+// check reads clk and returns the step since the previous check (0 when none).
+func (c *clockWatch) check(clk clock.Clock) time.Duration {
+	wall, mono := clk.Now(), clk.Mono()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	defer func() { c.prevWall, c.prevMono, c.started = wall, mono, true }()
+	if !c.started {
+		return 0
 	}
+	step := wall.Sub(c.prevWall) - (mono - c.prevMono)
+	if step <= time.Second && step >= -time.Second {
+		return 0
+	}
+	c.steps++
+	c.last = fmt.Sprintf("%s at %s", step.Round(time.Millisecond), wall.Format(time.RFC3339))
+	return step
 }
 
 // WatchClock counts wall-clock steps (shown by doctor and ipledger_clock_steps_total)
 // until ctx is done, checking every tick.
 func (s *Server) WatchClock(ctx context.Context, tick time.Duration) {
-	s.clock.run(ctx, tick, func(step time.Duration) {
-		s.stats.clockSteps.Inc()
-		s.log.Warn("wall clock stepped", "step", step.Round(time.Millisecond))
-	})
+	clk := clock.NewSystem()
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		if step := s.clock.check(clk); step != 0 {
+			s.stats.clockSteps.Inc()
+			s.log.Warn("wall clock stepped", "step", step.Round(time.Millisecond))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
