@@ -19,18 +19,21 @@ deps:
 	./scripts/install-deps.sh
 
 # Installs what the tests need (Debian packages, Go modules) and runs every test.
+# Test artifacts (the pool page's screenshots from headless chromium) are kept under
+# test-artifacts/_artifacts/<one directory per test>/ (the test logs the path).
 test: deps build
 	$(GO) vet ./...
-	$(GO) test $(TESTFLAGS) -p 1 ./...
+	@mkdir -p test-artifacts
+	$(GO) test $(TESTFLAGS) -artifacts -outputdir $(CURDIR)/test-artifacts -p 1 ./...
 
 bench: deps build
-	$(GO) run ./cmd/ipledgerctl bench -v --bin $(BIN) --out bench-results.md
+	$(GO) run ./test/benchcmd -v --bin $(BIN) --out bench-results.md
 
 # bench: the whole benchmark in one run (as root, minutes): a Markdown table of
 # ipledger vs host-local/ptp vs the exec floor on stdout and in bench-results.md.
 # bench-smoke: the same with small counts (seconds), so the harness never rots.
 bench-smoke: build
-	$(GO) run ./cmd/ipledgerctl bench --smoke --bin $(BIN)
+	$(GO) run ./test/benchcmd --smoke --bin $(BIN)
 
 demo: build
 	./scripts/demo.sh
@@ -48,4 +51,4 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzPodArgs$$' -fuzztime $(FUZZTIME) ./internal/ipam
 
 clean:
-	rm -rf $(BIN)
+	rm -rf $(BIN) test-artifacts

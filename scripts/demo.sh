@@ -62,3 +62,5 @@ say "history of 10.123.0.2"
 "$BIN/ipledgerctl" --socket "$SOCK" history --network demo --ip 10.123.0.2
 say "audit"
 "$BIN/ipledgerctl" --socket "$SOCK" audit
+say "doctor (exit 1 here: WARN, no runtime configured for this demo)"
+"$BIN/ipledgerctl" --socket "$SOCK" doctor --netns /proc/self/ns/net || [ $? -eq 1 ]

@@ -6,7 +6,7 @@
 # never overlap.
 set -euo pipefail
 lockfile=/run/lock/ipledger-deps.lock
-pkgs=(iproute2 containerd runc containernetworking-plugins)
+pkgs=(iproute2 containerd runc containernetworking-plugins chromium)
 install() {
   missing=()
   for p in "${pkgs[@]}"; do

@@ -9,5 +9,5 @@ import (
 )
 
 func main() {
-	os.Exit(ctl.Main(&ctl.Env{Stdout: os.Stdout, Stderr: os.Stderr, Call: api.Call, Extra: extra}, os.Args[1:]))
+	os.Exit(ctl.Main(&ctl.Env{Stdout: os.Stdout, Stderr: os.Stderr, Call: api.Call}, os.Args[1:]))
 }

@@ -46,7 +46,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.socket, "socket", "/run/ipledger/ipledger.sock", "unix socket the plugins and the CLI call (mode 0600)")
 	fs.StringVar(&o.spoolDir, "spool-dir", "", "directory where plugins spool DELs while the agent is down (default STATE-DIR/spool); published to the plugins as the symlink SOCKET.spool")
 	fs.StringVar(&o.criEndpoint, "cri-endpoint", "", "CRI runtime endpoint, e.g. unix:///run/containerd/containerd.sock (none: no runtime reconciliation)")
-	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "address for Prometheus metrics and /healthz, e.g. 127.0.0.1:9780 (none: off)")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "address for Prometheus /metrics, /healthz, /readyz and the pool page at /, e.g. 127.0.0.1:9780 (loopback: the page shows pod names; none: off)")
 	fs.DurationVar(&o.reconcileInterval, "reconcile-interval", 30*time.Second, "how often leases are compared with the runtime's sandboxes")
 	fs.DurationVar(&o.releaseGrace, "release-grace", 60*time.Second, "how long a lease must look abandoned, over at least two observations, before it is released")
 	fs.DurationVar(&o.reuseDelay, "reuse-delay", 30*time.Second, "least time between an address's release and its allocation to another pod")
@@ -126,23 +126,27 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 	defer os.Remove(o.socket)
 	defer ln.Close()
 	cfg := agent.Config{Ledger: l, Socket: o.socket, SpoolDir: o.spoolDir, Logger: log}
-	rec, err := startReconciler(ctx, o, l, log)
+	rp, err := newReconciler(o, l, log)
 	if err != nil {
 		return err
 	}
-	if rec != nil {
-		cfg.Guard = rec
+	if rp != nil {
+		cfg.Guard, cfg.Runtime = rp.rec, rp.rt
 	}
 	srv, err := agent.New(cfg)
 	if err != nil {
 		return err
 	}
+	if rp != nil {
+		rp.start(ctx, o.reconcileInterval, srv.Stats())
+	}
+	go srv.WatchClock(ctx, time.Second)
 	if o.metricsAddr != "" {
 		mln, err := net.Listen("tcp", o.metricsAddr)
 		if err != nil {
 			return fmt.Errorf("--metrics-addr %s: %w", o.metricsAddr, err)
 		}
-		hs := &http.Server{Handler: agent.MetricsHandler(l, srv.Stats()), ReadHeaderTimeout: 5 * time.Second}
+		hs := &http.Server{Handler: srv.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second}
 		go hs.Serve(mln)
 		defer hs.Close()
 	}

@@ -3,11 +3,13 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/ipledger/ipledger/internal/agent"
+	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/cri"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/reconcile"
@@ -18,10 +20,17 @@ func criTimeout(interval time.Duration) time.Duration {
 	return min(max(interval/2, time.Second), 10*time.Second)
 }
 
-// startReconciler starts runtime reconciliation when --cri-endpoint is given. The
-// runtime need not answer at start: until it does, every round and every Guard
-// question gets "cannot tell" and nothing is released.
-func startReconciler(ctx context.Context, o *options, l *ledger.Ledger, log *slog.Logger) (agent.Guard, error) {
+// runtimeParts is the reconciler and the runtime client it shares with the agent's
+// operator questions (doctor, release, readiness).
+type runtimeParts struct {
+	rec *reconcile.Reconciler
+	rt  *lazyRuntime
+}
+
+// newReconciler builds runtime reconciliation when --cri-endpoint is given (nil
+// otherwise); start runs it. The runtime need not answer at start: until it does,
+// every round and every Guard question gets "cannot tell" and nothing is released.
+func newReconciler(o *options, l *ledger.Ledger, log *slog.Logger) (*runtimeParts, error) {
 	if o.criEndpoint == "" {
 		return nil, nil
 	}
@@ -36,9 +45,35 @@ func startReconciler(ctx context.Context, o *options, l *ledger.Ledger, log *slo
 		return nil, err
 	}
 	log.Info("reconciler", "cri", o.criEndpoint, "interval", o.reconcileInterval, "grace", o.releaseGrace, "reclaimStranded", o.reclaimStranded, "strandedGrace", o.strandedGrace, "callTimeout", rt.timeout)
-	go r.Run(ctx)
-	go func() { <-ctx.Done(); rt.close() }()
-	return r, nil
+	return &runtimeParts{rec: r, rt: rt}, nil
+}
+
+// start reconciles at once and then every interval until ctx is done, counting each
+// round and each failed runtime call in stats.
+func (p *runtimeParts) start(ctx context.Context, interval time.Duration, stats *agent.Stats) {
+	p.rt.onErr = stats.RuntimeError
+	go func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			began := time.Now()
+			rd := p.rec.Reconcile(ctx)
+			outcome := agent.RoundOK
+			switch {
+			case rd.Err != nil:
+				outcome = agent.RoundFailed
+			case rd.Doubtful:
+				outcome = agent.RoundDoubtful
+			}
+			stats.ObserveRound(outcome, time.Since(began), rd.Reasons)
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	go func() { <-ctx.Done(); p.rt.close() }()
 }
 
 // lazyRuntime dials the CRI endpoint on first use and again after a failed dial.
@@ -46,11 +81,22 @@ type lazyRuntime struct {
 	endpoint string
 	timeout  time.Duration
 	log      *slog.Logger
-	mu       sync.Mutex
-	c        *cri.Client
+	// onErr counts a failed call (list, status, version); set before any call.
+	onErr func(call string)
+	mu    sync.Mutex
+	c     *cri.Client
 }
 
-var _ reconcile.Runtime = (*lazyRuntime)(nil)
+var (
+	_ reconcile.Runtime = (*lazyRuntime)(nil)
+	_ agent.RuntimeInfo = (*lazyRuntime)(nil)
+)
+
+func (r *lazyRuntime) failed(call string) {
+	if r.onErr != nil {
+		r.onErr(call)
+	}
+}
 
 func (r *lazyRuntime) client(ctx context.Context) (*cri.Client, error) {
 	r.mu.Lock()
@@ -78,10 +124,12 @@ func (r *lazyRuntime) close() {
 func (r *lazyRuntime) ListSandboxes(ctx context.Context) ([]cri.Sandbox, error) {
 	c, err := r.client(ctx)
 	if err != nil {
+		r.failed("list")
 		return nil, err
 	}
 	sbs, err := c.ListSandboxes(ctx)
 	if err != nil {
+		r.failed("list")
 		r.drop(c)
 	}
 	return sbs, err
@@ -101,11 +149,68 @@ func (r *lazyRuntime) drop(c *cri.Client) {
 func (r *lazyRuntime) SandboxStatus(ctx context.Context, id string) (cri.Sandbox, error) {
 	c, err := r.client(ctx)
 	if err != nil {
+		r.failed("status")
 		return cri.Sandbox{}, err
 	}
 	sb, err := c.SandboxStatus(ctx, id)
 	if err != nil && !errors.Is(err, cri.ErrNotFound) {
+		r.failed("status")
 		r.drop(c)
 	}
 	return sb, err
 }
+
+// Version implements agent.RuntimeInfo.
+func (r *lazyRuntime) Version(ctx context.Context) (string, error) {
+	c, err := r.client(ctx)
+	if err != nil {
+		r.failed("version")
+		return "", err
+	}
+	v, err := c.Version(ctx)
+	if err != nil {
+		r.failed("version")
+		r.drop(c)
+		return "", err
+	}
+	return v.Name + " " + v.Version, nil
+}
+
+// SandboxState implements agent.RuntimeInfo.
+func (r *lazyRuntime) SandboxState(ctx context.Context, id string) (string, error) {
+	sb, err := r.SandboxStatus(ctx, id)
+	switch {
+	case errors.Is(err, cri.ErrNotFound):
+		return agent.SandboxGone, nil
+	case err != nil:
+		return "", err
+	case sb.State == cri.StateReady:
+		return agent.SandboxReady, nil
+	case sb.State == cri.StateNotReady:
+		return agent.SandboxNotReady, nil
+	}
+	return "", fmt.Errorf("sandbox %s: the runtime reports state %s", id, sb.State)
+}
+
+// NotReady implements agent.RuntimeInfo.
+func (r *lazyRuntime) NotReady(ctx context.Context) ([]api.SandboxAge, error) {
+	sbs, err := r.ListSandboxes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []api.SandboxAge
+	for _, sb := range sbs {
+		if sb.State == cri.StateNotReady {
+			created := sb.CreatedAt
+			if created.UnixNano() <= 0 {
+				// containerd 1.6 reports a failed sandbox's zero Go time as
+				// -6795364578871345152 ns (1754): unknown
+				created = time.Time{}
+			}
+			out = append(out, api.SandboxAge{ID: sb.ID, Namespace: sb.Namespace, Name: sb.Name, Created: created})
+		}
+	}
+	return out, nil
+}
+
+var _ agent.Verdicts = (*reconcile.Reconciler)(nil)

@@ -51,7 +51,10 @@ type Config struct {
 	SpoolDir      string
 	SpoolInterval time.Duration // default 2s
 	Guard         Guard
-	Logger        *slog.Logger
+	// Runtime answers the operator's questions about the container runtime (doctor,
+	// release, readiness); nil when no runtime is configured.
+	Runtime RuntimeInfo
+	Logger  *slog.Logger
 	// Clock gives the monotonic time for how-long-ago decisions; default the system's.
 	Clock clock.Clock
 	// DrainTimeout is how long shutdown waits for requests in flight before it warns
@@ -98,6 +101,7 @@ type Server struct {
 	spool *spool.Dir // nil: no spool
 	sem   chan struct{}
 	conns connSet
+	clock *clockWatch // wall-clock steps seen, for doctor and metrics
 }
 
 // New checks cfg and returns a server.
@@ -125,7 +129,7 @@ func New(cfg Config) (*Server, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, log: log, locks: keyLocks{m: map[ledger.Key]*keyLock{}}, stats: newStats(),
-		sem: make(chan struct{}, cfg.MaxConns), conns: connSet{m: map[*trackedConn]struct{}{}}}
+		sem: make(chan struct{}, cfg.MaxConns), conns: connSet{m: map[*trackedConn]struct{}{}}, clock: &clockWatch{}}
 	if cfg.SpoolDir != "" {
 		s.spool = spool.Open(cfg.SpoolDir, cfg.Clock.Mono)
 	}
@@ -205,6 +209,9 @@ func (s *Server) settleSpooled(k ledger.Key) error {
 		_, ok, err := s.cfg.Ledger.Release(k, ledger.ReasonDEL, detail)
 		if err != nil {
 			return err
+		}
+		if ok {
+			s.stats.Released(ledger.ReasonDEL, 1)
 		}
 		if !ok {
 			s.log.Warn("spooled DEL matched no lease (released since, or never allocated)", "attachment", k.String(), "spooled", e.Spooled)
@@ -385,7 +392,7 @@ func (s *Server) handleConn(ctx context.Context, tc *trackedConn) {
 	switch {
 	case errors.Is(err, api.ErrRequestTooLarge):
 		resp = errResp(&api.Error{Code: api.CodeInvalid, Msg: err.Error()})
-		s.stats.observe(opUnknown, 0, resp.Error)
+		s.stats.observe(opUnknown, 0, resp)
 		s.answer(conn, resp)
 		// let the client finish writing, so that it reads the answer instead of a
 		// broken pipe; bounded by the read deadline and a byte budget
@@ -512,13 +519,15 @@ func (s *Server) Handle(ctx context.Context, req api.Request) *api.Response {
 	case api.OpHistory:
 		resp = s.history(req)
 	case api.OpRelease:
-		resp = s.release(req)
+		resp = s.release(ctx, req)
 	case api.OpPing:
 		resp = &api.Response{}
+	case api.OpDoctor:
+		resp = s.doctor(ctx)
 	default:
 		resp = errResp(&api.Error{Code: api.CodeInvalid, Msg: fmt.Sprintf("op %q is not one of add, del, check, gc, status, leases, audit, history, release, ping", clip(req.Op))})
 	}
-	s.stats.observe(opLabel(req.Op), time.Since(start), resp.Error)
+	s.stats.observe(opLabel(req.Op), time.Since(start), resp)
 	return resp
 }
 
@@ -550,6 +559,7 @@ func (s *Server) view(ls ledger.Lease) api.LeaseView {
 	v := api.ViewOf(ls, ranges)
 	if s.cfg.Guard != nil {
 		s.cfg.Guard.Annotate(&v)
+		s.annotateVerdict(&v)
 	}
 	return v
 }
@@ -586,10 +596,12 @@ func (s *Server) add(ctx context.Context, req api.Request) *api.Response {
 			}
 		}
 	}
+	superseding := s.held(areq.Supersede)
 	ls, existed, err := s.cfg.Ledger.Allocate(areq)
 	if err != nil {
 		return errResp(errorOf(err))
 	}
+	s.countSuperseded(superseding)
 	v := s.view(ls)
 	return &api.Response{Lease: &v, Existed: existed}
 }
@@ -769,10 +781,13 @@ func (s *Server) history(req api.Request) *api.Response {
 	return &api.Response{History: h}
 }
 
-func (s *Server) release(req api.Request) *api.Response {
+func (s *Server) release(ctx context.Context, req api.Request) *api.Response {
 	k := req.Key()
 	if err := k.Validate(); err != nil {
 		return errResp(errorOf(err))
+	}
+	if e := s.releaseAllowed(ctx, req); e != nil {
+		return errResp(e)
 	}
 	unlock := s.locks.lock(k)
 	defer unlock()

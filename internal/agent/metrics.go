@@ -1,105 +1,171 @@
 package agent
 
 import (
-	"fmt"
-	"io"
-	"net/http"
-	"sort"
-	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/ledger"
 )
 
-// Stats counts requests by operation and outcome.
+// Label values are bounded: a verb outside this set is counted as "unknown", an error
+// code outside the API's as "other".
+var (
+	verbs = []string{api.OpAdd, api.OpDel, api.OpCheck, api.OpGC, api.OpStatus, api.OpLeases,
+		api.OpAudit, api.OpHistory, api.OpRelease, api.OpPing, api.OpDoctor}
+	results = []string{"ok", api.CodeInvalid, api.CodeExhausted, api.CodeConflict, api.CodeNotFound,
+		api.CodeMismatch, api.CodeStore, api.CodeUnavailable, api.CodeInternal}
+	reasons = []ledger.Reason{ledger.ReasonDEL, ledger.ReasonGC, ledger.ReasonReconcileGone,
+		ledger.ReasonReconcileNotReady, ledger.ReasonSuperseded, ledger.ReasonManual}
+)
+
+// Reconcile round outcomes (ipledger_reconcile_rounds_total's outcome label).
+const (
+	RoundOK       = "ok"       // the runtime answered; releases were allowed
+	RoundDoubtful = "doubtful" // the runtime answered in a way that withheld releases
+	RoundFailed   = "failed"   // listing failed; nothing was done
+)
+
+func bounded(v string, set []string, other string) string {
+	for _, s := range set {
+		if v == s {
+			return v
+		}
+	}
+	return other
+}
+
+// Stats holds the agent's Prometheus metrics: the counters the server and the
+// reconciler's wiring update, in a registry of their own (with the Go and process
+// collectors) that the metrics listener serves.
 type Stats struct {
-	mu       sync.Mutex
-	requests map[string]uint64 // op/result
-	seconds  map[string]float64
-	counters map[string]uint64
+	reg           *prometheus.Registry
+	requests      *prometheus.CounterVec
+	latency       *prometheus.HistogramVec
+	releases      *prometheus.CounterVec
+	rounds        *prometheus.CounterVec
+	roundSeconds  prometheus.Histogram
+	runtimeErrors *prometheus.CounterVec
+	clockSteps    prometheus.Counter
+	counters      map[string]*counter
+}
+
+// counter is a Prometheus counter whose value the agent can also read (tests and
+// doctor), without reaching into the client library's internals.
+type counter struct {
+	c prometheus.Counter
+	n atomic.Uint64
 }
 
 func newStats() *Stats {
-	return &Stats{requests: map[string]uint64{}, seconds: map[string]float64{}, counters: map[string]uint64{}}
-}
-
-func (s *Stats) observe(op string, d time.Duration, e *api.Error) {
-	result := "ok"
-	if e != nil {
-		result = e.Code
+	s := &Stats{reg: prometheus.NewRegistry()}
+	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ipledger_requests_total",
+		Help: "Requests answered by the agent, by verb and result (ok or the error code)."}, []string{"verb", "result"})
+	s.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "ipledger_request_duration_seconds",
+		Help:    "Time to answer a request, by verb (durable commit included).",
+		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}, []string{"verb"})
+	s.releases = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ipledger_releases_total",
+		Help: "Leases released since the agent started, by reason."}, []string{"reason"})
+	s.rounds = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ipledger_reconcile_rounds_total",
+		Help: "Reconciliation rounds by outcome: ok, doubtful (releases withheld), failed (runtime listing failed)."}, []string{"outcome"})
+	s.roundSeconds = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ipledger_reconcile_round_duration_seconds",
+		Help: "Duration of reconciliation rounds.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)})
+	s.runtimeErrors = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ipledger_runtime_errors_total",
+		Help: "Failed calls to the container runtime (CRI), by call: list, status, version."}, []string{"call"})
+	s.clockSteps = prometheus.NewCounter(prometheus.CounterOpts{Name: "ipledger_clock_steps_total",
+		Help: "Wall-clock steps (more than a second off the monotonic clock) seen since the agent started."})
+	s.counters = map[string]*counter{}
+	for _, c := range []struct{ name, help string }{
+		{CounterSpoolApplied, "Spooled DELs applied (each removed from the spool)."},
+		{CounterSpoolUnmatched, "Spooled DELs that matched no lease (already released, or never allocated)."},
+		{CounterSpoolRejected, "Spool entries moved aside unapplied (bad owner, mode or content; see the spool's rejected/ directory)."},
+		{CounterAcceptErrors, "Failed Accepts on the agent's socket (the agent backs off and keeps serving)."},
+		{CounterConnsEvicted, "Idle connections closed to admit another (connection limit reached)."},
+	} {
+		s.counters[c.name] = &counter{c: prometheus.NewCounter(prometheus.CounterOpts{Name: "ipledger_" + c.name + "_total", Help: c.help})}
 	}
-	s.mu.Lock()
-	s.requests[op+"\x00"+result]++
-	s.seconds[op] += d.Seconds()
-	s.mu.Unlock()
+	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		s.requests, s.latency, s.releases, s.rounds, s.roundSeconds, s.runtimeErrors, s.clockSteps)
+	for _, c := range s.counters {
+		s.reg.MustRegister(c.c)
+	}
+	// every bounded series exists from the start, at 0
+	for _, v := range verbs {
+		s.latency.WithLabelValues(v)
+		s.requests.WithLabelValues(v, "ok")
+	}
+	for _, r := range reasons {
+		s.releases.WithLabelValues(string(r))
+	}
+	for _, o := range []string{RoundOK, RoundDoubtful, RoundFailed} {
+		s.rounds.WithLabelValues(o)
+	}
+	for _, c := range []string{"list", "status", "version"} {
+		s.runtimeErrors.WithLabelValues(c)
+	}
+	return s
 }
 
+// observe counts one answered request; a release it made is counted by its reason.
+func (s *Stats) observe(op string, d time.Duration, resp *api.Response) {
+	verb := bounded(op, verbs, "unknown")
+	result := "ok"
+	if resp.Error != nil {
+		result = bounded(resp.Error.Code, results, "other")
+	}
+	s.requests.WithLabelValues(verb, result).Inc()
+	s.latency.WithLabelValues(verb).Observe(d.Seconds())
+	if resp.Error == nil && resp.Released > 0 {
+		switch op {
+		case api.OpDel:
+			s.Released(ledger.ReasonDEL, resp.Released)
+		case api.OpGC:
+			s.Released(ledger.ReasonGC, resp.Released)
+		case api.OpRelease:
+			s.Released(ledger.ReasonManual, resp.Released)
+		}
+	}
+}
+
+// add adds n to the counter called name (one of the Counter* names). Another
+// name is a programming error; it is ignored rather than let a metric stop the agent.
 func (s *Stats) add(name string, n int) {
-	s.mu.Lock()
-	s.counters[name] += uint64(n)
-	s.mu.Unlock()
+	if c, ok := s.counters[name]; ok && n > 0 {
+		c.c.Add(float64(n))
+		c.n.Add(uint64(n))
+	}
 }
 
-// MetricsHandler serves Prometheus text metrics and /healthz.
-func MetricsHandler(l *ledger.Ledger, s *Stats) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		fmt.Fprintln(w, "# HELP ipledger_pool_in_use Addresses held by live leases.")
-		fmt.Fprintln(w, "# TYPE ipledger_pool_in_use gauge")
-		pools := l.Pools()
-		for _, p := range pools {
-			fmt.Fprintf(w, "ipledger_pool_in_use{network=%q} %d\n", p.Network, p.InUse)
-		}
-		fmt.Fprintln(w, "# HELP ipledger_pool_usable Usable addresses per pool.")
-		fmt.Fprintln(w, "# TYPE ipledger_pool_usable gauge")
-		for _, p := range pools {
-			var n uint64
-			for _, u := range p.Usable {
-				n += u
-			}
-			fmt.Fprintf(w, "ipledger_pool_usable{network=%q} %d\n", p.Network, n)
-		}
-		fmt.Fprintln(w, "# HELP ipledger_allocations_total Addresses allocated.")
-		fmt.Fprintln(w, "# TYPE ipledger_allocations_total counter")
-		for _, p := range pools {
-			fmt.Fprintf(w, "ipledger_allocations_total{network=%q} %d\n", p.Network, p.Allocs)
-		}
-		fmt.Fprintln(w, "# HELP ipledger_releases_total Addresses released.")
-		fmt.Fprintln(w, "# TYPE ipledger_releases_total counter")
-		for _, p := range pools {
-			fmt.Fprintf(w, "ipledger_releases_total{network=%q} %d\n", p.Network, p.Releases)
-		}
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		fmt.Fprintln(w, "# HELP ipledger_requests_total Agent requests by operation and result.")
-		fmt.Fprintln(w, "# TYPE ipledger_requests_total counter")
-		keys := make([]string, 0, len(s.requests))
-		for k := range s.requests {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
-			var op, res string
-			for i := 0; i < len(k); i++ {
-				if k[i] == 0 {
-					op, res = k[:i], k[i+1:]
-				}
-			}
-			fmt.Fprintf(w, "ipledger_requests_total{op=%q,result=%q} %d\n", op, res, s.requests[k])
-		}
-		fmt.Fprintln(w, "# HELP ipledger_spool_applied_total Spooled DELs applied.")
-		fmt.Fprintln(w, "# TYPE ipledger_spool_applied_total counter")
-		fmt.Fprintf(w, "ipledger_spool_applied_total %d\n", s.counters["spool_applied"])
-	})
-	return mux
+// Released counts n leases released for reason.
+func (s *Stats) Released(reason ledger.Reason, n int) {
+	if !reason.Valid() {
+		return
+	}
+	s.releases.WithLabelValues(string(reason)).Add(float64(n))
+}
+
+// ObserveRound counts one reconciliation round: its outcome (RoundOK, RoundDoubtful,
+// RoundFailed), its duration and the releases it made.
+func (s *Stats) ObserveRound(outcome string, d time.Duration, released []ledger.Reason) {
+	s.rounds.WithLabelValues(bounded(outcome, []string{RoundOK, RoundDoubtful, RoundFailed}, RoundFailed)).Inc()
+	s.roundSeconds.Observe(d.Seconds())
+	for _, r := range released {
+		s.Released(r, 1)
+	}
+}
+
+// RuntimeError counts one failed runtime call (list, status or version).
+func (s *Stats) RuntimeError(call string) {
+	s.runtimeErrors.WithLabelValues(bounded(call, []string{"list", "status", "version"}, "list")).Inc()
 }
 
 // Counter returns the value of the named counter (one of the Counter* names).
 func (s *Stats) Counter(name string) uint64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.counters[name]
+	if c, ok := s.counters[name]; ok {
+		return c.n.Load()
+	}
+	return 0
 }

@@ -279,7 +279,7 @@ func TestIdleConnectionClosed(t *testing.T) {
 // Op strings the agent does not know share one metric label, "unknown": no client
 // can create metric series.
 func TestUnknownOpsOneSeries(t *testing.T) {
-	s, l, _ := newServer(t, time.Now)
+	s, _, _ := newServer(t, time.Now)
 	for i := range 50 {
 		r := s.Handle(context.Background(), api.Request{Version: api.Version, Op: fmt.Sprint("bogus-op-", i)})
 		if r.Error == nil || r.Error.Code != api.CodeInvalid {
@@ -288,7 +288,7 @@ func TestUnknownOpsOneSeries(t *testing.T) {
 	}
 	mustAdd(t, s, "known")
 	rec := httptest.NewRecorder()
-	agent.MetricsHandler(l, s.Stats()).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	s.HTTPHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 	var series []string
 	for _, line := range strings.Split(rec.Body.String(), "\n") {
 		if strings.HasPrefix(line, "ipledger_requests_total{") {
@@ -296,8 +296,8 @@ func TestUnknownOpsOneSeries(t *testing.T) {
 		}
 	}
 	text := strings.Join(series, "\n")
-	if strings.Contains(text, "bogus") || strings.Count(text, `op="unknown"`) != 1 || !strings.Contains(text, `op="unknown",result="invalid"} 50`) || !strings.Contains(text, `op="add"`) {
-		t.Fatalf("request series:\n%s\nwant one op=\"unknown\" series counting 50, no client strings", text)
+	if strings.Contains(text, "bogus") || strings.Count(text, `verb="unknown"`) != 1 || !strings.Contains(text, `result="invalid",verb="unknown"} 50`) || !strings.Contains(text, `verb="add"`) {
+		t.Fatalf("request series:\n%s\nwant one verb=\"unknown\" series counting 50, no client strings", text)
 	}
 }
 

@@ -61,6 +61,7 @@ const (
 	OpHistory = "history"
 	OpRelease = "release"
 	OpPing    = "ping"
+	OpDoctor  = "doctor"
 )
 
 // Attachment names one attachment in a GC request (cni.dev/valid-attachments).
@@ -86,6 +87,9 @@ type Request struct {
 	// History: the address; Release: the reason detail.
 	IP     string `json:"ip,omitempty"`
 	Detail string `json:"detail,omitempty"`
+	// Release: release even when the runtime reports the sandbox READY (or cannot
+	// be asked). Without it the agent refuses such a release.
+	ForceReadySandbox bool `json:"forceReadySandbox,omitempty"`
 }
 
 // Key is the attachment the request names.
@@ -132,6 +136,9 @@ type LeaseView struct {
 	// Reconciler's view, when a runtime is configured.
 	Sandbox string `json:"sandbox,omitempty"` // READY, NOTREADY, GONE, UNKNOWN
 	Suspect string `json:"suspect,omitempty"` // why the lease is suspected, if it is
+	// Verdict is the reconciler's class of a suspected lease: suspect, stranded or
+	// leaked (see VerdictSuspect…); empty when not suspected.
+	Verdict string `json:"verdict,omitempty"`
 }
 
 // Audit is the answer to OpAudit, the contract of `ipledgerctl audit -o json`.
@@ -158,6 +165,7 @@ type Response struct {
 	Audit   *Audit             `json:"audit,omitempty"`
 	History []ledger.Release   `json:"history,omitempty"`
 	Pool    *ledger.PoolStatus `json:"pool,omitempty"`
+	Doctor  *Diagnosis         `json:"doctor,omitempty"`
 	// Released counts leases released (DEL, GC, release).
 	Released int `json:"released"`
 	// Existed is true when ADD returned an existing lease.

@@ -11,7 +11,7 @@ import (
 )
 
 // runner is the testing.TB that agentenv and containerdenv get when the harness runs
-// outside a test (ipledgerctl bench): Fatal ends the run (Run recovers it), Cleanup
+// outside a test (the bench command (test/benchcmd)): Fatal ends the run (Run recovers it), Cleanup
 // functions run when Run returns, last registered first. Only the methods those
 // packages call are implemented; the embedded nil TB supplies the unexported method.
 type runner struct {

@@ -14,7 +14,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"sigs.k8s.io/yaml"
+
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/ledger"
 )
 
 // Exit statuses.
@@ -28,19 +31,38 @@ const (
 type Env struct {
 	Stdout, Stderr io.Writer
 	Call           func(ctx context.Context, socket string, req api.Request) (*api.Response, error)
-	// Commands beyond the agent's reads (demo, sim, bench) register here.
+	// Now is the wall clock (ages); default time.Now.
+	Now func() time.Time
+	// Loopback reports whether the loopback interface of the network namespace at
+	// path is UP (doctor); default LoopbackUp.
+	Loopback func(path string) (bool, error)
+	// Commands beyond the agent's reads (demo, sim) register here.
 	Extra map[string]func(env *Env, socket string, args []string) int
+}
+
+func (env *Env) now() time.Time {
+	if env.Now != nil {
+		return env.Now()
+	}
+	return time.Now()
 }
 
 const usage = `usage: ipledgerctl [--socket PATH] COMMAND [flags]
 
 commands:
-  leases   [-o json|table] [--network NAME]       live leases
-  audit    [-o json|table]                         check the books; exit 0 balanced, 1 not, 2 error
-  history  --network NAME --ip ADDR [-o json|table] who held an address and why it was released
+  leases   [-o table|json|yaml] [--network NAME] [--pod [NAMESPACE/]NAME|UID]
+                                                   live leases with their age and sandbox state
+  audit    [-o table|json|yaml]                    check the books and explain every suspect,
+                                                   stranded or leaked lease; exit 0 balanced, 1 not, 2 error
+  history  --network NAME --ip ADDR [-o table|json|yaml]
+                                                   who held an address and why it was released
   release  --network NAME --container-id ID [--ifname eth0] [--reason TEXT]
-                                                   release a lease by hand (reason manual)
-  pools    [-o json|table]                         pool usage
+           [--force-release-ready-sandbox]         release a lease by hand (reason manual); the
+                                                   agent asks the runtime first and refuses a
+                                                   sandbox that is READY (or that it cannot ask)
+  pools    [-o table|json|yaml]                    pool usage
+  doctor   [--netns PATH]                          what is wrong on this node: one line per check,
+                                                   OK/WARN/FAIL with the fix; exit 0, 1 (WARN), 2 (FAIL)
 `
 
 // Main runs the CLI and returns the exit status.
@@ -71,6 +93,8 @@ func Main(env *Env, args []string) int {
 		return release(env, *socket, rest)
 	case "pools":
 		return pools(env, *socket, rest)
+	case "doctor":
+		return doctor(env, *socket, rest)
 	}
 	if f, ok := env.Extra[cmd]; ok {
 		return f(env, *socket, rest)
@@ -86,7 +110,7 @@ func call(env *Env, socket string, req api.Request) (*api.Response, error) {
 }
 
 func outputFlag(fs *flag.FlagSet) *string {
-	return fs.String("o", "table", "output: table or json")
+	return fs.String("o", "table", "output: table, json or yaml")
 }
 
 func parseFlags(env *Env, fs *flag.FlagSet, args []string, out *string) bool {
@@ -94,8 +118,8 @@ func parseFlags(env *Env, fs *flag.FlagSet, args []string, out *string) bool {
 	if err := fs.Parse(args); err != nil {
 		return false
 	}
-	if out != nil && *out != "table" && *out != "json" {
-		fmt.Fprintf(env.Stderr, "ipledgerctl: -o %q: use table or json\n", *out)
+	if out != nil && *out != "table" && *out != "json" && *out != "yaml" {
+		fmt.Fprintf(env.Stderr, "ipledgerctl: -o %q: use table, json or yaml\n", *out)
 		return false
 	}
 	if fs.NArg() > 0 {
@@ -111,48 +135,28 @@ func printJSON(w io.Writer, v any) {
 	enc.Encode(v)
 }
 
+// printStructured prints v as JSON or YAML (the same fields: YAML is made from the
+// JSON encoding, so the json tags name both); false for table output.
+func printStructured(env *Env, format string, v any) bool {
+	switch format {
+	case "json":
+		printJSON(env.Stdout, v)
+		return true
+	case "yaml":
+		b, err := yaml.Marshal(v)
+		if err != nil {
+			fmt.Fprintln(env.Stderr, "ipledgerctl: yaml:", err)
+			return true
+		}
+		env.Stdout.Write(b)
+		return true
+	}
+	return false
+}
+
 func fail(env *Env, err error) int {
 	fmt.Fprintln(env.Stderr, "ipledgerctl:", err)
 	return ExitError
-}
-
-func leases(env *Env, socket string, args []string) int {
-	fs := flag.NewFlagSet("leases", flag.ContinueOnError)
-	out := outputFlag(fs)
-	network := fs.String("network", "", "only this network")
-	if !parseFlags(env, fs, args, out) {
-		return ExitError
-	}
-	resp, err := call(env, socket, api.Request{Op: api.OpLeases, Network: *network})
-	if err != nil {
-		return fail(env, err)
-	}
-	ls := resp.Leases
-	if ls == nil {
-		ls = []api.LeaseView{}
-	}
-	if *out == "json" {
-		printJSON(env.Stdout, ls)
-		return ExitOK
-	}
-	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NETWORK\tCONTAINER\tIFNAME\tIPS\tPOD\tSINCE\tSANDBOX")
-	for _, l := range ls {
-		pod := "-"
-		if l.Name != "" {
-			pod = l.Namespace + "/" + l.Name
-		}
-		sb := l.Sandbox
-		if sb == "" {
-			sb = "-"
-		}
-		if l.Suspect != "" {
-			sb += " (" + l.Suspect + ")"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.Network, short(l.ContainerID), l.IfName, strings.Join(l.IPs, ","), pod, l.Created.Format(time.RFC3339), sb)
-	}
-	tw.Flush()
-	return ExitOK
 }
 
 // short abbreviates runtime-made IDs (64 hex digits) as docker and crictl do.
@@ -174,43 +178,6 @@ func fetchAudit(env *Env, socket string) (*api.Audit, error) {
 	return resp.Audit, nil
 }
 
-func audit(env *Env, socket string, args []string) int {
-	fs := flag.NewFlagSet("audit", flag.ContinueOnError)
-	out := outputFlag(fs)
-	if !parseFlags(env, fs, args, out) {
-		return ExitError
-	}
-	a, err := fetchAudit(env, socket)
-	if err != nil {
-		return fail(env, err)
-	}
-	if *out == "json" {
-		printJSON(env.Stdout, a)
-	} else {
-		verdict := "BALANCED"
-		if !a.OK {
-			verdict = "NOT BALANCED"
-		}
-		fmt.Fprintf(env.Stdout, "%s: live %d, suspect %d, stranded %d, leaked %d, double-assigned %d (runtime: %s)\n", verdict, a.Live, a.Suspect, a.Stranded, a.Leaked, a.DoubleAssigned, a.Runtime)
-		for _, p := range a.Pools {
-			fmt.Fprintf(env.Stdout, "  pool %s: %d allocations = %d releases + %d live; %d free\n", p.Network, p.Allocations, p.Releases, p.Live, p.Free)
-		}
-		for _, d := range a.Doubles {
-			fmt.Fprintf(env.Stdout, "  DOUBLE %s/%s held by %v\n", d.Network, d.IP, d.Holders)
-		}
-		for _, s := range a.SuspectLeases {
-			fmt.Fprintf(env.Stdout, "  suspect %s/%s/%s %v: %s\n", s.Network, short(s.ContainerID), s.IfName, s.IPs, s.Suspect)
-		}
-		for _, p := range a.Problems {
-			fmt.Fprintf(env.Stdout, "  problem: %s\n", p)
-		}
-	}
-	if !a.OK {
-		return ExitUnbalanced
-	}
-	return ExitOK
-}
-
 func history(env *Env, socket string, args []string) int {
 	fs := flag.NewFlagSet("history", flag.ContinueOnError)
 	out := outputFlag(fs)
@@ -226,8 +193,11 @@ func history(env *Env, socket string, args []string) int {
 	if err != nil {
 		return fail(env, err)
 	}
-	if *out == "json" {
-		printJSON(env.Stdout, resp.History)
+	h := resp.History
+	if h == nil {
+		h = []ledger.Release{}
+	}
+	if printStructured(env, *out, h) {
 		return ExitOK
 	}
 	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
@@ -243,25 +213,6 @@ func history(env *Env, socket string, args []string) int {
 	return ExitOK
 }
 
-func release(env *Env, socket string, args []string) int {
-	fs := flag.NewFlagSet("release", flag.ContinueOnError)
-	network := fs.String("network", "", "network name (required)")
-	cid := fs.String("container-id", "", "container (sandbox) ID (required)")
-	ifname := fs.String("ifname", "eth0", "interface name")
-	reason := fs.String("reason", "", "why, recorded in the address's history")
-	if !parseFlags(env, fs, args, nil) {
-		return ExitError
-	}
-	if *network == "" || *cid == "" {
-		return fail(env, errors.New("release: --network and --container-id are required"))
-	}
-	if _, err := call(env, socket, api.Request{Op: api.OpRelease, Network: *network, ContainerID: *cid, IfName: *ifname, Detail: *reason}); err != nil {
-		return fail(env, err)
-	}
-	fmt.Fprintf(env.Stdout, "released %s/%s/%s\n", *network, *cid, *ifname)
-	return ExitOK
-}
-
 func pools(env *Env, socket string, args []string) int {
 	fs := flag.NewFlagSet("pools", flag.ContinueOnError)
 	out := outputFlag(fs)
@@ -274,8 +225,7 @@ func pools(env *Env, socket string, args []string) int {
 	}
 	ps := a.Pools
 	sort.Slice(ps, func(i, j int) bool { return ps[i].Network < ps[j].Network })
-	if *out == "json" {
-		printJSON(env.Stdout, ps)
+	if printStructured(env, *out, ps) {
 		return ExitOK
 	}
 	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)

@@ -112,7 +112,7 @@ func TestSocketMissingExits2(t *testing.T) {
 	for _, args := range [][]string{
 		{"leases", "-o", "json"}, {"audit", "-o", "json"}, {"audit"}, {"pools", "-o", "json"},
 		{"history", "--network", "n", "--ip", "10.0.0.1", "-o", "json"},
-		{"release", "--network", "n", "--container-id", "c"},
+		{"release", "--network", "n", "--container-id", "c"}, {"leases", "-o", "yaml"},
 	} {
 		out, errOut, code := ctlRun(t, sock, args...)
 		if code != 2 || out != "" || !strings.Contains(errOut, sock) {
@@ -120,8 +120,8 @@ func TestSocketMissingExits2(t *testing.T) {
 		}
 	}
 	// usage errors are 2 as well
-	if _, _, code := ctlRun(t, sock, "audit", "-o", "yaml"); code != 2 {
-		t.Errorf("audit -o yaml: exit %d, want 2", code)
+	if _, _, code := ctlRun(t, sock, "audit", "-o", "xml"); code != 2 {
+		t.Errorf("audit -o xml: exit %d, want 2", code)
 	}
 	if _, _, code := ctlRun(t, sock, "frobnicate"); code != 2 {
 		t.Errorf("unknown command: exit %d, want 2", code)

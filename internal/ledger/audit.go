@@ -42,9 +42,12 @@ type addrKey struct {
 // balance (allocations = releases + live, per pool), every address's history is a
 // sequence of non-overlapping holdings that ends before its current holder began, and
 // the in-memory indexes agree with what is stored.
+//
+// Audit never holds the ledger's lock while it reads the store, so allocations and
+// releases proceed during an audit of any size: under the lock it copies the in-memory
+// indexes and opens the store's read snapshot (every commit happens under that lock,
+// so both show the same state), then releases the lock and checks the snapshot.
 func (l *Ledger) Audit() (AuditReport, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
 	rep := AuditReport{DoubleAssigned: []DoubleAssigned{}, Problems: []string{}}
 	bad := func(format string, a ...any) { rep.Problems = append(rep.Problems, fmt.Sprintf(format, a...)) }
 	holders := map[addrKey][]Key{}
@@ -53,12 +56,70 @@ func (l *Ledger) Audit() (AuditReport, error) {
 	pools := map[string]PoolRecord{}
 	liveByPool := map[string]uint64{}
 	storedLeases := map[Key]bool{}
-	type poolSet struct {
-		network string
-		set     int
-	}
 	accounted := map[poolSet]uint64{} // addresses below the fresh cursor, held or free
-	err := l.st.View(func(tx ReadTx) error {
+	lastRel := map[addrKey]Release{}
+	snapshot := make(chan struct{})
+	viewed := make(chan error, 1)
+	l.mu.Lock()
+	mem := l.memIndex()
+	go func() {
+		viewed <- l.st.View(func(tx ReadTx) error {
+			close(snapshot) // the read transaction is open: the lock may go
+			return l.auditScan(tx, &rep, bad, holders, created, free, pools, liveByPool, storedLeases, accounted, lastRel)
+		})
+	}()
+	var err error
+	select {
+	case <-snapshot:
+		l.mu.Unlock()
+		err = <-viewed
+	case err = <-viewed: // the view failed before it began
+		l.mu.Unlock()
+	}
+	if err != nil {
+		return rep, err
+	}
+	auditCheck(&rep, bad, mem, holders, created, free, pools, liveByPool, storedLeases, accounted, lastRel)
+	return rep, nil
+}
+
+// memIndex is a copy of the in-memory indexes, for Audit; l.mu must be held.
+type memIndex struct {
+	leases map[Key]bool
+	held   map[string]map[netip.Addr]Key
+	free   map[string][]netip.Addr
+}
+
+func (l *Ledger) memIndex() memIndex {
+	m := memIndex{leases: make(map[Key]bool, len(l.leases)), held: map[string]map[netip.Addr]Key{}, free: map[string][]netip.Addr{}}
+	for k := range l.leases {
+		m.leases[k] = true
+	}
+	for n, ps := range l.pools {
+		h := make(map[netip.Addr]Key, len(ps.held))
+		for ip, k := range ps.held {
+			h[ip] = k
+		}
+		m.held[n] = h
+		for _, s := range ps.sets {
+			for ip := range s.index {
+				m.free[n] = append(m.free[n], ip)
+			}
+		}
+	}
+	return m
+}
+
+type poolSet struct {
+	network string
+	set     int
+}
+
+// auditScan reads one snapshot of the store into Audit's maps.
+func (l *Ledger) auditScan(tx ReadTx, rep *AuditReport, bad func(string, ...any), holders map[addrKey][]Key, created map[addrKey]Lease,
+	free map[addrKey]Free, pools map[string]PoolRecord, liveByPool map[string]uint64, storedLeases map[Key]bool,
+	accounted map[poolSet]uint64, lastRel map[addrKey]Release) error {
+	{
 		if err := tx.ForEachPool(func(p PoolRecord) error { pools[p.Network] = p; return nil }); err != nil {
 			return err
 		}
@@ -139,19 +200,18 @@ func (l *Ledger) Audit() (AuditReport, error) {
 			}
 			rc := r
 			prev = &rc
+			lastRel[addrKey{r.Network, r.IP}] = r
 			return nil
 		})
-	})
-	if err != nil {
-		return rep, err
 	}
+}
+
+// auditCheck checks what auditScan read against itself and against the copy of the
+// in-memory indexes taken at the same point.
+func auditCheck(rep *AuditReport, bad func(string, ...any), mem memIndex, holders map[addrKey][]Key, created map[addrKey]Lease,
+	free map[addrKey]Free, pools map[string]PoolRecord, liveByPool map[string]uint64, storedLeases map[Key]bool,
+	accounted map[poolSet]uint64, lastRel map[addrKey]Release) {
 	// last history entry per address against its current holder or free record
-	lastRel := map[addrKey]Release{}
-	if err := l.st.View(func(tx ReadTx) error {
-		return tx.ForEachHistory(func(r Release) error { lastRel[addrKey{r.Network, r.IP}] = r; return nil })
-	}); err != nil {
-		return rep, err
-	}
 	for ak, r := range lastRel {
 		if ls, ok := created[ak]; ok && ls.Created.Before(r.To) {
 			bad("%s/%s: held by %s since %s, but its previous holder %s released it only at %s", ak.network, ak.ip, ls.Key, ls.Created, r.Key, r.To)
@@ -204,29 +264,26 @@ func (l *Ledger) Audit() (AuditReport, error) {
 		}
 	}
 	// memory against store
-	if len(storedLeases) != len(l.leases) {
-		bad("memory holds %d leases, store %d", len(l.leases), len(storedLeases))
+	if len(storedLeases) != len(mem.leases) {
+		bad("memory holds %d leases, store %d", len(mem.leases), len(storedLeases))
 	}
-	for k := range l.leases {
+	for k := range mem.leases {
 		if !storedLeases[k] {
 			bad("lease %s in memory but not stored", k)
 		}
 	}
-	for n, ps := range l.pools {
-		for ip, k := range ps.held {
+	for n, held := range mem.held {
+		for ip, k := range held {
 			hs := holders[addrKey{n, ip}]
 			if len(hs) == 0 || hs[0] != k {
 				bad("memory says %s/%s is held by %s, store says %v", n, ip, k, hs)
 			}
 		}
-		for _, s := range ps.sets {
-			for ip := range s.index {
-				if _, ok := free[addrKey{n, ip}]; !ok {
-					bad("memory says %s/%s is free, store does not", n, ip)
-				}
+		for _, ip := range mem.free[n] {
+			if _, ok := free[addrKey{n, ip}]; !ok {
+				bad("memory says %s/%s is free, store does not", n, ip)
 			}
 		}
 	}
 	rep.OK = len(rep.Problems) == 0 && len(rep.DoubleAssigned) == 0
-	return rep, nil
 }

@@ -1,3 +1,9 @@
+// Command benchcmd runs the side-by-side benchmark (make bench, make bench-smoke):
+//
+//	go run ./test/benchcmd [--smoke] [--out FILE] [--bin DIR] [-v]
+//
+// It lives outside cmd/ so that the binaries operators install (ipledgerctl among
+// them) link neither the benchmark harness nor the test environment it starts.
 package main
 
 import (
@@ -5,57 +11,60 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/ipledger/ipledger/internal/bench"
-	"github.com/ipledger/ipledger/internal/ctl"
 )
 
-const benchUsage = `usage: ipledgerctl bench [--smoke] [--out FILE] [--bin DIR] [-v]
+const usage = `usage: go run ./test/benchcmd [--smoke] [--out FILE] [--bin DIR] [-v]
 
 Runs the benchmark (as root; needs iproute2, Debian's CNI plugins in /usr/lib/cni and
 a Go toolchain in this source tree) and prints a Markdown table to stdout (and FILE).
 `
 
-// benchCmd is `ipledgerctl bench`.
-func benchCmd(env *ctl.Env, _ string, args []string) int {
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	fs.SetOutput(env.Stderr)
-	fs.Usage = func() { fmt.Fprint(env.Stderr, benchUsage); fs.PrintDefaults() }
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
 	smoke := fs.Bool("smoke", false, "small counts, a few seconds: checks the harness, the numbers mean little")
 	out := fs.String("out", "", "also write the Markdown report to this file")
 	binDir := fs.String("bin", "", "directory of the ipledger and ipledger-veth binaries to measure (default: build them from source)")
 	verbose := fs.Bool("v", false, "progress on stderr")
 	if err := fs.Parse(args); err != nil {
-		return ctl.ExitError
+		return 2
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(env.Stderr, "ipledgerctl bench: unexpected arguments %q\n", fs.Args())
-		return ctl.ExitError
+		fmt.Fprintf(stderr, "bench: unexpected arguments %q\n", fs.Args())
+		return 2
 	}
 	level := slog.LevelWarn
 	if *verbose {
 		level = slog.LevelInfo
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	rep, err := bench.Run(ctx, bench.Options{Smoke: *smoke, BinDir: *binDir,
-		Log: slog.New(slog.NewTextHandler(env.Stderr, &slog.HandlerOptions{Level: level}))})
+		Log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))})
 	if err != nil {
-		fmt.Fprintln(env.Stderr, "ipledgerctl bench:", err)
-		return ctl.ExitError
+		fmt.Fprintln(stderr, "bench:", err)
+		return 2
 	}
 	var md bytes.Buffer
 	rep.Markdown(&md)
-	env.Stdout.Write(md.Bytes())
+	stdout.Write(md.Bytes())
 	if *out != "" {
 		if err := os.WriteFile(*out, md.Bytes(), 0o644); err != nil {
-			fmt.Fprintln(env.Stderr, "ipledgerctl bench:", err)
-			return ctl.ExitError
+			fmt.Fprintln(stderr, "bench:", err)
+			return 2
 		}
 	}
-	return ctl.ExitOK
+	return 0
 }

@@ -1,0 +1,254 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/clock"
+	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/spool"
+)
+
+// RuntimeInfo answers an operator's questions about the container runtime.
+//
+// Contract: every call is bounded by a timeout and never changes anything.
+// Version names the runtime and its version (e.g. "containerd 1.6.20") or returns an
+// error when the runtime cannot be reached. SandboxState returns READY, NOTREADY or
+// GONE (the runtime answered NotFound) for one sandbox ID, or an error when the
+// runtime cannot tell. NotReady lists the sandboxes the runtime reports NOTREADY.
+type RuntimeInfo interface {
+	Version(ctx context.Context) (string, error)
+	SandboxState(ctx context.Context, id string) (string, error)
+	NotReady(ctx context.Context) ([]api.SandboxAge, error)
+}
+
+// Verdicts is the reconciler's latest verdict on a lease, for operators (leases,
+// metrics, the pool page). Contract: Verdict returns "" when the lease is not
+// suspected, else api.VerdictSuspect, api.VerdictStranded or api.VerdictLeaked; it
+// never calls the runtime. The agent uses it when its Guard implements it.
+type Verdicts interface {
+	Verdict(k ledger.Key) string
+}
+
+// Sandbox states RuntimeInfo.SandboxState answers.
+const (
+	SandboxReady    = "READY"
+	SandboxNotReady = "NOTREADY"
+	SandboxGone     = "GONE"
+)
+
+func (s *Server) annotateVerdict(v *api.LeaseView) {
+	if vs, ok := s.cfg.Guard.(Verdicts); ok {
+		v.Verdict = vs.Verdict(ledger.Key{Network: v.Network, ContainerID: v.ContainerID, IfName: v.IfName})
+	}
+}
+
+// held returns those of keys that hold a lease now.
+func (s *Server) held(keys []ledger.Key) []ledger.Key {
+	var out []ledger.Key
+	for _, k := range keys {
+		if _, ok := s.cfg.Ledger.Lease(k); ok {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// countSuperseded counts as superseded those of keys (held before an ADD) that the ADD
+// released.
+func (s *Server) countSuperseded(keys []ledger.Key) {
+	n := 0
+	for _, k := range keys {
+		if _, ok := s.cfg.Ledger.Lease(k); !ok {
+			n++
+		}
+	}
+	if n > 0 {
+		s.stats.Released(ledger.ReasonSuperseded, n)
+	}
+}
+
+// releaseAllowed asks the runtime before an operator's release: a sandbox the runtime
+// reports READY keeps its lease (invariant 2), as does one the runtime cannot vouch
+// for, unless the request forces it.
+func (s *Server) releaseAllowed(ctx context.Context, req api.Request) *api.Error {
+	if req.ForceReadySandbox || s.cfg.Runtime == nil {
+		return nil
+	}
+	if _, ok := s.cfg.Ledger.Lease(req.Key()); !ok {
+		return nil // answered not-found by the release itself
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	st, err := s.cfg.Runtime.SandboxState(ctx, req.ContainerID)
+	switch {
+	case err != nil:
+		return &api.Error{Code: api.CodeConflict, Msg: fmt.Sprintf("attachment %s: the runtime could not say whether sandbox %s is in use (%v); kept. Retry when the runtime answers, or force it with --force-release-ready-sandbox", req.Key(), req.ContainerID, err)}
+	case st == SandboxReady:
+		return &api.Error{Code: api.CodeConflict, Msg: fmt.Sprintf("attachment %s: the runtime reports sandbox %s READY, so its pod uses the address; kept. Delete the pod instead, or force it with --force-release-ready-sandbox", req.Key(), req.ContainerID)}
+	}
+	return nil
+}
+
+// doctor answers OpDoctor.
+func (s *Server) doctor(ctx context.Context) *api.Response {
+	d := &api.Diagnosis{Runtime: "none", Now: time.Now()}
+	if s.cfg.SpoolDir != "" {
+		d.SpoolBacklog = spool.Len(s.cfg.SpoolDir)
+	}
+	d.Pools = s.poolUse(time.Now())
+	rep, err := s.cfg.Ledger.Audit()
+	if err != nil {
+		d.Problems = append(d.Problems, "audit failed: "+err.Error())
+	} else {
+		d.BooksBalanced = rep.OK
+		d.Problems = append(d.Problems, rep.Problems...)
+		for _, da := range rep.DoubleAssigned {
+			d.Problems = append(d.Problems, fmt.Sprintf("%s/%s is held by %d attachments", da.Network, da.IP, len(da.Holders)))
+		}
+	}
+	if s.clock != nil {
+		d.ClockSteps, d.LastStep = s.clock.seen()
+	}
+	if s.cfg.Runtime != nil {
+		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		v, err := s.cfg.Runtime.Version(ctx)
+		if err != nil {
+			d.Runtime, d.RuntimeError = "unreachable", err.Error()
+		} else {
+			d.Runtime, d.RuntimeVersion = "ok", v
+			nr, err := s.cfg.Runtime.NotReady(ctx)
+			if err != nil {
+				d.Runtime, d.RuntimeError = "unreachable", err.Error()
+			}
+			d.NotReady = s.sandboxAges(nr)
+		}
+	}
+	return &api.Response{Doctor: d}
+}
+
+// sandboxAges fills in the creation time the runtime did not report (containerd 1.6
+// reports none for a sandbox whose network setup failed) with the creation of the
+// sandbox's oldest lease, the ADD that followed it; it stays zero when there is none.
+func (s *Server) sandboxAges(nr []api.SandboxAge) []api.SandboxAge {
+	missing := map[string]int{}
+	for i, sb := range nr {
+		if sb.Created.IsZero() {
+			missing[sb.ID] = i
+		}
+	}
+	if len(missing) == 0 {
+		return nr
+	}
+	for _, ls := range s.cfg.Ledger.Leases("") {
+		if i, ok := missing[ls.Key.ContainerID]; ok && (nr[i].Created.IsZero() || ls.Created.Before(nr[i].Created)) {
+			nr[i].Created = ls.Created
+		}
+	}
+	return nr
+}
+
+// poolUse sums each pool's addresses by state.
+func (s *Server) poolUse(now time.Time) []api.PoolUse {
+	delay := s.cfg.Ledger.ReuseDelay()
+	var out []api.PoolUse
+	for _, p := range s.cfg.Ledger.Pools() {
+		u := api.PoolUse{Network: p.Network, InUse: p.InUse, Exhausted: !p.Available}
+		perSet := 0
+		if len(p.Usable) > 0 {
+			perSet = p.InUse / len(p.Usable)
+		}
+		for _, n := range p.Usable {
+			u.Usable += n
+			if n > 0 {
+				u.MostUsed = max(u.MostUsed, float64(perSet)/float64(n))
+			}
+		}
+		for _, f := range s.cfg.Ledger.FreeAddresses(p.Network) {
+			if now.Before(f.ReleasedAt.Add(delay)) {
+				u.Cooling++
+			}
+		}
+		out = append(out, u)
+	}
+	return out
+}
+
+// ready reports why the agent is not ready to serve, or nil: the ledger's store must
+// answer, the socket must answer a ping (Serve applies the spool before it answers
+// anything), and the runtime, when configured, must answer.
+func (s *Server) ready(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := s.cfg.Ledger.History("", netip.IPv4Unspecified()); err != nil {
+		return fmt.Errorf("ledger: %w", err)
+	}
+	if _, err := api.Call(ctx, s.cfg.Socket, api.Request{Op: api.OpPing}); err != nil {
+		return fmt.Errorf("socket: %w (the spool is applied before the first answer)", err)
+	}
+	if s.cfg.Runtime != nil {
+		if _, err := s.cfg.Runtime.Version(ctx); err != nil {
+			return fmt.Errorf("runtime: %w", err)
+		}
+	}
+	return nil
+}
+
+// clockWatch detects wall-clock steps: over one check interval, the wall clock moved
+// more than a second more (or less) than the monotonic clock.
+type clockWatch struct {
+	mu       sync.Mutex
+	started  bool
+	prevWall time.Time
+	prevMono time.Duration
+	steps    int
+	last     string
+}
+
+func (c *clockWatch) seen() (int, string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.steps, c.last
+}
+
+// check reads clk and returns the step since the previous check (0 when none).
+func (c *clockWatch) check(clk clock.Clock) time.Duration {
+	wall, mono := clk.Now(), clk.Mono()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	defer func() { c.prevWall, c.prevMono, c.started = wall, mono, true }()
+	if !c.started {
+		return 0
+	}
+	step := wall.Sub(c.prevWall) - (mono - c.prevMono)
+	if step <= time.Second && step >= -time.Second {
+		return 0
+	}
+	c.steps++
+	c.last = fmt.Sprintf("%s at %s", step.Round(time.Millisecond), wall.Format(time.RFC3339))
+	return step
+}
+
+// WatchClock counts wall-clock steps (shown by doctor and ipledger_clock_steps_total)
+// until ctx is done, checking every tick.
+func (s *Server) WatchClock(ctx context.Context, tick time.Duration) {
+	clk := clock.NewSystem()
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		if step := s.clock.check(clk); step != 0 {
+			s.stats.clockSteps.Inc()
+			s.log.Warn("wall clock stepped", "step", step.Round(time.Millisecond))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,110 @@
+package agent_test
+
+import (
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/pool"
+	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+	"github.com/ipledger/ipledger/internal/testenv/chromium"
+)
+
+// TestPoolPageInChromium starts a real agent with known leases, loads the pool page in
+// headless Chromium and checks, from the rendered DOM, the cells of a known pool and
+// their states, a cell's holder and history, and a large pool drawn as blocks. The
+// screenshot is kept in the test's artifact directory (go test -artifacts -outputdir DIR
+// keeps it under DIR; the path is logged).
+func TestPoolPageInChromium(t *testing.T) {
+	addr := freeAddr(t)
+	a := agentenv.Start(t, agentenv.Options{Args: []string{"--metrics-addr", addr, "--reuse-delay", "1h"}})
+	small, _ := pool.ParseRangeSets([]byte(`[[{"subnet":"10.96.0.0/27"}]]`))
+	big, _ := pool.ParseRangeSets([]byte(`[[{"subnet":"10.97.0.0/16"}]]`))
+	for _, r := range []api.Request{
+		{Op: api.OpAdd, Network: "page", ContainerID: "gone-0", IfName: "eth0", Ranges: small, Pod: ledger.Pod{Namespace: "shop", Name: "cart-0", UID: "u0"}},
+		{Op: api.OpAdd, Network: "page", ContainerID: "sb-web-1", IfName: "eth0", Ranges: small, Pod: ledger.Pod{Namespace: "shop", Name: "web-1", UID: "u1"}, NetNS: ledger.NetNS{Path: "/run/netns/web-1"}},
+		{Op: api.OpAdd, Network: "page", ContainerID: "sb-web-2", IfName: "eth0", Ranges: small, Pod: ledger.Pod{Namespace: "shop", Name: "web-2", UID: "u2"}},
+		{Op: api.OpDel, Network: "page", ContainerID: "gone-0", IfName: "eth0"},
+	} {
+		if _, err := a.Call(r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 3 {
+		if _, err := a.Call(api.Request{Op: api.OpAdd, Network: "wide", ContainerID: fmt.Sprint("w", i), IfName: "eth0", Ranges: big}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	url := "http://" + addr + "/"
+	dom := chromium.DumpDOM(t, url)
+	if !strings.Contains(dom, `<meta http-equiv="refresh"`) {
+		t.Error("the page does not refresh itself")
+	}
+	if regexp.MustCompile(`(src|href)="https?://`).MatchString(dom) {
+		t.Error("the page loads an external asset")
+	}
+	cells := chromium.PoolCells(dom)
+
+	// the small pool, address by address: .1 gateway, .2 cooling (released, reuse
+	// delay 1h), .3 and .4 live, .5 … .30 free
+	p := cells["page"]
+	if len(p) != 30 {
+		t.Fatalf("pool page: %d cells, want 30 (10.96.0.1-10.96.0.30)", len(p))
+	}
+	want := map[string]string{"10.96.0.1": "gateway", "10.96.0.2": "cooling", "10.96.0.3": "live", "10.96.0.4": "live"}
+	for _, c := range p {
+		w, ok := want[c.IP]
+		if !ok {
+			w = "free"
+		}
+		if c.State != w {
+			t.Errorf("cell %s is %s, want %s", c.IP, c.State, w)
+		}
+		switch c.IP {
+		case "10.96.0.3":
+			for _, s := range []string{"pod shop/web-1", "sandbox sb-web-1", "netns /run/netns/web-1", "since "} {
+				if !strings.Contains(c.Title, s) {
+					t.Errorf("cell %s: hover text lacks %q: %q", c.IP, s, c.Title)
+				}
+			}
+		case "10.96.0.2":
+			if !strings.Contains(c.Title, "recent history:") || !strings.Contains(c.Title, "shop/cart-0 gone-0") || !strings.Contains(c.Title, "(DEL)") {
+				t.Errorf("cell %s: hover text lacks its history: %q", c.IP, c.Title)
+			}
+		}
+	}
+
+	// the wide pool (65534 addresses): MaxCells blocks of 64, the first one live
+	w := cells["wide"]
+	if len(w) != 1024 {
+		t.Fatalf("wide pool: %d cells, want 1024 blocks", len(w))
+	}
+	if w[0].State != "live" || !strings.Contains(w[0].Title, "3 live") || !strings.Contains(w[0].Title, "(64 addresses)") {
+		t.Errorf("first block: %+v", w[0])
+	}
+	for _, c := range w[1:] {
+		if c.State != "free" {
+			t.Fatalf("block %s is %s, want free", c.IP, c.State)
+		}
+	}
+	// zooming into the first block shows its addresses
+	zoom := chromium.PoolCells(chromium.DumpDOM(t, url+strings.TrimPrefix(w[0].Href, "/")))["wide"]
+	if len(zoom) != 64 || zoom[0].IP != "10.97.0.1" || zoom[0].State != "gateway" || zoom[1].State != "live" || zoom[4].State != "free" {
+		t.Errorf("zoomed block: %d cells, first %+v", len(zoom), zoom[:min(5, len(zoom))])
+	}
+
+	// clicking a cell shows the address's holder and full history
+	detail := chromium.DumpDOM(t, url+strings.TrimPrefix(p[1].Href, "/"))
+	if !strings.Contains(detail, `id="detail" data-ip="10.96.0.2" data-state="cooling"`) ||
+		!regexp.MustCompile(`<td>shop/cart-0</td><td>gone-0</td><td>DEL</td>`).MatchString(detail) {
+		t.Errorf("detail of 10.96.0.2 lacks its state or its DEL history:\n%s", detail)
+	}
+
+	shot := filepath.Join(t.ArtifactDir(), "pool-page.png")
+	chromium.Screenshot(t, url, shot)
+	t.Logf("screenshot: %s", shot)
+}

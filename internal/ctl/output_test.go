@@ -1,0 +1,194 @@
+package ctl_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/ctl"
+	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/pool"
+	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+)
+
+// knownLedger starts a real agent and brings its ledger to a known state: network
+// n1 with web-0 (eth0) and web-1 (eth0) live and old-0 released by DEL (10.90.0.2 is
+// then cooling and has one history entry); network n2 with a bare attachment.
+func knownLedger(t *testing.T) *agentenv.Agent {
+	t.Helper()
+	a := agentenv.Start(t, agentenv.Options{Args: []string{"--reuse-delay", "1h"}})
+	n1, err := pool.ParseRangeSets([]byte(`[[{"subnet":"10.90.0.0/24"}]]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n2, err := pool.ParseRangeSets([]byte(`[[{"subnet":"10.91.0.0/28"}],[{"subnet":"fd91::/120"}]]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []api.Request{
+		{Op: api.OpAdd, Network: "n1", ContainerID: "old-0", IfName: "eth0", Ranges: n1, Pod: ledger.Pod{Namespace: "ns1", Name: "old-0", UID: "uid-0"}},
+		{Op: api.OpAdd, Network: "n1", ContainerID: "web-0", IfName: "eth0", Ranges: n1, Pod: ledger.Pod{Namespace: "ns1", Name: "web-0", UID: "uid-1"}, NetNS: ledger.NetNS{Path: "/run/netns/web-0"}},
+		{Op: api.OpAdd, Network: "n1", ContainerID: "web-1", IfName: "eth0", Ranges: n1, Pod: ledger.Pod{Namespace: "ns2", Name: "web-1", UID: "uid-2"}},
+		{Op: api.OpDel, Network: "n1", ContainerID: "old-0", IfName: "eth0", Detail: "pod deleted"},
+		{Op: api.OpAdd, Network: "n2", ContainerID: "bare", IfName: "net1", Ranges: n2},
+	} {
+		if _, err := a.Call(r); err != nil {
+			t.Fatalf("%s %s: %v", r.Op, r.ContainerID, err)
+		}
+	}
+	return a
+}
+
+// runCtl runs ipledgerctl in process against the agent, with the clock at now.
+func runCtl(t *testing.T, a *agentenv.Agent, now time.Time, args ...string) (string, int) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	env := &ctl.Env{Stdout: &out, Stderr: &errOut, Call: api.Call, Now: func() time.Time { return now }}
+	code := ctl.Main(env, append([]string{"--socket", a.Socket}, args...))
+	if errOut.Len() > 0 {
+		t.Logf("ipledgerctl %v stderr: %s", args, errOut.String())
+	}
+	return out.String(), code
+}
+
+// TestCommandOutputs checks each reading command's table, JSON and YAML output on a
+// ledger in a known state, the leases filters, and that YAML and JSON carry the same
+// objects.
+func TestCommandOutputs(t *testing.T) {
+	a := knownLedger(t)
+	var views []api.LeaseView
+	out, code := runCtl(t, a, time.Now(), "leases", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &views); err != nil || code != 0 || len(views) != 3 {
+		t.Fatalf("leases -o json: exit %d, %v: %s", code, err, out)
+	}
+	newest := views[0].Created
+	for _, v := range views {
+		if v.Created.After(newest) {
+			newest = v.Created
+		}
+	}
+	now := newest.Add(3*time.Hour + 30*time.Second) // every lease is 3h old, to the minute
+
+	t.Run("leases table", func(t *testing.T) {
+		out, code := runCtl(t, a, now, "leases")
+		want := []string{
+			"NETWORK  CONTAINER  IFNAME  IPS                       POD        AGE  SANDBOX  VERDICT",
+			"n1       web-0      eth0    10.90.0.3/24              ns1/web-0  3h   -        -",
+			"n1       web-1      eth0    10.90.0.4/24              ns2/web-1  3h   -        -",
+			"n2       bare       net1    10.91.0.2/28,fd91::2/120  -          3h   -        -",
+		}
+		if code != 0 || strings.TrimRight(out, "\n") != strings.Join(want, "\n") {
+			t.Fatalf("exit %d\n%s\nwant\n%s", code, out, strings.Join(want, "\n"))
+		}
+	})
+	t.Run("filters", func(t *testing.T) {
+		for _, tc := range []struct {
+			args []string
+			want []string // container IDs
+		}{
+			{[]string{"--network", "n1"}, []string{"web-0", "web-1"}},
+			{[]string{"--network", "n2"}, []string{"bare"}},
+			{[]string{"--pod", "ns2/web-1"}, []string{"web-1"}},
+			{[]string{"--pod", "web-0"}, []string{"web-0"}},
+			{[]string{"--pod", "uid-2"}, []string{"web-1"}},
+			{[]string{"--pod", "ns1/web-1"}, []string{}},
+			{[]string{"--network", "n2", "--pod", "web-0"}, []string{}},
+		} {
+			out, code := runCtl(t, a, now, append([]string{"leases", "-o", "json"}, tc.args...)...)
+			var got []api.LeaseView
+			if err := json.Unmarshal([]byte(out), &got); err != nil || code != 0 {
+				t.Fatalf("%v: exit %d, %v: %s", tc.args, code, err, out)
+			}
+			ids := []string{}
+			for _, v := range got {
+				ids = append(ids, v.ContainerID)
+			}
+			if !reflect.DeepEqual(ids, tc.want) {
+				t.Errorf("leases %v: %v, want %v", tc.args, ids, tc.want)
+			}
+		}
+	})
+	t.Run("leases yaml", func(t *testing.T) {
+		out, code := runCtl(t, a, now, "leases", "-o", "yaml")
+		var fromYAML []api.LeaseView
+		if err := yaml.Unmarshal([]byte(out), &fromYAML); err != nil || code != 0 {
+			t.Fatalf("exit %d, %v:\n%s", code, err, out)
+		}
+		if !reflect.DeepEqual(fromYAML, views) {
+			t.Fatalf("YAML holds other leases than JSON:\n%s", out)
+		}
+		for _, key := range []string{"- containerID: web-0", "  network: n1", "  namespace: ns1", "  name: web-0", "  uid: uid-1", "  netns: /run/netns/web-0", "  - 10.91.0.2/28"} {
+			if !strings.Contains(out, key+"\n") {
+				t.Errorf("YAML lacks %q:\n%s", key, out)
+			}
+		}
+	})
+	t.Run("audit", func(t *testing.T) {
+		out, code := runCtl(t, a, now, "audit")
+		if code != 0 || !strings.HasPrefix(out, "BALANCED: live 3, suspect 0, stranded 0, leaked 0, double-assigned 0 (runtime: none)\n") ||
+			!strings.Contains(out, "  pool n1: 3 allocations = 1 releases + 2 live; 1 free\n") ||
+			!strings.Contains(out, "  pool n2: 2 allocations = 0 releases + 2 live; 0 free\n") {
+			t.Fatalf("audit table: exit %d\n%s", code, out)
+		}
+		for _, format := range []string{"json", "yaml"} {
+			out, code := runCtl(t, a, now, "audit", "-o", format)
+			var m map[string]any
+			if err := yaml.Unmarshal([]byte(out), &m); err != nil || code != 0 { // YAML is a superset of JSON
+				t.Fatalf("audit -o %s: exit %d, %v\n%s", format, code, err, out)
+			}
+			hasKeys(t, "audit -o "+format, m, "live", "suspect", "leaked", "doubleAssigned", "explanations", "pools")
+			if m["live"] != 3.0 || m["ok"] != true {
+				t.Errorf("audit -o %s: %v", format, m)
+			}
+		}
+	})
+	t.Run("history", func(t *testing.T) {
+		out, code := runCtl(t, a, now, "history", "--network", "n1", "--ip", "10.90.0.2")
+		lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+		if code != 0 || len(lines) != 2 || !strings.HasPrefix(lines[0], "FROM ") ||
+			!strings.Contains(lines[1], " old-0 ") || !strings.Contains(lines[1], " ns1/old-0 ") || !strings.HasSuffix(lines[1], "DEL     pod deleted") {
+			t.Fatalf("history table: exit %d\n%s", code, out)
+		}
+		for _, format := range []string{"json", "yaml"} {
+			out, code := runCtl(t, a, now, "history", "--network", "n1", "--ip", "10.90.0.2", "-o", format)
+			var h []ledger.Release
+			if err := yaml.Unmarshal([]byte(out), &h); err != nil || code != 0 || len(h) != 1 || h[0].Reason != ledger.ReasonDEL || h[0].Key.ContainerID != "old-0" || h[0].Detail != "pod deleted" {
+				t.Fatalf("history -o %s: exit %d, %v: %s", format, code, err, out)
+			}
+		}
+	})
+	t.Run("pools", func(t *testing.T) {
+		out, code := runCtl(t, a, now, "pools")
+		want := "NETWORK  LIVE  FREE  ALLOCATIONS  RELEASES\nn1       2     1     3            1\nn2       2     0     2            0\n"
+		if code != 0 || out != want {
+			t.Fatalf("pools: exit %d\n%s\nwant\n%s", code, out, want)
+		}
+		for _, format := range []string{"json", "yaml"} {
+			out, code := runCtl(t, a, now, "pools", "-o", format)
+			var ps []ledger.PoolAudit
+			if err := yaml.Unmarshal([]byte(out), &ps); err != nil || code != 0 || len(ps) != 2 || ps[0].Network != "n1" || ps[0].Live != 2 || ps[1].Live != 2 {
+				t.Fatalf("pools -o %s: exit %d, %v: %s", format, code, err, out)
+			}
+		}
+	})
+}
+
+func TestAge(t *testing.T) {
+	for _, tc := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{-time.Second, "0s"}, {42 * time.Second, "42s"}, {119 * time.Second, "119s"}, {5 * time.Minute, "5m"},
+		{3 * time.Hour, "3h"}, {3*time.Hour + 12*time.Minute, "3h12m"}, {30 * time.Hour, "30h"}, {100 * time.Hour, "4d"},
+	} {
+		if got := ctl.Age(tc.d); got != tc.want {
+			t.Errorf("Age(%v) = %q, want %q", tc.d, got, tc.want)
+		}
+	}
+}
