@@ -68,6 +68,43 @@ func ParseConfig(stdin []byte) (*NetConf, error) {
 	return conf, nil
 }
 
+// ParseDelConfig reads what DEL needs and nothing else: the network name and the
+// ipam type (which together with CNI_CONTAINERID and CNI_IFNAME name the attachment),
+// and hostVethPrefix when it is valid. DEL must succeed whenever it can identify the
+// attachment, so fields DEL does not use (mtu, dns, routes, ...) are not decoded at
+// all, and a bad hostVethPrefix falls back to the default: findAttachmentLink then
+// finds the veth by the attachment recorded in its alias. warnings say what was set
+// aside, for stderr.
+func ParseDelConfig(stdin []byte) (conf *NetConf, warnings []string, err error) {
+	var raw struct {
+		Name           string          `json:"name"`
+		HostVethPrefix json.RawMessage `json:"hostVethPrefix"`
+		IPAM           struct {
+			Type string `json:"type"`
+		} `json:"ipam"`
+	}
+	if err := json.Unmarshal(stdin, &raw); err != nil {
+		return nil, nil, fmt.Errorf("%w: decode: %v (DEL needs name and ipam.type)", ErrConfig, err)
+	}
+	conf = &NetConf{MTU: DefaultMTU, HostVethPrefix: DefaultHostVethPrefix}
+	conf.Name, conf.IPAM.Type = raw.Name, raw.IPAM.Type
+	if conf.Name == "" || strings.ContainsAny(conf.Name, " \t\n=") {
+		return nil, nil, fmt.Errorf("%w: network name %q must be non-empty without blanks or '='", ErrConfig, conf.Name)
+	}
+	if conf.IPAM.Type == "" {
+		return nil, nil, fmt.Errorf("%w: ipam.type is required", ErrConfig)
+	}
+	if len(raw.HostVethPrefix) > 0 && string(raw.HostVethPrefix) != "null" {
+		var prefix string
+		if json.Unmarshal(raw.HostVethPrefix, &prefix) == nil && prefix != "" && len(prefix) <= maxPrefixLen && prefixRE.MatchString(prefix) {
+			conf.HostVethPrefix = prefix
+		} else {
+			warnings = append(warnings, fmt.Sprintf("hostVethPrefix %s is not valid; DEL looks the veth up by its recorded attachment", raw.HostVethPrefix))
+		}
+	}
+	return conf, warnings, nil
+}
+
 // HostVethName is the deterministic host-side veth name of an attachment:
 // prefix + the first hex digits of sha256(network NUL containerID NUL ifname),
 // filling the name to 15 characters.

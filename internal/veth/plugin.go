@@ -253,9 +253,12 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 }
 
 func (p *Plugin) del(ctx context.Context, args *skel.CmdArgs) error {
-	conf, err := ParseConfig(args.StdinData)
+	conf, warnings, err := ParseDelConfig(args.StdinData)
 	if err != nil {
 		return err
+	}
+	for _, w := range warnings {
+		p.Logger.Warn("DEL: config field set aside", "why", w)
 	}
 	hh, err := netlinksafe.NewHandle()
 	if err != nil {

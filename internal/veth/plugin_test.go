@@ -632,3 +632,45 @@ func TestForeignInterfaceUntouched(t *testing.T) {
 		})
 	}
 }
+
+// TestDelLenientConfig: DEL succeeds whenever it can name the attachment. Fields DEL
+// does not use (an out-of-range or mistyped mtu, routes of the wrong shape) and a
+// hostVethPrefix that changed to something invalid since ADD do not stop it: the veth
+// goes (found by the attachment in its alias) and the lease is released.
+func TestDelLenientConfig(t *testing.T) {
+	k := ipamKinds[0]
+	cases := []struct {
+		name  string
+		extra map[string]any
+	}{
+		{"mtu-out-of-range", map[string]any{"mtu": 5}},
+		{"mtu-string", map[string]any{"mtu": "big"}},
+		{"bad-prefix", map[string]any{"hostVethPrefix": "this prefix is bad"}},
+		{"prefix-number", map[string]any{"hostVethPrefix": 7}},
+		{"dns-wrong-type", map[string]any{"dns": "8.8.8.8"}},
+	}
+	for i, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			ipam := k.new(t)
+			network := "iplt-ldel"
+			cleanupNetwork(t, network)
+			pod := newNetNS(t, "ldel")
+			section := ipam.Section(pool{idx: 10 + i}, true, false)
+			good := confBytes(t, "1.0.0", network, section, nil)
+			cid := "ldel-" + c.name
+			hostName := veth.HostVethName(veth.DefaultHostVethPrefix, network, cid, "eth0")
+			execPlugin(t, "ADD", cid, pod, "eth0", good).ok(t)
+			if _, err := netlink.LinkByName(hostName); err != nil {
+				t.Fatalf("host veth %s: %v", hostName, err)
+			}
+			bad := confBytes(t, "1.0.0", network, section, c.extra)
+			execPlugin(t, "DEL", cid, pod, "eth0", bad).ok(t)
+			if _, err := netlink.LinkByName(hostName); err == nil {
+				t.Fatalf("host veth %s left after DEL with %v", hostName, c.extra)
+			}
+			if l := ipam.Leases(t, network); len(l) != 0 {
+				t.Fatalf("leases left after DEL with %v: %v", c.extra, l)
+			}
+		})
+	}
+}
