@@ -109,6 +109,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"ConditionalRelease", testConditionalRelease},
 		{"ConcurrentGroupCommit", testConcurrent},
 		{"AuditFindsDamage", testAuditFindsDamage},
+		{"RollbackReleaseAndReuse", testRollbackReleaseAndReuse},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore) })
