@@ -10,6 +10,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/agent"
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/clock"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/spool"
@@ -18,7 +19,7 @@ import (
 
 // newServer is a Server on a real bbolt ledger, driven through Handle (no socket);
 // the ledger is audited when the test ends.
-func newServer(t *testing.T, clock func() time.Time) (*agent.Server, *ledger.Ledger, string) {
+func newServer(t *testing.T, clk clock.Clock) (*agent.Server, *ledger.Ledger, string) {
 	t.Helper()
 	dir := t.TempDir()
 	st, err := boltstore.Open(filepath.Join(dir, "ledger.db"))
@@ -26,7 +27,7 @@ func newServer(t *testing.T, clock func() time.Time) (*agent.Server, *ledger.Led
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() }) // after ledgertest's audit
-	l := ledgertest.Open(t, st, ledger.Options{Clock: clock})
+	l := ledgertest.Open(t, st, ledger.Options{Clock: clk})
 	spoolDir := filepath.Join(dir, "spool")
 	s, err := agent.New(agent.Config{Ledger: l, Socket: filepath.Join(dir, "s.sock"), SpoolDir: spoolDir, Logger: ledgertest.TestLogger(t)})
 	if err != nil {
@@ -45,7 +46,7 @@ func addReq(t *testing.T, cid string) api.Request {
 // with the same container ID once the agent is back).
 func TestSpoolReleasesOnlyOlderLeases(t *testing.T) {
 	clock := ledgertest.NewClock()
-	s, l, spoolDir := newServer(t, clock.Now)
+	s, l, spoolDir := newServer(t, clock)
 	ctx := context.Background()
 
 	if r := s.Handle(ctx, addReq(t, "old")); r.Error != nil {
@@ -82,7 +83,7 @@ func TestSpoolReleasesOnlyOlderLeases(t *testing.T) {
 // one lease; ADD and DEL of unrelated attachments proceed in parallel and each ends
 // as asked.
 func TestConcurrentRequests(t *testing.T) {
-	s, l, _ := newServer(t, time.Now)
+	s, l, _ := newServer(t, nil) // the system clock
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	ips := make([]string, 16)

@@ -121,6 +121,10 @@ type clock struct {
 func (c *clock) Now() time.Time          { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 func (c *clock) Advance(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unlock() }
 
+// Mono makes clock a clock.Clock for the ledger: its wall time only ever advances, so
+// the time since its start is a monotonic reading.
+func (c *clock) Mono() time.Duration { return c.Now().Sub(time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)) }
+
 const (
 	interval = 500 * time.Millisecond
 	grace    = time.Second
@@ -147,7 +151,7 @@ func (w tWriter) Write(p []byte) (int, error) { w.t.Helper(); w.t.Log(string(p))
 func newFixture(t *testing.T, mod func(*Options)) *fixture {
 	t.Helper()
 	clk := &clock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)}
-	l := ledgertest.Open(t, memstore.New(), ledger.Options{Clock: clk.Now}) // audited at the end
+	l := ledgertest.Open(t, memstore.New(), ledger.Options{Clock: clk}) // audited at the end
 	var err error
 	f := &fixture{t: t, clk: clk, l: l, rt: newFakeRuntime(), ns: &fakeNetns{st: map[string]NSState{}}, ctx: context.Background()}
 	o := Options{Ledger: l, Runtime: f.rt, Netns: f.ns, Interval: interval, Grace: grace, StrandedGrace: 5 * time.Second, Clock: clk.Now, Logger: testLogger(t)}

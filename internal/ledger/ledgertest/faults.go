@@ -39,7 +39,7 @@ func testRollbackReleaseAndReuse(t *testing.T, newStore Factory) {
 				inner, _ := newStore(t)
 				st := faultstore.New(inner, nil)
 				clk := NewClock()
-				opts := ledger.Options{Clock: clk.Now, ReuseDelay: time.Hour}
+				opts := ledger.Options{Clock: clk, ReuseDelay: time.Hour}
 				l := Open(t, st, opts)
 				r := Ranges(t, `[[{"subnet":"10.9.0.0/24"}],[{"subnet":"fd00::/120"}]]`)
 				pod := ledger.Pod{Namespace: "ns", Name: "crashy", UID: "u1"}
