@@ -103,6 +103,10 @@ func Run(t *testing.T, newStore Factory) {
 		{"ConcurrentGroupCommit", testConcurrent},
 		{"AuditFindsDamage", testAuditFindsDamage},
 		{"RollbackReleaseAndReuse", testRollbackReleaseAndReuse},
+		{"BadFieldFailsAlone", testBadFieldFailsAlone},
+		{"ReuseDelayIgnoresWallSteps", testReuseDelayIgnoresWallSteps},
+		{"OverlappingNetworks", testOverlappingNetworks},
+		{"SupersedeJudgedHolder", testSupersedeJudgedHolder},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore) })
