@@ -57,6 +57,7 @@ func (l *Ledger) Audit() (AuditReport, error) {
 		set     int
 	}
 	accounted := map[poolSet]uint64{} // addresses below the fresh cursor, held or free
+	lastRel := map[addrKey]Release{}  // the last release of every address
 	err := l.st.View(func(tx ReadTx) error {
 		if err := tx.ForEachPool(func(p PoolRecord) error { pools[p.Network] = p; return nil }); err != nil {
 			return err
@@ -124,6 +125,7 @@ func (l *Ledger) Audit() (AuditReport, error) {
 		}
 		var prev *Release
 		return tx.ForEachHistory(func(r Release) error {
+			lastRel[addrKey{r.Network, r.IP}] = r // releases of an address come oldest first
 			if !r.Reason.Valid() {
 				bad("history of %s/%s: release without a valid reason (%q)", r.Network, r.IP, r.Reason)
 			}
@@ -143,13 +145,7 @@ func (l *Ledger) Audit() (AuditReport, error) {
 	if err != nil {
 		return rep, err
 	}
-	// last history entry per address against its current holder or free record
-	lastRel := map[addrKey]Release{}
-	if err := l.st.View(func(tx ReadTx) error {
-		return tx.ForEachHistory(func(r Release) error { lastRel[addrKey{r.Network, r.IP}] = r; return nil })
-	}); err != nil {
-		return rep, err
-	}
+	// last history entry per address against its free record
 	for ak, r := range lastRel {
 		if f, ok := free[ak]; ok && (f.Seq != r.Seq || !f.ReleasedAt.Equal(r.To)) {
 			bad("%s/%s: free since %s (seq %d) but its last release is seq %d at %s", ak.network, ak.ip, f.ReleasedAt, f.Seq, r.Seq, r.To)

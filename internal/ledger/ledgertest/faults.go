@@ -14,17 +14,33 @@ import (
 // addresses) equals that of a ledger freshly opened on st, the state l keeps.
 func SameAsStore(t testing.TB, l *ledger.Ledger, st ledger.Store, opts ledger.Options) {
 	t.Helper()
+	if err := sameAsStore(l, st, opts); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func sameAsStore(l *ledger.Ledger, st ledger.Store, opts ledger.Options) error {
 	opts.Logger = nil
 	fresh, err := ledger.Open(st, opts)
 	if err != nil {
-		t.Fatalf("fresh open of the same store: %v", err)
+		return fmt.Errorf("fresh open of the same store: %v", err)
 	}
 	if got, want := fmt.Sprint(l.Leases("")), fmt.Sprint(fresh.Leases("")); got != want {
-		t.Fatalf("memory differs from the store:\n memory %s\n  store %s", got, want)
+		return fmt.Errorf("memory differs from the store:\n memory %s\n  store %s", got, want)
 	}
-	if got, want := fmt.Sprint(l.Pools()), fmt.Sprint(fresh.Pools()); got != want {
-		t.Fatalf("pools in memory differ from the store:\n memory %s\n  store %s", got, want)
+	// Available is left out: a fresh open counts every free address as released at
+	// the open (the reuse delay restarts), the running ledger knows better.
+	pools := func(l *ledger.Ledger) string {
+		ps := l.Pools()
+		for i := range ps {
+			ps[i].Available = false
+		}
+		return fmt.Sprint(ps)
 	}
+	if got, want := pools(l), pools(fresh); got != want {
+		return fmt.Errorf("pools in memory differ from the store:\n memory %s\n  store %s", got, want)
+	}
+	return nil
 }
 
 // testRollbackReleaseAndReuse: one commit that releases an address and hands the same

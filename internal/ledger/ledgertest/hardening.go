@@ -86,8 +86,8 @@ func testBadFieldFailsAlone(t *testing.T, newStore Factory) {
 	}
 	// 3. every field at its limit fits the store's record limit
 	max := ledger.AllocateRequest{
-		Key: ledger.Key{Network: "net", ContainerID: long(ledger.MaxContainerIDLen), IfName: long(ledger.MaxIfNameLen)},
-		Pod: ledger.Pod{Namespace: long(ledger.MaxPodNamespaceLen), Name: long(ledger.MaxPodNameLen), UID: long(ledger.MaxPodUIDLen), InfraContainerID: long(ledger.MaxContainerIDLen)},
+		Key:    ledger.Key{Network: "net", ContainerID: long(ledger.MaxContainerIDLen), IfName: long(ledger.MaxIfNameLen)},
+		Pod:    ledger.Pod{Namespace: long(ledger.MaxPodNamespaceLen), Name: long(ledger.MaxPodNameLen), UID: long(ledger.MaxPodUIDLen), InfraContainerID: long(ledger.MaxContainerIDLen)},
 		NetNS:  ledger.NetNS{Path: "/" + long(ledger.MaxNetNSPathLen-1)},
 		Ranges: r,
 	}
