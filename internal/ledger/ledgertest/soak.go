@@ -40,14 +40,14 @@ func Soak(t *testing.T, inner ledger.Store, cfg SoakConfig) {
 		return steps[rng.IntN(len(steps))]
 	})
 	clk := NewClock()
-	opts := ledger.Options{Clock: clk, ReuseDelay: 2 * time.Second, HistoryKeep: 2}
+	opts := ledger.Options{Clock: clk, ReuseDelay: time.Second, HistoryKeep: 2}
 	l, err := ledger.Open(st, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ranges := map[string]string{
-		"net":   `[[{"subnet":"10.9.0.0/27"}],[{"subnet":"fd00:9::/123"}]]`,
-		"other": `[[{"subnet":"10.10.0.0/28"}]]`,
+		"net":   `[[{"subnet":"10.9.0.0/28"}],[{"subnet":"fd00:9::/124"}]]`,
+		"other": `[[{"subnet":"10.10.0.0/29"}]]`,
 	}
 	networks := []string{"net", "other"}
 	parsed := map[string][]pool.RangeSet{}
@@ -68,10 +68,10 @@ func Soak(t *testing.T, inner ledger.Store, cfg SoakConfig) {
 			defer wg.Done()
 			wr := rand.New(rand.NewPCG(cfg.Seed, uint64(w)))
 			key := func() ledger.Key {
-				return ledger.Key{Network: networks[wr.IntN(len(networks))], ContainerID: fmt.Sprintf("w%d-c%d", w, wr.IntN(12)), IfName: "eth0"}
+				return ledger.Key{Network: networks[wr.IntN(len(networks))], ContainerID: fmt.Sprintf("w%d-c%d", w, wr.IntN(3)), IfName: "eth0"}
 			}
 			pod := func() ledger.Pod {
-				return ledger.Pod{Namespace: "ns", Name: "p", UID: fmt.Sprintf("w%d-u%d", w, wr.IntN(4))}
+				return ledger.Pod{Namespace: "ns", Name: "p", UID: fmt.Sprintf("w%d-u%d", w, wr.IntN(2))}
 			}
 			for i := 0; i < perWorker; i++ {
 				if t.Failed() {
