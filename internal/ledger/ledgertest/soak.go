@@ -146,7 +146,11 @@ func Soak(t *testing.T, inner ledger.Store, cfg SoakConfig) {
 	took := time.Since(start)
 	commits, faults := st.Counts()
 	rep := Audit(t, l)
-	t.Logf("soak: %d operations by %d callers in %v (%.0f ops/s, each followed by audit + fresh-open comparison)", cfg.Ops, cfg.Workers, took.Round(time.Millisecond), float64(cfg.Ops)/took.Seconds())
+	ops := 0
+	for _, n := range kinds {
+		ops += n
+	}
+	t.Logf("soak: %d operations by %d callers in %v (%.0f ops/s, each followed by audit + fresh-open comparison)", ops, cfg.Workers, took.Round(time.Millisecond), float64(ops)/took.Seconds())
 	t.Logf("soak: operations %v; outcomes %v", kinds, outcomes)
 	t.Logf("soak: %d commits, faults injected: before-write %d, during-write %d, after-write %d, after-sync %d; %d live leases at the end",
 		commits, faults[faultstore.BeforeWrite], faults[faultstore.DuringWrite], faults[faultstore.AfterWrite], faults[faultstore.AfterSync], rep.Live)
