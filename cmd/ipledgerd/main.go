@@ -150,8 +150,38 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 		go hs.Serve(mln)
 		defer hs.Close()
 	}
+	// After a failed commit the ledger re-reads its books from the store; if even that
+	// fails it refuses every change (ledger.ErrStateUnknown). Guessing is never safe,
+	// so the agent then stops, and its supervisor (the DaemonSet, systemd) restarts it
+	// on whatever the store holds.
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
+	go watchLedger(ctx, l, stop)
 	log.Info("serving", "socket", o.socket, "state", filepath.Join(o.stateDir, "ledger.db"), "spool", o.spoolDir, "spool_pointer", spool.Pointer(o.socket), "cri", o.criEndpoint)
 	err = srv.Serve(ctx, ln)
 	log.Info("stopped")
+	if err == nil {
+		if cause := context.Cause(ctx); errors.Is(cause, ledger.ErrStateUnknown) {
+			return cause
+		}
+	}
 	return err
+}
+
+// watchLedger stops the agent (through stop) once the ledger reports it cannot know
+// its state.
+func watchLedger(ctx context.Context, l *ledger.Ledger, stop context.CancelCauseFunc) {
+	t := time.NewTicker(100 * time.Millisecond)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := l.Broken(); err != nil {
+				stop(err) // wraps ledger.ErrStateUnknown
+				return
+			}
+		}
+	}
 }

@@ -592,11 +592,25 @@ func (s *Server) add(ctx context.Context, req api.Request) *api.Response {
 				}
 			}
 			if len(olds) > 0 {
-				areq.Supersede = s.cfg.Guard.Supersedable(ctx, olds)
+				// release only the holders that were judged: if a key's lease changed
+				// since (a new ADD of that attachment), the ledger keeps it
+				judged := map[ledger.Key]ledger.Lease{}
+				for _, ls := range olds {
+					judged[ls.Key] = ls
+				}
+				for _, ok := range s.cfg.Guard.Supersedable(ctx, olds) {
+					if ls, found := judged[ok]; found {
+						areq.SupersedeHolders = append(areq.SupersedeHolders, ledger.HolderOf(ls))
+					}
+				}
 			}
 		}
 	}
-	superseding := s.held(areq.Supersede)
+	var superseding []ledger.Key
+	for _, h := range areq.SupersedeHolders {
+		superseding = append(superseding, h.Key)
+	}
+	superseding = s.held(superseding)
 	ls, existed, err := s.cfg.Ledger.Allocate(areq)
 	if err != nil {
 		return errResp(errorOf(err))

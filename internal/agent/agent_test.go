@@ -13,6 +13,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/agent"
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/clock"
 	"github.com/ipledger/ipledger/internal/clock/clocktest"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
@@ -22,7 +23,7 @@ import (
 
 // newServer is a Server on a real bbolt ledger, driven through Handle (no socket);
 // the ledger is audited when the test ends.
-func newServer(t *testing.T, clock func() time.Time) (*agent.Server, *ledger.Ledger, string) {
+func newServer(t *testing.T, clk clock.Clock) (*agent.Server, *ledger.Ledger, string) {
 	t.Helper()
 	dir := t.TempDir()
 	st, err := boltstore.Open(filepath.Join(dir, "ledger.db"))
@@ -30,7 +31,7 @@ func newServer(t *testing.T, clock func() time.Time) (*agent.Server, *ledger.Led
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() }) // after ledgertest's audit
-	l := ledgertest.Open(t, st, ledger.Options{Clock: clock})
+	l := ledgertest.Open(t, st, ledger.Options{Clock: clk})
 	spoolDir := filepath.Join(dir, "spool")
 	if err := os.Mkdir(spoolDir, 0o700); err != nil {
 		t.Fatal(err)
@@ -69,7 +70,7 @@ func spoolDel(t *testing.T, dir, cid string, at time.Time) {
 // ADD answered. The runtime sent the DEL before the ADD, so the DEL is applied first.
 func TestSpooledDelThenAddKeepsTheAddsLease(t *testing.T) {
 	clk := clocktest.New()
-	s, l, spoolDir := newServer(t, clk.Now)
+	s, l, spoolDir := newServer(t, clk)
 	first := mustAdd(t, s, "c1")
 	clk.Advance(time.Second)
 	spoolDel(t, spoolDir, "c1", clk.Now())
@@ -105,7 +106,7 @@ func TestSpoolOrderSurvivesClockSteps(t *testing.T) {
 	for _, step := range []time.Duration{time.Hour, -time.Hour} {
 		t.Run(step.String(), func(t *testing.T) {
 			clk := clocktest.New()
-			s, l, spoolDir := newServer(t, clk.Now)
+			s, l, spoolDir := newServer(t, clk)
 			mustAdd(t, s, "gone")        // its DEL is spooled while the agent is down
 			old := mustAdd(t, s, "back") // its DEL is spooled, then it is ADDed again
 			clk.Advance(time.Second)
@@ -140,7 +141,7 @@ func TestSpoolOrderSurvivesClockSteps(t *testing.T) {
 // A spooled DEL that matches no lease (the attachment was released since, or never
 // had one) is logged and counted, and removed.
 func TestSpoolUnmatchedCounted(t *testing.T) {
-	s, l, spoolDir := newServer(t, time.Now)
+	s, l, spoolDir := newServer(t, nil)
 	mustAdd(t, s, "live")
 	spoolDel(t, spoolDir, "never", time.Now())
 	spoolDel(t, spoolDir, "live", time.Now())
@@ -160,7 +161,7 @@ func TestSpoolUnmatchedCounted(t *testing.T) {
 // interleaving, a lease an ADD answered after the last DEL of its attachment was
 // spooled is never released by the spool.
 func TestSpoolPassRacesAdds(t *testing.T) {
-	s, l, spoolDir := newServer(t, time.Now)
+	s, l, spoolDir := newServer(t, nil)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -200,7 +201,7 @@ func TestSpoolPassRacesAdds(t *testing.T) {
 // one lease; ADD and DEL of unrelated attachments proceed in parallel and each ends
 // as asked.
 func TestConcurrentRequests(t *testing.T) {
-	s, l, _ := newServer(t, time.Now)
+	s, l, _ := newServer(t, nil) // the system clock
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	ips := make([]string, 16)

@@ -5,7 +5,6 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/testenv/chromium"
@@ -16,7 +15,7 @@ import (
 // addresses. (The page is served in process here; TestPoolPageInChromium renders it in
 // a browser.)
 func TestPoolPageHugePool(t *testing.T) {
-	s, _, _ := newServer(t, time.Now)
+	s, _, _ := newServer(t, nil)
 	h := s.HTTPHandler()
 	r := addReq(t, "v6")
 	r.Network, r.Ranges = "v6", ledgertest.Ranges(t, `[[{"subnet":"fd00:64::/64"}]]`)

@@ -279,7 +279,7 @@ func TestIdleConnectionClosed(t *testing.T) {
 // Op strings the agent does not know share one metric label, "unknown": no client
 // can create metric series.
 func TestUnknownOpsOneSeries(t *testing.T) {
-	s, _, _ := newServer(t, time.Now)
+	s, _, _ := newServer(t, nil)
 	for i := range 50 {
 		r := s.Handle(context.Background(), api.Request{Version: api.Version, Op: fmt.Sprint("bogus-op-", i)})
 		if r.Error == nil || r.Error.Code != api.CodeInvalid {
@@ -303,7 +303,7 @@ func TestUnknownOpsOneSeries(t *testing.T) {
 
 // More ranges than api.MaxRanges are refused before the ledger checks them.
 func TestTooManyRangesRefused(t *testing.T) {
-	s, l, _ := newServer(t, time.Now)
+	s, l, _ := newServer(t, nil)
 	var rs []string
 	for i := range api.MaxRanges + 1 {
 		rs = append(rs, fmt.Sprintf(`{"subnet":"10.%d.%d.0/24"}`, 100+i/256, i%256))

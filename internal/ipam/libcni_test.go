@@ -38,7 +38,9 @@ func TestVerbsEveryVersion(t *testing.T) {
 	_, nsPath := netns(t)
 	for _, v := range []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
 		t.Run(v, func(t *testing.T) {
-			name := "net-" + strings.ReplaceAll(v, ".", "")
+			// one network for every version: two network names may not share
+			// addresses (the agent refuses the second pool)
+			name := "net-dual"
 			l := e.list(v, name, dualRanges)
 			id := "ctr" + strings.ReplaceAll(v, ".", "")
 			c := ctx(t)

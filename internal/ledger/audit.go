@@ -40,7 +40,7 @@ type addrKey struct {
 // Audit reads the whole stored ledger and checks its invariants: no address held by
 // two attachments or both held and free, every address inside its pool, the counts
 // balance (allocations = releases + live, per pool), every address's history is a
-// sequence of non-overlapping holdings that ends before its current holder began, and
+// sequence of holdings in release order, and
 // the in-memory indexes agree with what is stored.
 //
 // Audit never holds the ledger's lock while it reads the store, so allocations and
@@ -51,7 +51,6 @@ func (l *Ledger) Audit() (AuditReport, error) {
 	rep := AuditReport{DoubleAssigned: []DoubleAssigned{}, Problems: []string{}}
 	bad := func(format string, a ...any) { rep.Problems = append(rep.Problems, fmt.Sprintf(format, a...)) }
 	holders := map[addrKey][]Key{}
-	created := map[addrKey]Lease{}
 	free := map[addrKey]Free{}
 	pools := map[string]PoolRecord{}
 	liveByPool := map[string]uint64{}
@@ -65,7 +64,7 @@ func (l *Ledger) Audit() (AuditReport, error) {
 	go func() {
 		viewed <- l.st.View(func(tx ReadTx) error {
 			close(snapshot) // the read transaction is open: the lock may go
-			return l.auditScan(tx, &rep, bad, holders, created, free, pools, liveByPool, storedLeases, accounted, lastRel)
+			return l.auditScan(tx, &rep, bad, holders, free, pools, liveByPool, storedLeases, accounted, lastRel)
 		})
 	}()
 	var err error
@@ -79,7 +78,7 @@ func (l *Ledger) Audit() (AuditReport, error) {
 	if err != nil {
 		return rep, err
 	}
-	auditCheck(&rep, bad, mem, holders, created, free, pools, liveByPool, storedLeases, accounted, lastRel)
+	auditCheck(&rep, bad, mem, holders, free, pools, liveByPool, storedLeases, accounted, lastRel)
 	return rep, nil
 }
 
@@ -116,7 +115,7 @@ type poolSet struct {
 }
 
 // auditScan reads one snapshot of the store into Audit's maps.
-func (l *Ledger) auditScan(tx ReadTx, rep *AuditReport, bad func(string, ...any), holders map[addrKey][]Key, created map[addrKey]Lease,
+func (l *Ledger) auditScan(tx ReadTx, rep *AuditReport, bad func(string, ...any), holders map[addrKey][]Key,
 	free map[addrKey]Free, pools map[string]PoolRecord, liveByPool map[string]uint64, storedLeases map[Key]bool,
 	accounted map[poolSet]uint64, lastRel map[addrKey]Release) error {
 	{
@@ -148,7 +147,6 @@ func (l *Ledger) auditScan(tx ReadTx, rep *AuditReport, bad func(string, ...any)
 			for _, p := range ls.IPs {
 				ak := addrKey{ls.Key.Network, p.Addr()}
 				holders[ak] = append(holders[ak], ls.Key)
-				created[ak] = ls
 				rep.Addresses++
 				liveByPool[ls.Key.Network]++
 				set := inSet(ls.Key.Network, p.Addr())
@@ -187,14 +185,15 @@ func (l *Ledger) auditScan(tx ReadTx, rep *AuditReport, bad func(string, ...any)
 		}
 		var prev *Release
 		return tx.ForEachHistory(func(r Release) error {
+			lastRel[addrKey{r.Network, r.IP}] = r // releases of an address come oldest first
 			if !r.Reason.Valid() {
 				bad("history of %s/%s: release without a valid reason (%q)", r.Network, r.IP, r.Reason)
 			}
-			if r.To.Before(r.From) {
-				bad("history of %s/%s: held by %s until %s, before it began (%s)", r.Network, r.IP, r.Key, r.To, r.From)
-			}
+			// Holdings are ordered by release sequence, not by their wall times: the
+			// wall clock may step back between two holdings (or within one), and a
+			// record's times then run backwards without anything being wrong.
 			if prev != nil && prev.Network == r.Network && prev.IP == r.IP {
-				if r.From.Before(prev.To) || r.Seq <= prev.Seq {
+				if r.Seq <= prev.Seq {
 					bad("history of %s/%s: holding by %s from %s overlaps the one by %s until %s", r.Network, r.IP, r.Key, r.From, prev.Key, prev.To)
 				}
 			}
@@ -208,14 +207,11 @@ func (l *Ledger) auditScan(tx ReadTx, rep *AuditReport, bad func(string, ...any)
 
 // auditCheck checks what auditScan read against itself and against the copy of the
 // in-memory indexes taken at the same point.
-func auditCheck(rep *AuditReport, bad func(string, ...any), mem memIndex, holders map[addrKey][]Key, created map[addrKey]Lease,
+func auditCheck(rep *AuditReport, bad func(string, ...any), mem memIndex, holders map[addrKey][]Key,
 	free map[addrKey]Free, pools map[string]PoolRecord, liveByPool map[string]uint64, storedLeases map[Key]bool,
 	accounted map[poolSet]uint64, lastRel map[addrKey]Release) {
-	// last history entry per address against its current holder or free record
+	// last history entry per address against its free record
 	for ak, r := range lastRel {
-		if ls, ok := created[ak]; ok && ls.Created.Before(r.To) {
-			bad("%s/%s: held by %s since %s, but its previous holder %s released it only at %s", ak.network, ak.ip, ls.Key, ls.Created, r.Key, r.To)
-		}
 		if f, ok := free[ak]; ok && (f.Seq != r.Seq || !f.ReleasedAt.Equal(r.To)) {
 			bad("%s/%s: free since %s (seq %d) but its last release is seq %d at %s", ak.network, ak.ip, f.ReleasedAt, f.Seq, r.Seq, r.To)
 		}

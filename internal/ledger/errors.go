@@ -14,13 +14,19 @@ var (
 	ErrPoolConflict = errors.New("pool ranges conflict")
 	// ErrUnknownNetwork: the network has no pool yet.
 	ErrUnknownNetwork = errors.New("unknown network")
-	// ErrInvalidAttachment: a network name, container ID or ifname is empty, too long or
-	// holds characters that are not allowed.
+	// ErrInvalidAttachment: a field of a request (network name, container ID, ifname,
+	// pod namespace, name or UID, netns path, release detail) is empty where it is
+	// required, longer than its limit, or holds bytes that are not allowed. The message
+	// names the field and the limit.
 	ErrInvalidAttachment = errors.New("invalid attachment")
 	// ErrNotFound: no lease for that attachment.
 	ErrNotFound = errors.New("lease not found")
 	// ErrStore: the durable store failed (I/O error, disk full); nothing was changed.
 	ErrStore = errors.New("state store failed")
+	// ErrStateUnknown: a commit failed and the ledger could not read its books back
+	// from the store; it refuses every change until the process is restarted (the
+	// agent exits on it, its supervisor starts it again). Wrapped with ErrStore.
+	ErrStateUnknown = errors.New("ledger state unknown after a failed commit")
 	// ErrCorrupt: the state file cannot be read as a ledger.
 	ErrCorrupt = errors.New("state file corrupt")
 )

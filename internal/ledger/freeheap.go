@@ -1,6 +1,9 @@
 package ledger
 
-import "container/heap"
+import (
+	"container/heap"
+	"time"
+)
 
 // freeHeap orders the free addresses of one range set by release sequence, so that
 // the least recently released address is at the top; every element knows its index
@@ -9,6 +12,7 @@ type freeHeap []*freeItem
 
 type freeItem struct {
 	f     Free
+	mono  time.Duration // monotonic reading of the release (or of the load that found it)
 	index int
 }
 

@@ -6,6 +6,10 @@
 // Allocation hands out the least recently released address first (never-used addresses
 // count as released at the beginning of time) and never one released less than the
 // reuse delay ago, except back to the pod UID that held it.
+//
+// Failures: an operation whose input is bad fails alone, before it joins a group
+// commit (every field is checked and bounded first, see Validate). After any failed
+// commit the in-memory books are read back from the store, never patched by guess.
 package ledger
 
 import (
@@ -17,15 +21,21 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ipledger/ipledger/internal/clock"
 	"github.com/ipledger/ipledger/internal/pool"
 )
 
 // Options tune a Ledger. Zero values take the defaults.
 type Options struct {
-	// Clock returns the current time; default time.Now.
-	Clock func() time.Time
+	// Clock gives wall time for records (lease creation, release dates) and
+	// monotonic time for the reuse delay; default clock.NewSystem().
+	Clock clock.Clock
 	// ReuseDelay is the least time between the release of an address and its
-	// allocation to another pod (invariant 9).
+	// allocation to another pod (invariant 9). It is measured on the monotonic
+	// clock, so a wall-clock step neither shortens nor stretches it. An address
+	// found released in the store at Open (or at a re-read after a failed commit)
+	// counts as released at that moment: after a restart a freed address waits at
+	// most one reuse delay more than it had to, never less.
 	ReuseDelay time.Duration
 	// HistoryKeep is how many releases are kept per address; default 32.
 	HistoryKeep int
@@ -47,6 +57,9 @@ type Ledger struct {
 	pools  map[string]*poolState
 	leases map[Key]*Lease
 	byUID  map[string][]Key // live leases by pod UID (usually one)
+	// broken is set when a commit failed and the books could not be read back from
+	// the store: every later change is refused with it (wrapping ErrStateUnknown).
+	broken error
 }
 
 type poolState struct {
@@ -67,7 +80,7 @@ type setState struct {
 // Open loads the ledger kept in st.
 func Open(st Store, opts Options) (*Ledger, error) {
 	if opts.Clock == nil {
-		opts.Clock = time.Now
+		opts.Clock = clock.NewSystem()
 	}
 	if opts.HistoryKeep <= 0 {
 		opts.HistoryKeep = 32
@@ -76,26 +89,51 @@ func Open(st Store, opts Options) (*Ledger, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	l := &Ledger{st: st, opts: opts, log: log, pools: map[string]*poolState{}, leases: map[Key]*Lease{}, byUID: map[string][]Key{}}
-	err := st.View(func(tx ReadTx) error {
+	l := &Ledger{st: st, opts: opts, log: log}
+	if err := l.load(nil); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// freeMark names one release of one address, to carry its monotonic reading over a
+// re-read of the books.
+type freeMark struct {
+	network string
+	ip      netip.Addr
+	seq     uint64
+}
+
+// load reads the books from the store in one consistent view and replaces the
+// in-memory ones. Released addresses take the monotonic reading of their release
+// from keep when they are there (a re-read after a failed commit), else now's
+// (conservative: the reuse delay starts again).
+func (l *Ledger) load(keep map[freeMark]time.Duration) error {
+	now := l.opts.Clock.Mono()
+	pools := map[string]*poolState{}
+	leases := map[Key]*Lease{}
+	byUID := map[string][]Key{}
+	err := l.st.View(func(tx ReadTx) error {
 		if err := tx.ForEachPool(func(p PoolRecord) error {
 			ps, err := newPoolState(p)
 			if err != nil {
 				return fmt.Errorf("%w: pool %q: %v", ErrCorrupt, p.Network, err)
 			}
-			l.pools[p.Network] = ps
+			pools[p.Network] = ps
 			return nil
 		}); err != nil {
 			return err
 		}
 		if err := tx.ForEachLease(func(ls Lease) error {
-			ps := l.pools[ls.Key.Network]
+			ps := pools[ls.Key.Network]
 			if ps == nil {
 				return fmt.Errorf("%w: lease %s has no pool", ErrCorrupt, ls.Key)
 			}
 			c := ls
-			l.leases[ls.Key] = &c
-			l.indexUID(&c)
+			leases[ls.Key] = &c
+			if c.Pod.UID != "" {
+				byUID[c.Pod.UID] = append(byUID[c.Pod.UID], c.Key)
+			}
 			for _, p := range ls.IPs {
 				if other, dup := ps.held[p.Addr()]; dup {
 					return fmt.Errorf("%w: %s is held by both %s and %s", ErrCorrupt, p.Addr(), other, ls.Key)
@@ -107,18 +145,63 @@ func Open(st Store, opts Options) (*Ledger, error) {
 			return err
 		}
 		return tx.ForEachFree(func(f Free) error {
-			ps := l.pools[f.Network]
+			ps := pools[f.Network]
 			if ps == nil || f.Set < 0 || f.Set >= len(ps.sets) {
 				return fmt.Errorf("%w: free address %s of %q has no pool", ErrCorrupt, f.IP, f.Network)
 			}
-			ps.sets[f.Set].addFree(f)
+			mono, ok := keep[freeMark{f.Network, f.IP, f.Seq}]
+			if !ok {
+				mono = now
+			}
+			ps.sets[f.Set].addFree(f, mono)
 			return nil
 		})
 	})
 	if err != nil {
-		return nil, err
+		return err
 	}
-	return l, nil
+	l.pools, l.leases, l.byUID = pools, leases, byUID
+	return nil
+}
+
+// reread replaces the in-memory books with the store's after a failed commit.
+//
+// Why re-read rather than undo or stop: a failed commit does not say how far it got.
+// bbolt can fail its fdatasync after the meta page reached the file; the change is
+// then what every later transaction builds on, although the caller was told it
+// failed. Undoing it in memory would let the next ADD hand out an address the store
+// still records as held (a second lease for it, and a file the next start refuses).
+// The store's own view is the one truth both sides can agree on, and bbolt (1.4+)
+// rebuilds its free-page list from that same view when a commit fails, so the re-read
+// matches what the next transaction writes over. Re-reading keeps the agent serving
+// (a full disk is usually transient, and DELs must keep working once it is not)
+// where stopping would crash-loop it for as long as the disk stays full. Only when
+// the re-read itself fails does the ledger refuse every change (ErrStateUnknown), so
+// that the agent exits and its supervisor restarts it into a fresh Open.
+func (l *Ledger) reread(cause error) {
+	keep := map[freeMark]time.Duration{}
+	for n, ps := range l.pools {
+		for _, s := range ps.sets {
+			for ip, it := range s.index {
+				keep[freeMark{n, ip, it.f.Seq}] = it.mono
+			}
+		}
+	}
+	if err := l.load(keep); err != nil {
+		l.broken = fmt.Errorf("%w: %w: a commit failed (%v) and the books could not be read back from the store (%v); restart ipledgerd", ErrStateUnknown, ErrStore, cause, err)
+		l.log.Error("ledger refuses changes until restarted", "err", l.broken)
+		return
+	}
+	l.log.Warn("commit failed; books re-read from the store", "err", cause)
+}
+
+// Broken returns the error every change fails with once the ledger could not re-read
+// its books after a failed commit (wrapping ErrStateUnknown), or nil. The agent
+// exits on it so that its supervisor restarts it.
+func (l *Ledger) Broken() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.broken
 }
 
 func newPoolState(p PoolRecord) (*poolState, error) {
@@ -142,8 +225,8 @@ func newPoolState(p PoolRecord) (*poolState, error) {
 	return ps, nil
 }
 
-func (s *setState) addFree(f Free) *freeItem {
-	it := &freeItem{f: f}
+func (s *setState) addFree(f Free, mono time.Duration) *freeItem {
+	it := &freeItem{f: f, mono: mono}
 	s.free.add(it)
 	s.index[f.IP] = it
 	if f.LastUID != "" {
@@ -242,7 +325,8 @@ func (c *change) touchPool(ps *poolState) {
 	}
 }
 
-// commit writes the change in one durable transaction, or undoes all of it in memory.
+// commit writes the change in one durable transaction. When the commit fails the
+// books are re-read from the store (see reread), not undone step by step.
 func (c *change) commit() error {
 	if len(c.writes) == 0 && len(c.pools) == 0 {
 		return nil
@@ -261,7 +345,7 @@ func (c *change) commit() error {
 		return nil
 	})
 	if err != nil {
-		c.rollbackTo(mark{})
+		c.l.reread(err)
 		return err
 	}
 	for _, fn := range c.after {
@@ -302,15 +386,18 @@ func (l *Ledger) do(op func(c *change) error) error {
 	l.qmu.Unlock()
 
 	l.mu.Lock()
-	c := l.begin()
-	for _, q := range batch {
-		m := c.mark()
-		if err := q.op(c); err != nil {
-			c.rollbackTo(m)
-			q.err = err
+	err := l.broken
+	if err == nil {
+		c := l.begin()
+		for _, q := range batch {
+			m := c.mark()
+			if err := q.op(c); err != nil {
+				c.rollbackTo(m)
+				q.err = err
+			}
 		}
+		err = c.commit()
 	}
-	err := c.commit()
 	l.mu.Unlock()
 
 	for _, q := range batch {
@@ -349,7 +436,10 @@ func (c *change) ensurePool(network string, ranges []pool.RangeSet) (*poolState,
 	if err := pool.Validate(ranges); err != nil {
 		return nil, err
 	}
-	rec := PoolRecord{Network: network, Ranges: ranges, Created: l.opts.Clock().UTC(), NextFresh: make([]uint64, len(ranges))}
+	if err := l.checkDisjoint(network, ranges); err != nil {
+		return nil, err
+	}
+	rec := PoolRecord{Network: network, Ranges: ranges, Created: l.opts.Clock.Now().UTC(), NextFresh: make([]uint64, len(ranges))}
 	ps, err := newPoolState(rec)
 	if err != nil {
 		return nil, err
@@ -380,15 +470,67 @@ type AllocateRequest struct {
 	// request with other ranges fails with ErrPoolConflict. Nil uses the existing pool.
 	Ranges []pool.RangeSet
 	// Supersede names leases (of the same pod) to release, reason superseded, in the
-	// same transaction before allocating, so the pod may keep its address.
+	// same transaction before allocating, so the pod may keep its address. Whatever
+	// lease such an attachment holds when the request is applied is released; prefer
+	// SupersedeHolders.
 	Supersede []Key
+	// SupersedeHolders names the leases to supersede by the holder that was judged
+	// (attachment and creation time): one whose attachment holds another lease by the
+	// time the request is applied (released and allocated again meanwhile) is kept.
+	SupersedeHolders []Holder
+}
+
+// Holder identifies one lease: an attachment and the time its lease was created. A
+// lease released and allocated again under the same key is another holder.
+type Holder struct {
+	Key     Key       `json:"key"`
+	Created time.Time `json:"created"`
+}
+
+// HolderOf returns the holder identity of ls.
+func HolderOf(ls Lease) Holder { return Holder{Key: ls.Key, Created: ls.Created} }
+
+// MaxSupersede bounds how many leases one request may supersede.
+const MaxSupersede = 64
+
+// Validate checks every field of the request before it joins a group commit, so that
+// a bad request fails alone with an error naming the field and its limit.
+func (req AllocateRequest) Validate() error {
+	if err := req.Key.Validate(); err != nil {
+		return err
+	}
+	if err := req.Pod.Validate(); err != nil {
+		return err
+	}
+	if err := req.NetNS.Validate(); err != nil {
+		return err
+	}
+	if req.Ranges != nil {
+		if err := pool.Validate(req.Ranges); err != nil {
+			return err
+		}
+	}
+	if n := len(req.Supersede) + len(req.SupersedeHolders); n > MaxSupersede {
+		return fmt.Errorf("%w: supersede: %d leases; at most %d", ErrInvalidAttachment, n, MaxSupersede)
+	}
+	for _, k := range req.Supersede {
+		if err := k.Validate(); err != nil {
+			return fmt.Errorf("supersede: %w", err)
+		}
+	}
+	for _, h := range req.SupersedeHolders {
+		if err := h.Key.Validate(); err != nil {
+			return fmt.Errorf("supersede: %w", err)
+		}
+	}
+	return nil
 }
 
 // Allocate gives the attachment one address from every range set of its network's
 // pool. It is idempotent: an attachment that already holds a lease gets that lease
 // back (existed is true) and nothing changes.
 func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err error) {
-	if err := req.Key.Validate(); err != nil {
+	if err := req.Validate(); err != nil {
 		return Lease{}, false, err
 	}
 	err = l.do(func(c *change) error {
@@ -403,20 +545,30 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 		if err != nil {
 			return err
 		}
-		now := l.opts.Clock().UTC()
-		for _, k := range req.Supersede {
+		now := l.opts.Clock.Now().UTC()
+		mono := l.opts.Clock.Mono()
+		supersede := func(k Key, judged func(*Lease) bool) error {
 			if k == req.Key {
-				continue
+				return nil
 			}
-			if _, ok := l.leases[k]; ok {
-				if err := c.release(k, ReasonSuperseded, "superseded by "+req.Key.ContainerID, now); err != nil {
-					return err
-				}
+			if ls, ok := l.leases[k]; ok && judged(ls) {
+				return c.release(k, ReasonSuperseded, "superseded by "+req.Key.ContainerID, now, mono)
+			}
+			return nil
+		}
+		for _, k := range req.Supersede {
+			if err := supersede(k, func(*Lease) bool { return true }); err != nil {
+				return err
+			}
+		}
+		for _, h := range req.SupersedeHolders {
+			if err := supersede(h.Key, func(ls *Lease) bool { return ls.Created.Equal(h.Created) }); err != nil {
+				return err
 			}
 		}
 		ls := &Lease{Key: req.Key, Pod: req.Pod, NetNS: req.NetNS, Created: now, State: StateActive}
 		for i := range ps.sets {
-			a, err := c.pick(ps, i, req.Pod.UID, now)
+			a, err := c.pick(ps, i, req.Pod.UID, mono)
 			if err != nil {
 				return err
 			}
@@ -445,13 +597,14 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 }
 
 // pick takes one address of range set i: the pod's own last address when it is free,
-// else a never-used one, else the least recently released one past the reuse delay.
-func (c *change) pick(ps *poolState, i int, uid string, now time.Time) (netip.Addr, error) {
+// else a never-used one, else the least recently released one past the reuse delay
+// (measured on the monotonic clock: mono is now's reading).
+func (c *change) pick(ps *poolState, i int, uid string, mono time.Duration) (netip.Addr, error) {
 	s := ps.sets[i]
 	take := func(it *freeItem) netip.Addr {
 		s.removeFree(it)
-		f := it.f
-		c.onUndo(func() { s.addFree(f) })
+		f, m := it.f, it.mono
+		c.onUndo(func() { s.addFree(f, m) })
 		c.write(func(tx Tx) error { return tx.DeleteFree(f.Network, f.IP) })
 		return f.IP
 	}
@@ -485,15 +638,16 @@ func (c *change) pick(ps *poolState, i int, uid string, now time.Time) (netip.Ad
 		}
 		return a, nil
 	}
-	if top := s.free.top(); top != nil && !now.Before(top.f.ReleasedAt.Add(c.l.opts.ReuseDelay)) {
+	if top := s.free.top(); top != nil && mono-top.mono >= c.l.opts.ReuseDelay {
 		return take(top), nil
 	}
 	return netip.Addr{}, fmt.Errorf("%w: network %q range set %d (%s): all %d usable addresses are in use (%d more released less than the reuse delay of %s ago)",
 		ErrPoolExhausted, ps.rec.Network, i, s.set.String(), s.usable, s.free.Len(), c.l.opts.ReuseDelay)
 }
 
-// release frees every address of the lease k within c.
-func (c *change) release(k Key, reason Reason, detail string, now time.Time) error {
+// release frees every address of the lease k within c; now is the wall time recorded,
+// mono the monotonic reading the reuse delay counts from.
+func (c *change) release(k Key, reason Reason, detail string, now time.Time, mono time.Duration) error {
 	l := c.l
 	ls := l.leases[k]
 	ps := l.pools[k.Network]
@@ -516,8 +670,11 @@ func (c *change) release(k Key, reason Reason, detail string, now time.Time) err
 		ps.rec.Seq++
 		f := Free{Network: k.Network, IP: a, Set: set, ReleasedAt: now, Seq: ps.rec.Seq, LastUID: ls.Pod.UID}
 		s := ps.sets[set]
-		it := s.addFree(f)
-		c.onUndo(func() { s.removeFree(it) })
+		s.addFree(f, mono)
+		// Undo by address, not by the item added here: a later step of the same
+		// operation (a supersede ADD given the pod's old address) may have taken
+		// that item and its own undo put back another one in its place.
+		c.onUndo(func() { s.removeFree(s.index[a]) })
 		delete(ps.held, a)
 		c.onUndo(func() { ps.held[a] = k })
 		ps.rec.Releases++
@@ -545,8 +702,8 @@ func (l *Ledger) Release(k Key, reason Reason, detail string) (released Lease, o
 
 // releaseIf releases the lease of k when cond holds for it.
 func (l *Ledger) releaseIf(k Key, reason Reason, detail string, cond func(*Lease) bool) (released Lease, ok bool, err error) {
-	if !reason.Valid() {
-		return Lease{}, false, fmt.Errorf("release reason %q is not one of DEL, GC, reconcile-gone, reconcile-notready, superseded, manual", reason)
+	if err := validRelease(reason, detail); err != nil {
+		return Lease{}, false, err
 	}
 	err = l.do(func(c *change) error {
 		ls, held := l.leases[k]
@@ -554,7 +711,7 @@ func (l *Ledger) releaseIf(k Key, reason Reason, detail string, cond func(*Lease
 			return nil
 		}
 		released, ok = cloneLease(ls), true
-		if err := c.release(k, reason, detail, l.opts.Clock().UTC()); err != nil {
+		if err := c.release(k, reason, detail, l.opts.Clock.Now().UTC(), l.opts.Clock.Mono()); err != nil {
 			return err
 		}
 		snapshot := released
@@ -673,12 +830,12 @@ func (l *Ledger) Pools() []PoolStatus {
 
 func (l *Ledger) poolStatus(ps *poolState) PoolStatus {
 	st := PoolStatus{Network: ps.rec.Network, Ranges: ps.rec.Ranges, InUse: len(ps.held), Available: true, Allocs: ps.rec.Allocations, Releases: ps.rec.Releases}
-	now := l.opts.Clock()
+	mono := l.opts.Clock.Mono()
 	for i, s := range ps.sets {
 		st.Usable = append(st.Usable, s.usable)
 		st.Free += s.free.Len()
 		ok := ps.rec.NextFresh[i] < s.size
-		if top := s.free.top(); top != nil && !now.Before(top.f.ReleasedAt.Add(l.opts.ReuseDelay)) {
+		if top := s.free.top(); top != nil && mono-top.mono >= l.opts.ReuseDelay {
 			ok = true
 		}
 		st.Available = st.Available && ok
@@ -699,3 +856,56 @@ func (l *Ledger) History(network string, ip netip.Addr) ([]Release, error) {
 
 // Close closes the store.
 func (l *Ledger) Close() error { return l.st.Close() }
+
+// checkDisjoint refuses a new pool for network whose ranges overlap a range of
+// another network's pool: the two pools would hand out one address twice (each
+// ledger key is per network). Pools are created rarely, so it sorts every range of
+// every pool, O(n log n), and sweeps once, remembering the furthest end among the
+// existing ranges and among the new ones: an overlapping pair is found when its
+// later-starting member is reached. Overlaps between two existing pools (state
+// written before this check) are left to the audit.
+func (l *Ledger) checkDisjoint(network string, ranges []pool.RangeSet) error {
+	type span struct {
+		lo, hi  netip.Addr
+		network string
+		isNew   bool
+	}
+	var spans []span
+	for n, ps := range l.pools {
+		for _, set := range ps.rec.Ranges {
+			for _, r := range set {
+				spans = append(spans, span{r.RangeStart, r.RangeEnd, n, false})
+			}
+		}
+	}
+	for _, set := range ranges {
+		for _, r := range set {
+			spans = append(spans, span{r.RangeStart, r.RangeEnd, network, true})
+		}
+	}
+	sort.Slice(spans, func(i, j int) bool { return spans[i].lo.Less(spans[j].lo) })
+	var far [2]*span // furthest-reaching existing [0] and new [1] range so far
+	for i := range spans {
+		s := &spans[i]
+		other := 0
+		if !s.isNew {
+			other = 1
+		}
+		if o := far[other]; o != nil && o.lo.BitLen() == s.lo.BitLen() && !o.hi.Less(s.lo) {
+			old, nw := o, s
+			if !s.isNew {
+				old, nw = s, o
+			}
+			return fmt.Errorf("%w: network %q: range %s-%s overlaps range %s-%s of network %q; two networks must not share addresses (each would hand them out): give %q ranges of its own, or use the network name %q",
+				ErrPoolConflict, network, nw.lo, nw.hi, old.lo, old.hi, old.network, network, old.network)
+		}
+		mine := 0
+		if s.isNew {
+			mine = 1
+		}
+		if f := far[mine]; f == nil || f.lo.BitLen() != s.lo.BitLen() || f.hi.Less(s.hi) {
+			far[mine] = s
+		}
+	}
+	return nil
+}

@@ -1,7 +1,6 @@
 package ledger
 
 import (
-	"fmt"
 	"time"
 )
 
@@ -12,9 +11,6 @@ import (
 // was released. The reconciler releases through it, so evidence gathered about one
 // holder never releases another.
 func (l *Ledger) ReleaseIfCreated(k Key, created time.Time, reason Reason, detail string) (released Lease, ok bool, err error) {
-	if !reason.Valid() {
-		return Lease{}, false, fmt.Errorf("release reason %q is not one of DEL, GC, reconcile-gone, reconcile-notready, superseded, manual", reason)
-	}
 	return l.releaseIf(k, reason, detail, func(ls *Lease) bool { return ls.Created.Equal(created) })
 }
 

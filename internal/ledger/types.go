@@ -3,7 +3,9 @@ package ledger
 import (
 	"fmt"
 	"net/netip"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ipledger/ipledger/internal/pool"
 )
@@ -30,11 +32,24 @@ func (r Reason) Valid() bool {
 	return false
 }
 
-// Limits on attachment identifiers; longer ones are refused, not truncated.
+// Limits on the fields of a request; longer ones are refused, not truncated. Together
+// they keep every record the ledger writes well under the store's record limit
+// (64 KiB), so that no field can make a commit fail (and with it the other requests
+// of its group commit).
 const (
 	MaxNetworkLen     = 253
 	MaxContainerIDLen = 1024
 	MaxIfNameLen      = 15
+	// Pod fields: Kubernetes allows 63 bytes of namespace (a DNS label) and 253 of
+	// pod name (a DNS subdomain); a UID is 36; these leave room for other runtimes.
+	MaxPodNamespaceLen = 253
+	MaxPodNameLen      = 253
+	MaxPodUIDLen       = 128
+	// MaxNetNSPathLen is PATH_MAX.
+	MaxNetNSPathLen = 4096
+	// MaxDetailLen bounds a release's detail (an operator's reason, a reconciler's
+	// evidence).
+	MaxDetailLen = 4096
 )
 
 // Key identifies a CNI attachment: network name, container ID, interface name.
@@ -103,6 +118,47 @@ type Pod struct {
 	InfraContainerID string `json:"infraContainerID,omitempty"`
 }
 
+// Validate checks the pod fields against their limits.
+func (p Pod) Validate() error {
+	for _, f := range []struct {
+		name, v string
+		max     int
+	}{
+		{"K8S_POD_NAMESPACE", p.Namespace, MaxPodNamespaceLen},
+		{"K8S_POD_NAME", p.Name, MaxPodNameLen},
+		{"K8S_POD_UID", p.UID, MaxPodUIDLen},
+		{"K8S_POD_INFRA_CONTAINER_ID", p.InfraContainerID, MaxContainerIDLen},
+	} {
+		if err := boundedText(f.name, f.v, f.max); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// boundedText refuses a free-text field longer than max bytes or holding a NUL or
+// invalid UTF-8.
+func boundedText(field, v string, max int) error {
+	if len(v) > max {
+		return fmt.Errorf("%w: %s: %d bytes; at most %d", ErrInvalidAttachment, field, len(v), max)
+	}
+	if !utf8.ValidString(v) || strings.IndexByte(v, 0) >= 0 {
+		return fmt.Errorf("%w: %s: holds a NUL byte or invalid UTF-8", ErrInvalidAttachment, field)
+	}
+	return nil
+}
+
+// validRelease checks a release's reason and detail.
+func validRelease(reason Reason, detail string) error {
+	if !reason.Valid() {
+		return fmt.Errorf("release reason %q is not one of DEL, GC, reconcile-gone, reconcile-notready, superseded, manual", reason)
+	}
+	if err := boundedText("release detail", detail, MaxDetailLen); err != nil {
+		return fmt.Errorf("%w (shorten the reason text)", err)
+	}
+	return nil
+}
+
 // NetNS is the network namespace given at ADD: its path and, when the path could be
 // read, its identity (device and inode of the nsfs file).
 type NetNS struct {
@@ -110,6 +166,9 @@ type NetNS struct {
 	Dev  uint64 `json:"dev,omitempty"`
 	Ino  uint64 `json:"ino,omitempty"`
 }
+
+// Validate checks the namespace path against its limit.
+func (n NetNS) Validate() error { return boundedText("CNI_NETNS", n.Path, MaxNetNSPathLen) }
 
 // Lease is one attachment's hold on its addresses.
 type Lease struct {

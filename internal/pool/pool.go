@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"sort"
 	"strings"
 )
 
@@ -163,33 +164,74 @@ func (r Range) Canonical(field string) (Range, error) {
 	return r, nil
 }
 
-// Validate checks that every range set is non-empty and of one family and that no two
-// ranges of the pool overlap.
+// Limits on a pool's ranges: real configs have one or two range sets of a few
+// ranges. They keep a pool's record (and a lease, one address per range set) far
+// below the store's record limit.
+const (
+	MaxRangeSets = 16
+	MaxRanges    = 256 // in all range sets together
+)
+
+// Validate checks that the pool has 1 to MaxRangeSets range sets and at most
+// MaxRanges ranges, every range set non-empty and of one family, every range in
+// canonical form (as Range.Canonical returns it), and that no two ranges of the pool
+// overlap. It runs in O(n log n) for n ranges (it sorts, then sweeps once), so a
+// crafted ranges list cannot make it slow.
 func Validate(sets []RangeSet) error {
 	if len(sets) == 0 {
 		return fmt.Errorf("%w: ranges: empty; give at least one range set", ErrInvalidRange)
 	}
+	if len(sets) > MaxRangeSets {
+		return fmt.Errorf("%w: ranges: %d range sets; at most %d (one per address family is usual)", ErrInvalidRange, len(sets), MaxRangeSets)
+	}
 	type span struct {
 		lo, hi netip.Addr
-		field  string
+		i, j   int
 	}
-	var all []span
+	n := 0
 	for i, set := range sets {
 		if len(set) == 0 {
 			return fmt.Errorf("%w: ranges[%d]: empty range set", ErrInvalidRange, i)
 		}
+		n += len(set)
+	}
+	if n > MaxRanges {
+		return fmt.Errorf("%w: ranges: %d ranges; at most %d in all range sets together", ErrInvalidRange, n, MaxRanges)
+	}
+	all := make([]span, 0, n)
+	for i, set := range sets {
 		v4 := set[0].Subnet.Addr().Is4()
 		for j, r := range set {
-			field := fmt.Sprintf("ranges[%d][%d]", i, j)
+			field := func() string { return fmt.Sprintf("ranges[%d][%d]", i, j) }
 			if r.Subnet.Addr().Is4() != v4 {
-				return fmt.Errorf("%w: %s.subnet: %s mixes address families in one range set; put IPv4 and IPv6 ranges in separate range sets", ErrInvalidRange, field, r.Subnet)
+				return fmt.Errorf("%w: %s.subnet: %s mixes address families in one range set; put IPv4 and IPv6 ranges in separate range sets", ErrInvalidRange, field(), r.Subnet)
 			}
-			for _, s := range all {
-				if !(r.RangeEnd.Less(s.lo) || s.hi.Less(r.RangeStart)) {
-					return fmt.Errorf("%w: %s: %s-%s overlaps %s (%s-%s); ranges of a pool must not overlap", ErrInvalidRange, field, r.RangeStart, r.RangeEnd, s.field, s.lo, s.hi)
-				}
+			c, err := r.Canonical("")
+			if err != nil {
+				_, err = r.Canonical(field())
+				return err
 			}
-			all = append(all, span{r.RangeStart, r.RangeEnd, field})
+			if c != r {
+				return fmt.Errorf("%w: %s: %+v is not in canonical form (want %+v)", ErrInvalidRange, field(), r, c)
+			}
+			all = append(all, span{r.RangeStart, r.RangeEnd, i, j})
+		}
+	}
+	// Sorted by start, a range overlaps an earlier one exactly when it starts at or
+	// before the furthest end seen so far (IPv4 sorts before IPv6, so families never
+	// meet).
+	sort.Slice(all, func(a, b int) bool { return all[a].lo.Less(all[b].lo) })
+	far := -1
+	for k, s := range all {
+		if far >= 0 && all[far].lo.BitLen() == s.lo.BitLen() && !all[far].hi.Less(s.lo) {
+			a, b := all[far], s
+			if b.i < a.i || b.i == a.i && b.j < a.j {
+				a, b = b, a
+			}
+			return fmt.Errorf("%w: ranges[%d][%d]: %s-%s overlaps ranges[%d][%d] (%s-%s); ranges of a pool must not overlap", ErrInvalidRange, b.i, b.j, b.lo, b.hi, a.i, a.j, a.lo, a.hi)
+		}
+		if far < 0 || all[far].lo.BitLen() != s.lo.BitLen() || all[far].hi.Less(s.hi) {
+			far = k
 		}
 	}
 	return nil

@@ -31,7 +31,7 @@ func TestPropertyNeverReleaseReady(t *testing.T) {
 	for seed := 0; seed < seeds; seed++ {
 		rng := rand.New(rand.NewPCG(uint64(seed), 7))
 		clk := clocktest.New()
-		l, err := ledger.Open(memstore.New(), ledger.Options{Clock: clk.Now})
+		l, err := ledger.Open(memstore.New(), ledger.Options{Clock: clk})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -151,7 +151,7 @@ func (w tWriter) Write(p []byte) (int, error) { w.t.Helper(); w.t.Log(string(p))
 func newFixture(t *testing.T, mod func(*Options)) *fixture {
 	t.Helper()
 	clk := clocktest.New()
-	l := ledgertest.Open(t, memstore.New(), ledger.Options{Clock: clk.Now}) // audited at the end
+	l := ledgertest.Open(t, memstore.New(), ledger.Options{Clock: clk}) // audited at the end
 	var err error
 	f := &fixture{t: t, clk: clk, l: l, rt: newFakeRuntime(), ns: &fakeNetns{st: map[string]NSState{}}, ctx: context.Background()}
 	o := Options{Ledger: l, Runtime: f.rt, Netns: f.ns, Interval: interval, Grace: grace, StrandedGrace: 5 * time.Second, Clock: clk, Logger: testLogger(t)}

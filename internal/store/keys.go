@@ -40,6 +40,10 @@ func HistoryKey(network string, ip netip.Addr, seq uint64) []byte {
 // HistoryPrefixLen is the length of the AddrKey part of a HistoryKey of network.
 func HistoryPrefixLen(network string) int { return len(network) + 17 }
 
+// MaxRecord is the largest record (JSON value) a store accepts. The ledger bounds
+// every field of a request so that its records stay far below it.
+const MaxRecord = 64 << 10
+
 // CheckSize refuses values larger than max with a clear error.
 func CheckSize(what string, n, max int) error {
 	if n > max {

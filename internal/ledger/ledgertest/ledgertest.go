@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ipledger/ipledger/internal/clock/clocktest"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/pool"
 )
@@ -22,20 +23,12 @@ import (
 // opens the same state again.
 type Factory func(t *testing.T) (st ledger.Store, reopen func() ledger.Store)
 
-// Clock is a settable clock for tests.
-type Clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
+// Clock is the settable clock of the suite (Advance lets time pass, Step moves only
+// the wall clock).
+type Clock = clocktest.Clock
 
 // NewClock starts at a fixed instant.
-func NewClock() *Clock { return &Clock{now: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)} }
-
-// Now returns the clock's time.
-func (c *Clock) Now() time.Time { c.mu.Lock(); defer c.mu.Unlock(); return c.now }
-
-// Advance moves the clock.
-func (c *Clock) Advance(d time.Duration) { c.mu.Lock(); c.now = c.now.Add(d); c.mu.Unlock() }
+func NewClock() *Clock { return clocktest.New() }
 
 // TestLogger sends log lines to t.Log.
 func TestLogger(t testing.TB) *slog.Logger {
@@ -109,6 +102,11 @@ func Run(t *testing.T, newStore Factory) {
 		{"ConditionalRelease", testConditionalRelease},
 		{"ConcurrentGroupCommit", testConcurrent},
 		{"AuditFindsDamage", testAuditFindsDamage},
+		{"RollbackReleaseAndReuse", testRollbackReleaseAndReuse},
+		{"BadFieldFailsAlone", testBadFieldFailsAlone},
+		{"ReuseDelayIgnoresWallSteps", testReuseDelayIgnoresWallSteps},
+		{"OverlappingNetworks", testOverlappingNetworks},
+		{"SupersedeJudgedHolder", testSupersedeJudgedHolder},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore) })
@@ -130,7 +128,7 @@ func testAllocationFamilies(t *testing.T, newStore Factory) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			st, _ := newStore(t)
-			l := Open(t, st, ledger.Options{Clock: NewClock().Now})
+			l := Open(t, st, ledger.Options{Clock: NewClock()})
 			for i, want := range tc.want {
 				ls, existed, err := l.Allocate(ledger.AllocateRequest{Key: Key(fmt.Sprintf("c%d", i)), Ranges: Ranges(t, tc.ranges)})
 				if err != nil || existed {
@@ -146,7 +144,7 @@ func testAllocationFamilies(t *testing.T, newStore Factory) {
 
 func testExhaustion(t *testing.T, newStore Factory) {
 	st, _ := newStore(t)
-	l := Open(t, st, ledger.Options{Clock: NewClock().Now})
+	l := Open(t, st, ledger.Options{Clock: NewClock()})
 	r := Ranges(t, `[[{"subnet":"10.9.0.0/29"}]]`) // .2-.6 usable (.1 gateway)
 	for i := 0; i < 5; i++ {
 		if _, _, err := l.Allocate(ledger.AllocateRequest{Key: Key(fmt.Sprintf("c%d", i)), Ranges: r}); err != nil {
@@ -168,7 +166,7 @@ func testExhaustion(t *testing.T, newStore Factory) {
 func testReuseDelayAndOrder(t *testing.T, newStore Factory) {
 	st, _ := newStore(t)
 	clk := NewClock()
-	l := Open(t, st, ledger.Options{Clock: clk.Now, ReuseDelay: time.Minute})
+	l := Open(t, st, ledger.Options{Clock: clk, ReuseDelay: time.Minute})
 	r := Ranges(t, `[[{"subnet":"10.9.0.0/29"}]]`)
 	ips := map[string]string{}
 	for _, c := range []string{"a", "b", "c", "d", "e"} {
@@ -208,7 +206,7 @@ func testReuseDelayAndOrder(t *testing.T, newStore Factory) {
 func testSameUIDReuse(t *testing.T, newStore Factory) {
 	st, _ := newStore(t)
 	clk := NewClock()
-	l := Open(t, st, ledger.Options{Clock: clk.Now, ReuseDelay: time.Hour})
+	l := Open(t, st, ledger.Options{Clock: clk, ReuseDelay: time.Hour})
 	r := Ranges(t, `[[{"subnet":"10.9.0.0/24"}],[{"subnet":"fd00::/120"}]]`)
 	pod := ledger.Pod{Namespace: "ns", Name: "web", UID: "uid-1"}
 	first, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("sandbox1"), Pod: pod, Ranges: r})
@@ -234,7 +232,7 @@ func testSameUIDReuse(t *testing.T, newStore Factory) {
 
 func testIdempotent(t *testing.T, newStore Factory) {
 	st, _ := newStore(t)
-	l := Open(t, st, ledger.Options{Clock: NewClock().Now})
+	l := Open(t, st, ledger.Options{Clock: NewClock()})
 	r := Ranges(t, `[[{"subnet":"10.9.0.0/24"}]]`)
 	a, existed, err := l.Allocate(ledger.AllocateRequest{Key: Key("c"), Ranges: r})
 	if err != nil || existed {
@@ -259,7 +257,7 @@ func testIdempotent(t *testing.T, newStore Factory) {
 
 func testPoolConflict(t *testing.T, newStore Factory) {
 	st, _ := newStore(t)
-	l := Open(t, st, ledger.Options{Clock: NewClock().Now})
+	l := Open(t, st, ledger.Options{Clock: NewClock()})
 	if _, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("a"), Ranges: Ranges(t, `[[{"subnet":"10.9.0.0/24"}]]`)}); err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +273,7 @@ func testPoolConflict(t *testing.T, newStore Factory) {
 func testHistory(t *testing.T, newStore Factory) {
 	st, _ := newStore(t)
 	clk := NewClock()
-	l := Open(t, st, ledger.Options{Clock: clk.Now, HistoryKeep: 4})
+	l := Open(t, st, ledger.Options{Clock: clk, HistoryKeep: 4})
 	r := Ranges(t, `[[{"subnet":"10.9.0.0/30"}]]`) // one usable address: .2
 	reasons := []ledger.Reason{ledger.ReasonDEL, ledger.ReasonGC, ledger.ReasonReconcileGone, ledger.ReasonReconcileNotReady, ledger.ReasonSuperseded, ledger.ReasonManual}
 	for i, reason := range reasons {
@@ -313,7 +311,7 @@ func testHistory(t *testing.T, newStore Factory) {
 func testPersistence(t *testing.T, newStore Factory) {
 	st, reopen := newStore(t)
 	clk := NewClock()
-	opts := ledger.Options{Clock: clk.Now, ReuseDelay: time.Minute}
+	opts := ledger.Options{Clock: clk, ReuseDelay: time.Minute}
 	l, err := ledger.Open(st, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -361,7 +359,7 @@ func testPersistence(t *testing.T, newStore Factory) {
 func testSupersede(t *testing.T, newStore Factory) {
 	st, _ := newStore(t)
 	clk := NewClock()
-	l := Open(t, st, ledger.Options{Clock: clk.Now, ReuseDelay: time.Hour})
+	l := Open(t, st, ledger.Options{Clock: clk, ReuseDelay: time.Hour})
 	r := Ranges(t, `[[{"subnet":"10.9.0.0/24"}]]`)
 	pod := ledger.Pod{Namespace: "ns", Name: "crashy", UID: "u1"}
 	old, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("sb1"), Pod: pod, Ranges: r})
@@ -386,7 +384,7 @@ func testSupersede(t *testing.T, newStore Factory) {
 
 func testInvalidKeys(t *testing.T, newStore Factory) {
 	st, _ := newStore(t)
-	l := Open(t, st, ledger.Options{Clock: NewClock().Now})
+	l := Open(t, st, ledger.Options{Clock: NewClock()})
 	r := Ranges(t, `[[{"subnet":"10.9.0.0/24"}]]`)
 	for _, k := range []ledger.Key{
 		{Network: "net", ContainerID: "", IfName: "eth0"},
@@ -415,7 +413,7 @@ func testInvalidKeys(t *testing.T, newStore Factory) {
 func testConditionalRelease(t *testing.T, newStore Factory) {
 	st, _ := newStore(t)
 	clk := NewClock()
-	l := Open(t, st, ledger.Options{Clock: clk.Now})
+	l := Open(t, st, ledger.Options{Clock: clk})
 	r := Ranges(t, `[[{"subnet":"10.9.0.0/24"}]]`)
 	ls, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("c"), Ranges: r})
 	if err != nil {
@@ -449,7 +447,7 @@ func testConditionalRelease(t *testing.T, newStore Factory) {
 // acknowledged lease must be in the ledger.
 func testConcurrent(t *testing.T, newStore Factory) {
 	st, reopen := newStore(t)
-	l, err := ledger.Open(st, ledger.Options{Clock: NewClock().Now, Logger: TestLogger(t)})
+	l, err := ledger.Open(st, ledger.Options{Clock: NewClock(), Logger: TestLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}

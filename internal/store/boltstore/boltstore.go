@@ -184,7 +184,7 @@ func (s *Store) View(fn func(ledger.ReadTx) error) (err error) {
 // Close implements ledger.Store.
 func (s *Store) Close() error { return s.db.Close() }
 
-const maxRecord = 64 << 10
+const maxRecord = store.MaxRecord
 
 type tx struct {
 	btx  *bolt.Tx

@@ -99,6 +99,10 @@ func (t *tx) put(bucket string, key []byte, v any) error {
 	if err != nil {
 		return err
 	}
+	// the on-disk store's limit, so that tests over memstore meet it too
+	if err := store.CheckSize(bucket, len(b), store.MaxRecord); err != nil {
+		return err
+	}
 	t.data[bucket][string(key)] = b
 	return nil
 }
