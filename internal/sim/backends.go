@@ -227,8 +227,8 @@ type releaseLog struct{ w *world }
 var _ slog.Handler = releaseLog{}
 
 func (h releaseLog) Enabled(context.Context, slog.Level) bool { return true }
-func (h releaseLog) WithAttrs([]slog.Attr) slog.Handler        { return h }
-func (h releaseLog) WithGroup(string) slog.Handler             { return h }
+func (h releaseLog) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h releaseLog) WithGroup(string) slog.Handler            { return h }
 func (h releaseLog) Handle(_ context.Context, r slog.Record) error {
 	if r.Message != "released" {
 		return nil

@@ -39,6 +39,7 @@ type Faults struct {
 	Crashes         int `json:"crashLoopRecreations"`
 	Reboots         int `json:"reboots"`
 	RuntimeRestarts int `json:"runtimeRestarts"`
+	StaleNetnsDELs  int `json:"staleNetnsDELs"`
 	StuckNotReady   int `json:"stuckNotReady"`
 	AgentCrashes    int `json:"agentCrashes"`
 	SpooledDELs     int `json:"spooledDELs"`
@@ -172,7 +173,7 @@ func runOne(ctx context.Context, o Options, name string, k knobs, pods int, pool
 		FalseReleases: c.falseReleases, DoubleAssigned: c.doubleAssigned, ExhaustionEvents: c.exhaustion, PeakLive: c.peakLive,
 		SimulatedSeconds: w.now().Seconds(), WallSeconds: time.Since(start).Seconds(), FalseReleaseOf: w.falseWhy,
 		Faults: Faults{SecondSandboxes: c.secondSandboxes, ChainFailures: c.chainFailures, Crashes: c.crashes, Reboots: c.reboots,
-			RuntimeRestarts: c.restarts, StuckNotReady: c.stuck, AgentCrashes: c.agentCrashes, SpooledDELs: c.spooled, ClockSteps: c.clockSteps}}
+			RuntimeRestarts: c.restarts, StaleNetnsDELs: c.staleDELs, StuckNotReady: c.stuck, AgentCrashes: c.agentCrashes, SpooledDELs: c.spooled, ClockSteps: c.clockSteps}}
 	r.ReclaimP50, r.ReclaimP99 = percentile(c.reclaim, 0.50), percentile(c.reclaim, 0.99)
 	if len(r.FalseReleaseOf) > 10 {
 		r.FalseReleaseOf = r.FalseReleaseOf[:10]

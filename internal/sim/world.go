@@ -159,9 +159,9 @@ func (q *queue) Pop() any {
 // counters are a run's results.
 type counters struct {
 	pods, lifecycles, leakedAtEnd, falseReleases, doubleAssigned, exhaustion, peakLive int
-	reclaim                                                                           []float64
-	stuck, secondSandboxes, chainFailures, crashes, reboots, restarts, agentCrashes   int
-	clockSteps, spooled                                                               int
+	reclaim                                                                            []float64
+	stuck, secondSandboxes, chainFailures, crashes, reboots, restarts, agentCrashes    int
+	clockSteps, spooled, staleDELs                                                     int
 }
 
 // world is the simulated node: kubelet, the runtime, the namespaces, the clock.
@@ -669,6 +669,7 @@ func (w *world) reboot() {
 	})
 	for i, sb := range old {
 		stale := fmt.Sprintf("/proc/%d/ns/net", sb.pid)
+		w.c.staleDELs++
 		p := sb.pod
 		first := i%2 == 0
 		w.after(bootTime+time.Second, true, func() {
