@@ -179,11 +179,18 @@ func (b *ipledgerSys) holds(sb *sandbox) bool {
 	return ok && len(ls.IPs) > 0 && ls.IPs[0].Addr() == sb.addr
 }
 
-func (b *ipledgerSys) held(bool) (int, error) {
+func (b *ipledgerSys) held(exact bool) (int, error) {
 	if b.isDown {
 		return 0, nil
 	}
-	return len(b.l.Leases(network)), nil
+	if exact {
+		return len(b.l.Leases(network)), nil
+	}
+	ps, err := b.l.Pool(network)
+	if err != nil {
+		return 0, nil // no pool yet: nothing held
+	}
+	return ps.InUse, nil
 }
 
 func (b *ipledgerSys) kill() {
