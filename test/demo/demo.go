@@ -78,6 +78,7 @@ type demo struct {
 	env     *containerdenv.Env
 	c       *cri.Client
 	confDir string
+	logDir  string
 	binDirs []string
 	done    atomic.Int64
 	errs    atomic.Int64
@@ -97,14 +98,16 @@ func Run(ctx context.Context, tb testing.TB, o Options) ([]Books, error) {
 	if err := os.WriteFile(filepath.Join(failDir, "failer"), []byte(failerScript), 0o755); err != nil {
 		return nil, err
 	}
-	d := &demo{tb: tb, ctx: ctx, o: o, confDir: tb.TempDir(), binDirs: []string{bin, failDir, containerdenv.DefaultCNIBinDir}}
+	// every directory a plugin may write to is made before containerd starts, so it
+	// is removed after containerd's own cleanup (which still sends DELs)
+	lostDir, hlDir := tb.TempDir(), tb.TempDir()
+	d := &demo{tb: tb, ctx: ctx, o: o, confDir: tb.TempDir(), logDir: tb.TempDir(), binDirs: []string{bin, failDir, containerdenv.DefaultCNIBinDir}}
 	fmt.Fprintln(o.Out, "starting a private containerd (its own root, state and socket)")
 	d.env = containerdenv.Start(tb, containerdenv.Options{CNIConfDir: d.confDir, CNIBinDirs: []string{bin, failDir}, CallTimeout: 10 * time.Second})
 	d.c = d.env.Client(tb)
 	fmt.Fprintln(o.Out, "starting ipledgerd on its embedded store, reconciling against that containerd")
 	a := agentenv.Start(tb, agentenv.Options{Args: []string{"--cri-endpoint", d.env.Endpoint(), "--reconcile-interval", "500ms", "--release-grace", "2s", "--reuse-delay", "2s"}})
 
-	lostDir := tb.TempDir()
 	lostConf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"elsewhere","plugins":[{"type":"bridge","bridge":"ipldemolost","isGateway":false,"ipMasq":false,"ipam":{"type":"host-local","ranges":[[{"subnet":"10.247.9.0/24"}]],"dataDir":%q}}]}`, lostDir)
 	tb.Cleanup(func() { delLink("ipldemolost") })
 
@@ -123,7 +126,6 @@ func Run(ctx context.Context, tb testing.TB, o Options) ([]Books, error) {
 			}
 			return len(resp.Leases), nil
 		}}
-	hlDir := tb.TempDir()
 	tb.Cleanup(func() { delLink("ipldemo0") })
 	hl := &system{name: "host-local", network: "demo-hl", lost: lostConf,
 		conf: func(failer bool) string {
@@ -198,13 +200,14 @@ var seq atomic.Int64
 
 func (d *demo) pod(kind string) cri.PodSpec {
 	n := seq.Add(1)
-	return cri.PodSpec{Namespace: "demo", Name: fmt.Sprintf("%s-%s-%d", d.sys.name, kind, n), UID: fmt.Sprintf("uid-%s-%d", d.sys.name, n), LogDir: "/tmp/ipl-demo-logs"}
+	return cri.PodSpec{Namespace: "demo", Name: fmt.Sprintf("%s-%s-%d", d.sys.name, kind, n), UID: fmt.Sprintf("uid-%s-%d", d.sys.name, n), LogDir: d.logDir}
 }
 
-// run starts a sandbox, retrying while the runtime is restarting.
+// run starts a sandbox, retrying while the runtime is restarting; as kubelet, each
+// retry is the next attempt (a name the killed runtime reserved stays reserved).
 func (d *demo) run(p cri.PodSpec) (string, error) {
 	deadline := time.Now().Add(30 * time.Second)
-	for {
+	for ; ; p.Attempt++ {
 		id, err := d.c.RunPodSandbox(d.ctx, p)
 		d.done.Add(1)
 		if err == nil || time.Now().After(deadline) || d.ctx.Err() != nil || strings.Contains(err.Error(), "failer") {
@@ -380,6 +383,17 @@ func (d *demo) runSystem(s *system) (Books, error) {
 	d.fault("churn")
 	if err := d.churn(o.Churn-half, nil); err != nil {
 		return Books{}, err
+	}
+	// kubelet's garbage collection: sandboxes left by calls the runtime's kill cut
+	// short are stopped and removed
+	sbs, err = d.c.ListSandboxes(d.ctx)
+	if err != nil {
+		return Books{}, err
+	}
+	for _, sb := range sbs {
+		if err := d.stopRemove(sb.ID); err != nil {
+			return Books{}, err
+		}
 	}
 	b := Books{System: s.name, Sandboxes: int(d.done.Load()), Errors: int(d.errs.Load()), Faults: d.faults}
 	deadline := time.Now().Add(15 * time.Second)

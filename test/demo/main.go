@@ -32,7 +32,7 @@ func mainErr() int {
 				code = 1
 			}
 		}()
-		o := Options{Churn: 240, Faulty: 12, Out: os.Stdout}
+		o := Options{Churn: 150, Faulty: 8, Out: os.Stdout}
 		if fi, err := os.Stderr.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
 			o.Progress = os.Stderr
 		}
