@@ -64,7 +64,6 @@ type runner struct {
 	testing.TB // unimplemented methods panic; the environment uses those below
 	cleanups   []func()
 	failed     bool
-	tmp        []string
 }
 
 type fatal struct{}
