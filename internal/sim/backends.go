@@ -44,6 +44,8 @@ type ipledgerSys struct {
 	r      *reconcile.Reconciler
 	srv    *agent.Server
 	plug   *ipam.Plugin
+	spool  string // the DEL spool directory
+	shm    string // a tmpfs directory to remove at close
 	isDown bool
 	armed  bool // the next ADD commits, then the agent dies before answering
 	last   netip.Addr
@@ -61,9 +63,17 @@ func rangeJSON(pool [3]string) string {
 }
 
 func newIpledger(w *world, dir string, pool [3]string) (*ipledgerSys, error) {
-	b := &ipledgerSys{w: w, dir: dir}
+	b := &ipledgerSys{w: w, dir: dir, spool: filepath.Join(dir, "spool")}
+	// The spool fsyncs every entry and its directory (as it must on a node); the
+	// simulated crashes cannot lose page-cache writes, so the spool lives in memory
+	// (tmpfs) when the machine has one: the same code, without waiting on a disk.
+	if st, err := os.Stat("/dev/shm"); err == nil && st.IsDir() {
+		if d, err := os.MkdirTemp("/dev/shm", "ipledger-sim-spool-"); err == nil {
+			b.spool, b.shm = d, d
+		}
+	}
 	b.conf = fmt.Appendf(nil, `{"cniVersion":"1.0.0","name":%q,"type":"ipledger-veth","ipam":{"type":"ipledger","socket":%q,"spoolDir":%q,"ranges":%s}}`,
-		network, filepath.Join(dir, "agent.sock"), filepath.Join(dir, "spool"), rangeJSON(pool))
+		network, filepath.Join(dir, "agent.sock"), b.spool, rangeJSON(pool))
 	b.plug = &ipam.Plugin{Call: b.call, Stdout: io.Discard, Stderr: io.Discard, Now: w.clk.Now}
 	if err := b.open(); err != nil {
 		return nil, err
@@ -89,7 +99,7 @@ func (b *ipledgerSys) open() error {
 		l.Close()
 		return err
 	}
-	srv, err := agent.New(agent.Config{Ledger: l, Socket: filepath.Join(b.dir, "agent.sock"), SpoolDir: filepath.Join(b.dir, "spool"), Guard: r})
+	srv, err := agent.New(agent.Config{Ledger: l, Socket: filepath.Join(b.dir, "agent.sock"), SpoolDir: b.spool, Guard: r})
 	if err != nil {
 		l.Close()
 		return err
@@ -220,6 +230,9 @@ func (b *ipledgerSys) down() bool                 { return b.isDown }
 func (b *ipledgerSys) mainPluginNeedsNetns() bool { return false }
 
 func (b *ipledgerSys) close() error {
+	if b.shm != "" {
+		defer os.RemoveAll(b.shm)
+	}
 	if b.isDown {
 		return nil
 	}
