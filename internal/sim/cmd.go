@@ -103,7 +103,13 @@ func Table(w io.Writer, res []Result) {
 
 // progressBar draws one line on a terminal, rewritten as runs progress.
 func progressBar(w io.Writer) func(system, scenario string, done float64) {
+	last := ""
 	return func(system, scenario string, done float64) {
+		key := fmt.Sprintf("%s %s %.0f", system, scenario, done*100)
+		if key == last {
+			return // redraw only when the line changes
+		}
+		last = key
 		const width = 30
 		n := int(done * width)
 		fmt.Fprintf(w, "\r\033[K%-18s %-10s [%s%s] %3.0f%%", scenario, system, strings.Repeat("#", n), strings.Repeat(".", width-n), done*100)
