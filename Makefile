@@ -35,7 +35,9 @@ bench: deps build
 bench-smoke: build
 	$(GO) run ./test/benchcmd --smoke --bin $(BIN)
 
-demo: build
+# demo: installs what it needs, then the real-containerd demo with the seed faults,
+# ipledger's and host-local's books side by side, and a short simulator table.
+demo: deps build
 	./scripts/demo.sh
 
 lint:

@@ -9,5 +9,6 @@ import (
 )
 
 func main() {
-	os.Exit(ctl.Main(&ctl.Env{Stdout: os.Stdout, Stderr: os.Stderr, Call: api.Call}, os.Args[1:]))
+	os.Exit(ctl.Main(&ctl.Env{Stdout: os.Stdout, Stderr: os.Stderr, Call: api.Call,
+		Extra: map[string]func(env *ctl.Env, socket string, args []string) int{"sim": simCmd}}, os.Args[1:]))
 }

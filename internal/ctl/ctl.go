@@ -63,6 +63,9 @@ commands:
   pools    [-o table|json|yaml]                    pool usage
   doctor   [--netns PATH]                          what is wrong on this node: one line per check,
                                                    OK/WARN/FAIL with the fix; exit 0, 1 (WARN), 2 (FAIL)
+  sim      --scenario S [--pods N] [--seed K] [--pool CIDR] [-o table|json]
+                                                   the incident simulator: the seeds replayed at
+                                                   scale on ipledger and on host-local (no agent needed)
 `
 
 // Main runs the CLI and returns the exit status.
