@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 )
 
@@ -143,7 +144,7 @@ func keepSysctl(path string) (func(), error) {
 // checkNoLeftovers reports host links or routes of the main plugin pools that the
 // run left behind.
 func (h *harness) checkNoLeftovers() {
-	links, err := netlink.LinkList()
+	links, err := netlinksafe.LinkList()
 	if err != nil {
 		h.tb.Errorf("listing links: %v", err)
 		return

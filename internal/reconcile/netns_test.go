@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netlink"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"golang.org/x/sys/unix"
 
 	"github.com/ipledger/ipledger/internal/api"
@@ -61,7 +61,7 @@ func ip(t *testing.T, args ...string) string {
 // running in parallel). Every other link (lo, the uplinks) is compared strictly.
 func hostLinks(t *testing.T) []string {
 	t.Helper()
-	links, err := netlink.LinkList()
+	links, err := netlinksafe.LinkList()
 	if err != nil {
 		t.Fatal(err)
 	}

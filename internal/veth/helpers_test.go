@@ -17,6 +17,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/debpkg"
@@ -205,7 +206,7 @@ func newNetNS(t *testing.T, tag string) string {
 // network (in the current namespace).
 func cleanupNetwork(t *testing.T, network string) {
 	t.Cleanup(func() {
-		links, _ := netlink.LinkList()
+		links, _ := netlinksafe.LinkList()
 		for _, l := range links {
 			if strings.Contains(l.Attrs().Alias, "net="+network+" ") {
 				t.Errorf("leftover host veth %s (%s); removing", l.Attrs().Name, l.Attrs().Alias)
@@ -309,7 +310,7 @@ func (l linkState) foreign() bool {
 // hostLinks lists the host's links, without foreign ones.
 func hostLinks(t *testing.T) []linkState {
 	t.Helper()
-	links, err := netlink.LinkList()
+	links, err := netlinksafe.LinkList()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/ipledger/ipledger/internal/veth"
 	"github.com/vishvananda/netlink"
 )
@@ -146,7 +147,7 @@ func TestConnectivityThroughNode(t *testing.T) {
 				if err := cni.DelNetworkList(ctx, list, rtB); err != nil {
 					return fmt.Errorf("DEL b: %w", err)
 				}
-				links, err := netlink.LinkList()
+				links, err := netlinksafe.LinkList()
 				if err != nil {
 					return err
 				}
