@@ -7,13 +7,21 @@ BINS    := ipledger ipledger-veth ipledgerd ipledgerctl
 # Tests build the binaries themselves; keep the whole suite well under 30 minutes.
 TESTFLAGS ?= -count=1 -timeout 25m
 
-.PHONY: all build test deps bench bench-smoke demo lint fuzz clean
+.PHONY: all build image test deps bench bench-smoke demo lint fuzz clean
 
 all: build
 
 build:
 	@mkdir -p $(BIN)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/ ./cmd/...
+
+# image: bin/ipledger-image.tar, a docker-archive tagged ipledger:dev holding the
+# four static binaries; built in Go (internal/image), no Docker, no network,
+# fixed timestamps (two builds are byte-identical). Load it with
+# `ctr -n k8s.io images import bin/ipledger-image.tar`.
+IMAGE_TAG ?= ipledger:dev
+image: build
+	$(GO) run ./tools/image --bin $(BIN) --out $(BIN)/ipledger-image.tar --tag $(IMAGE_TAG)
 
 deps:
 	./scripts/install-deps.sh
