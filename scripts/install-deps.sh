@@ -2,7 +2,9 @@
 # Installs what the build and the tests need on a fresh Debian machine (run as root).
 # Idempotent: packages already present are not fetched again.
 set -euo pipefail
-pkgs=(iproute2 containerd runc containernetworking-plugins)
+# iptables: the kubelet of test/kube writes its chains with it; busybox-static: the
+# test pods' image (/bin/busybox) and bounded pings from the node.
+pkgs=(iproute2 containerd runc containernetworking-plugins iptables busybox-static)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -243,7 +243,7 @@ func (c *Cluster) startControlPlane() error {
 		"--service-account-key-file", p.path("sa.pub"), "--service-account-signing-key-file", p.path("sa.key"),
 		"--service-cluster-ip-range", "10.96.0.0/24", "--authorization-mode", "Node,RBAC",
 		"--enable-admission-plugins", "NodeRestriction", "--endpoint-reconciler-type", "none",
-		"--profiling=false", "--v", "1"); err != nil {
+		"--profiling=false", "--v", "0"); err != nil {
 		return err
 	}
 	if err := c.waitAPI(); err != nil {
