@@ -33,6 +33,10 @@ test: deps build
 
 bench: deps build
 	$(GO) run ./cmd/ipledgerctl bench -v --bin $(BIN) --out bench-results.md
+	@# Pod startup under a real kubelet (test/kube), ipledger vs bridge + host-local: minutes.
+	$(GO) test -run '^$$' -bench '^BenchmarkPodStartup$$' -benchtime 1x -timeout 30m -v ./test/kube > $(BIN)/kube-bench.log 2>&1 \
+		|| { tail -40 $(BIN)/kube-bench.log; exit 1; }
+	grep -E '^\s+bench_test.go|^\s*\||^BenchmarkPodStartup' $(BIN)/kube-bench.log | sed -E 's/^\s+(bench_test.go:[0-9]+: )?//' | tee -a bench-results.md
 
 # bench: the whole benchmark in one run (as root, minutes): a Markdown table of
 # ipledger vs host-local/ptp vs the exec floor on stdout and in bench-results.md.

@@ -22,7 +22,7 @@ func spooled(n *node) int {
 	return c
 }
 
-func (n *node) waitAgent(t *testing.T, timeout time.Duration) {
+func (n *node) waitAgent(t testing.TB, timeout time.Duration) {
 	t.Helper()
 	if err := kubeenv.WaitFor(timeout, 300*time.Millisecond, func() (bool, error) {
 		pods, err := n.c.Pods("ipledger", "app=ipledgerd")
@@ -36,7 +36,7 @@ func (n *node) waitAgent(t *testing.T, timeout time.Duration) {
 	}
 }
 
-func (n *node) waitNoAgent(t *testing.T, timeout time.Duration) {
+func (n *node) waitNoAgent(t testing.TB, timeout time.Duration) {
 	t.Helper()
 	if err := kubeenv.WaitFor(timeout, 300*time.Millisecond, func() (bool, error) {
 		pods, err := n.c.Pods("ipledger", "app=ipledgerd")

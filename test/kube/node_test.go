@@ -41,7 +41,7 @@ type node struct {
 }
 
 // busyboxImage writes a docker-archive holding Debian's static busybox.
-func busyboxImage(t *testing.T, dir string) string {
+func busyboxImage(t testing.TB, dir string) string {
 	t.Helper()
 	if _, err := os.Stat("/bin/busybox"); err != nil {
 		out, err := exec.Command("apt-get", "install", "-y", "-qq", "busybox-static").CombinedOutput()
@@ -65,7 +65,7 @@ func busyboxImage(t *testing.T, dir string) string {
 // startNode brings up the cluster and installs ipledger the way a user does:
 // import the image, apply deploy/ipledger.yaml (its host paths pointed at the
 // test node's dirs, its pool at poolSubnet, shorter reconcile timings).
-func startNode(t *testing.T) *node {
+func startNode(t testing.TB) *node {
 	t.Helper()
 	t0 := time.Now()
 	bin := agentenv.Bin(t)
@@ -200,7 +200,7 @@ func (n *node) audit() (api.Audit, int, error) {
 }
 
 // settle waits until the node has no leases, then checks the audit balances.
-func (n *node) settle(t *testing.T, timeout time.Duration) time.Duration {
+func (n *node) settle(t testing.TB, timeout time.Duration) time.Duration {
 	t.Helper()
 	t0 := time.Now()
 	var last []api.LeaseView
@@ -249,7 +249,7 @@ spec:
 `, ns, name, replicas, podImage)
 }
 
-func (n *node) namespace(t *testing.T, ns string) {
+func (n *node) namespace(t testing.TB, ns string) {
 	t.Helper()
 	if _, err := n.c.Kubectl("create", "namespace", ns); err != nil {
 		t.Fatal(err)
@@ -262,7 +262,7 @@ func (n *node) namespace(t *testing.T, ns string) {
 }
 
 // waitRunning waits until want pods match selector, all Ready with an address.
-func (n *node) waitRunning(t *testing.T, ns, selector string, want int, timeout time.Duration) []kubeenv.Pod {
+func (n *node) waitRunning(t testing.TB, ns, selector string, want int, timeout time.Duration) []kubeenv.Pod {
 	t.Helper()
 	var pods []kubeenv.Pod
 	err := kubeenv.WaitFor(timeout, time.Second, func() (bool, error) {
@@ -285,7 +285,7 @@ func (n *node) waitRunning(t *testing.T, ns, selector string, want int, timeout 
 	return pods
 }
 
-func (n *node) waitGone(t *testing.T, ns, selector string, timeout time.Duration) {
+func (n *node) waitGone(t testing.TB, ns, selector string, timeout time.Duration) {
 	t.Helper()
 	if err := kubeenv.WaitFor(timeout, time.Second, func() (bool, error) {
 		all, err := n.c.Pods(ns, selector)
@@ -297,7 +297,13 @@ func (n *node) waitGone(t *testing.T, ns, selector string, timeout time.Duration
 
 // checkLeases: every pod's address is leased to that pod (namespace, name,
 // uid), distinct, in the pool, and no lease is held by anything else.
-func (n *node) checkLeases(t *testing.T, pods []kubeenv.Pod) {
+func (n *node) checkLeases(t testing.TB, pods []kubeenv.Pod) {
+	t.Helper()
+	n.checkLeasesIn(t, pods, poolSubnet)
+}
+
+// checkLeasesIn is checkLeases for a network whose pool is subnet.
+func (n *node) checkLeasesIn(t testing.TB, pods []kubeenv.Pod, subnet string) {
 	t.Helper()
 	ls, err := n.leases()
 	if err != nil {
@@ -313,7 +319,7 @@ func (n *node) checkLeases(t *testing.T, pods []kubeenv.Pod) {
 			byIP[ip.String()] = l
 		}
 	}
-	_, pool, _ := net.ParseCIDR(poolSubnet)
+	_, pool, _ := net.ParseCIDR(subnet)
 	seen := map[string]string{}
 	for _, p := range pods {
 		ip := p.Status.PodIP
@@ -322,7 +328,7 @@ func (n *node) checkLeases(t *testing.T, pods []kubeenv.Pod) {
 		}
 		seen[ip] = p.Metadata.Name
 		if !pool.Contains(net.ParseIP(ip)) {
-			t.Errorf("pod %s has %s, outside the pool %s", p.Metadata.Name, ip, poolSubnet)
+			t.Errorf("pod %s has %s, outside the pool %s", p.Metadata.Name, ip, subnet)
 		}
 		l, ok := byIP[ip]
 		if !ok {
@@ -340,7 +346,7 @@ func (n *node) checkLeases(t *testing.T, pods []kubeenv.Pod) {
 
 // pingFromNode pings each address once from the node (bounded: one echo,
 // two-second wait) with the host's busybox.
-func pingFromNode(t *testing.T, ips []string) {
+func pingFromNode(t testing.TB, ips []string) {
 	t.Helper()
 	for _, ip := range ips {
 		if out, err := exec.Command("/bin/busybox", "ping", "-c", "1", "-W", "2", ip).CombinedOutput(); err != nil {
@@ -352,7 +358,7 @@ func pingFromNode(t *testing.T, ips []string) {
 // pingFromPod pings ip from inside a pod (kubectl exec through the kubelet
 // and the runtime): one echo with a two-second wait, at most three tries; on
 // failure the host's view of both ends is logged.
-func (n *node) pingFromPod(t *testing.T, p kubeenv.Pod, ip string) {
+func (n *node) pingFromPod(t testing.TB, p kubeenv.Pod, ip string) {
 	t.Helper()
 	var out string
 	var err error

@@ -14,7 +14,7 @@ import (
 
 // failPlugin builds test/kube/failplugin into the node's CNI bin dir as
 // ipledger-testfail (a test artifact; deploy/ never installs it).
-func (n *node) failPlugin(t *testing.T) {
+func (n *node) failPlugin(t testing.TB) {
 	t.Helper()
 	dst := filepath.Join(n.c.CNIBinDir, "ipledger-testfail")
 	if _, err := os.Stat(dst); err == nil {
@@ -32,13 +32,13 @@ func (n *node) failPlugin(t *testing.T) {
 // of deploy/ipledger.yaml edited and applied, the DaemonSet restarted (its
 // init container installs the new conflist). The original comes back when
 // the test ends.
-func (n *node) withConflist(t *testing.T, conflist string) {
+func (n *node) withConflist(t testing.TB, conflist string) {
 	t.Helper()
 	n.reconfigure(t, conflist)
 	t.Cleanup(func() { n.reconfigure(t, "") })
 }
 
-func (n *node) reconfigure(t *testing.T, conflist string) {
+func (n *node) reconfigure(t testing.TB, conflist string) {
 	t.Helper()
 	m := n.manifest
 	if conflist != "" {

@@ -1,6 +1,7 @@
 package kube_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -9,16 +10,20 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/ledger"
 	kubeenv "github.com/ipledger/ipledger/internal/testenv/kube"
 )
 
 // seed001 (../shared/seeds/001): a chained plugin after ipledger-veth fails
-// ADD for each pod's first three sandboxes and DEL for each sandbox's first
-// attempt. containerd 1.6 tears a failed sandbox down with a DEL that fails
-// (the chained plugin runs first) and swallows the error, so ipledger-veth's
-// DEL never runs: one address per failed attempt is left leased. The
-// reconciler must release every such lease within the release grace plus one
-// interval of the sandbox being gone, and no address may be held twice.
+// ADD for each pod's first three sandboxes and DEL for every sandbox's first
+// three attempts, then recovers. Each failed ADD leaves an address leased
+// (ipledger-veth's ADD succeeded before the chained plugin failed) in a
+// sandbox that is NOTREADY with the address still configured: ipledger keeps
+// it (a stranded lease, invariant 4) and the kubelet, which must stop the old
+// sandbox before it makes a new one, retries the teardown until the chained
+// plugin recovers, and that DEL releases it. Asserted: every pod ends Running
+// with one lease, every lease of a failed attempt is released, no address is
+// ever held twice. The lifetimes of the failed attempts' leases are reported.
 func seed001(t *testing.T, n *node) {
 	const ns, pods = "seed001", 6
 	n.failPlugin(t)
@@ -30,7 +35,7 @@ func seed001(t *testing.T, n *node) {
     {"type": "ipledger-veth", "mtu": 1500,
      "ipam": {"type": "ipledger", "socket": %q, "spoolDir": %q,
               "ranges": [[{"subnet": "10.236.1.0/24"}]]}},
-    {"type": "ipledger-testfail", "failAdd": 3, "failDel": 1, "failPods": ["leak-"], "stateDir": %q}
+    {"type": "ipledger-testfail", "failAdd": 3, "failDel": 3, "failPods": ["leak-"], "stateDir": %q}
   ]
 }`, n.sock, filepath.Join(n.stateDir, "spool"), fpState))
 	n.namespace(t, ns)
@@ -90,7 +95,7 @@ func seed001(t *testing.T, n *node) {
 	if err != nil {
 		t.Fatalf("%v (leases seen: %d)", err, len(leases))
 	}
-	n.checkLeases(t, running)
+	n.checkLeasesIn(t, running, "10.236.1.0/24")
 	log, _ := os.ReadFile(filepath.Join(fpState, "attempts.log"))
 	addFails, delFails := 0, 0
 	for _, line := range strings.Split(string(log), "\n") {
@@ -102,35 +107,33 @@ func seed001(t *testing.T, n *node) {
 			}
 		}
 	}
+	// The ledger's history: every released holder of the pool's addresses.
 	leaked, worst := 0, time.Duration(0)
-	for _, s := range leases {
-		held := false
-		for _, p := range running {
-			if p.Metadata.UID == s.l.UID && strings.HasPrefix(s.l.IPs[0], p.Status.PodIP+"/") {
-				held = true
+	reasons := map[string]int{}
+	for host := 2; host <= 80; host++ {
+		out, _, err := n.ctl("history", "--network", "seed001", "--ip", fmt.Sprintf("10.236.1.%d", host), "-o", "json")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var hist []ledger.Release
+		if err := json.Unmarshal([]byte(out), &hist); err != nil {
+			t.Fatalf("history -o json: %v: %q", err, out)
+		}
+		for _, r := range hist {
+			leaked++
+			reasons[string(r.Reason)]++
+			if d := r.To.Sub(r.From); d > worst {
+				worst = d
 			}
 		}
-		if held {
-			continue
-		}
-		leaked++
-		if d := s.last.Sub(s.first); d > worst {
-			worst = d
-		}
 	}
-	bound := 10*time.Second + 3*time.Second
-	t.Logf("%d pods Running after %v; the chained plugin failed %d ADDs and %d DELs; %d leases left by failed sandboxes, each released at most %v after it was first seen (grace+interval %v); %d double assignments seen",
-		pods, time.Since(t0).Round(time.Millisecond), addFails, delFails, leaked, worst.Round(time.Millisecond), bound, doubles)
-	if leaked == 0 {
-		t.Error("no lease was left by a failed sandbox: the scenario did not happen")
+	t.Logf("%d pods Running after %v; the chained plugin failed %d ADDs and %d DELs; %d leases of failed sandboxes released (reasons %v), the longest held %v; %d leases seen while sampling; %d double assignments seen",
+		pods, time.Since(t0).Round(time.Millisecond), addFails, delFails, leaked, reasons, worst.Round(time.Millisecond), len(leases), doubles)
+	if leaked == 0 || addFails == 0 || delFails == 0 {
+		t.Errorf("the scenario did not happen: %d leases of failed sandboxes seen, %d ADDs and %d DELs failed", leaked, addFails, delFails)
 	}
 	if doubles > 0 {
 		t.Errorf("%d times an address was leased twice", doubles)
-	}
-	// A leak is observed from its ADD; it may only be judged once the sandbox
-	// is gone, which the runtime reports right after the failed ADD.
-	if worst > bound+5*time.Second {
-		t.Errorf("a leaked lease lived %v, more than grace plus one interval (%v) and a sampling margin", worst, bound)
 	}
 	n.c.MustKubectl(t, "scale", "-n", ns, "deployment/leak", "--replicas=0")
 	n.waitGone(t, ns, "app=leak", 2*time.Minute)

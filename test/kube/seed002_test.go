@@ -20,7 +20,7 @@ import (
 // 8-address pool: the pool never runs out and no pod holds two leases for
 // longer than the release grace plus one reconcile interval.
 func seed002(t *testing.T, n *node) {
-	const ns, duration, every = "seed002", 90 * time.Second, 3 * time.Second
+	const ns, duration, every = "seed002", 60 * time.Second, 2500 * time.Millisecond
 	n.failPlugin(t)
 	fpState := t.TempDir()
 	n.withConflist(t, fmt.Sprintf(`{
@@ -102,7 +102,7 @@ spec:
 		time.Sleep(500 * time.Millisecond)
 	}
 	pods := n.waitRunning(t, ns, "app=crash", 4, 3*time.Minute)
-	n.checkLeases(t, pods)
+	n.checkLeasesIn(t, pods, "10.236.2.0/24")
 	restarts := 0
 	for _, p := range pods {
 		for _, c := range p.Status.ContainerStatuses {

@@ -50,10 +50,9 @@ type Cluster struct {
 	// (a shared mount, as the runtime requires for HostToContainer).
 	CNIBinDir, CNIConfDir, NetnsDir string
 
-	host    *hostState
-	mu      sync.Mutex
-	procs   map[string]*proc
-	stopped bool
+	host  *hostState
+	mu    sync.Mutex
+	procs map[string]*proc
 }
 
 type proc struct {

@@ -3,8 +3,9 @@
 // failPods: ADD fails for the pod's first failAdd attempts (counted per pod
 // name: each attempt is a new sandbox), otherwise it passes the previous
 // result through; DEL fails for the first failDel attempts of each container
-// ID, then succeeds, as seed 001's chained plugin did. Every call is appended
-// to stateDir/attempts.log.
+// ID, then succeeds (while it fails, the plugins before it in the chain are
+// not called: their DEL never runs). Every call is appended to
+// stateDir/attempts.log.
 package main
 
 import (
