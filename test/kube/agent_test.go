@@ -47,9 +47,10 @@ func (n *node) waitNoAgent(t testing.TB, timeout time.Duration) {
 }
 
 // agentDeleted: the DaemonSet removed while pods run and are deleted (leases
-// stay on disk, DELs are spooled and applied when the DaemonSet is back), then
-// the agent's pod deleted during a scale-up and a scale-down (the DaemonSet
-// re-creates it; ADDs refused meanwhile are retried by the kubelet).
+// stay on disk, DELs are spooled and applied when the DaemonSet is back);
+// removed again during a scale-up (ADDs refused, retried by the kubelet,
+// succeeding once it is back); then the agent's pod deleted during a scale-up
+// and a scale-down (the DaemonSet re-creates it).
 func agentDeleted(t *testing.T, n *node) {
 	const ns = "agent"
 	n.namespace(t, ns)
@@ -76,19 +77,39 @@ func agentDeleted(t *testing.T, n *node) {
 	}
 	t.Logf("DaemonSet removed with 20 pods: ledger kept on disk; 12 pods deleted meanwhile, %d DELs spooled, applied at the agent's return; the 8 survivors' leases intact", sp)
 
-	// The agent's pod deleted during a scale-up.
+	// ADDs while no agent runs: refused (try again later), retried by the
+	// kubelet, and they succeed once the agent is back.
+	n.c.MustKubectl(t, "delete", "daemonset", "-n", "ipledger", "ipledgerd", "--wait=true")
+	n.waitNoAgent(t, time.Minute)
+	n.c.MustKubectl(t, "scale", "-n", ns, "deployment/ag", "--replicas=20")
+	failedCreates := func() int {
+		ev, _ := n.c.Kubectl("get", "events", "-n", ns, "--field-selector", "reason=FailedCreatePodSandBox", "-o", "name")
+		return len(strings.Fields(ev))
+	}
+	if err := kubeenv.WaitFor(time.Minute, 500*time.Millisecond, func() (bool, error) {
+		return failedCreates() > 0, fmt.Errorf("no failed sandbox creation while the agent is away")
+	}); err != nil {
+		t.Fatal(err)
+	}
 	t0 := time.Now()
-	n.c.MustKubectl(t, "scale", "-n", ns, "deployment/ag", "--replicas=30")
-	time.Sleep(time.Second)
+	n.c.Apply(t, n.manifest)
+	running := n.waitRunning(t, ns, "app=ag", 20, 4*time.Minute)
+	n.waitAgent(t, 2*time.Minute)
+	n.checkLeases(t, running)
+	t.Logf("scale-up 8 -> 20 with no agent: %d sandbox creations failed (events); all 20 Running %v after the DaemonSet was re-applied, each leased to its pod",
+		failedCreates(), time.Since(t0).Round(time.Millisecond))
+
+	// The agent's pod deleted during a scale-up (the DaemonSet re-creates it).
+	t0 = time.Now()
+	before := failedCreates()
 	n.c.MustKubectl(t, "delete", "pod", "-n", "ipledger", "-l", "app=ipledgerd", "--wait=false")
-	running := n.waitRunning(t, ns, "app=ag", 30, 4*time.Minute)
+	n.c.MustKubectl(t, "scale", "-n", ns, "deployment/ag", "--replicas=30")
+	running = n.waitRunning(t, ns, "app=ag", 30, 4*time.Minute)
 	// The new agent may be starting still (it refuses the socket while the old
 	// one drains, and the kubelet restarts it).
 	n.waitAgent(t, 2*time.Minute)
 	n.checkLeases(t, running)
-	ev, _ := n.c.Kubectl("get", "events", "-n", ns, "--field-selector", "reason=FailedCreatePodSandBox", "-o", "name")
-	failed := len(strings.Fields(ev))
-	t.Logf("agent pod deleted during scale-up 8 -> 30: all 30 Running in %v, %d sandbox creations failed and were retried by the kubelet", time.Since(t0).Round(time.Millisecond), failed)
+	t.Logf("agent pod deleted, then scale-up 20 -> 30: all 30 Running in %v, %d more sandbox creations failed and were retried by the kubelet", time.Since(t0).Round(time.Millisecond), failedCreates()-before)
 
 	// And during the scale-down.
 	n.c.MustKubectl(t, "scale", "-n", ns, "deployment/ag", "--replicas=0")

@@ -15,8 +15,8 @@ import (
 )
 
 // seed001 (../shared/seeds/001): a chained plugin after ipledger-veth fails
-// ADD for each pod's first three sandboxes and DEL for every sandbox's first
-// three attempts, then recovers. Each failed ADD leaves an address leased
+// ADD for each pod's first two sandboxes and DEL for every sandbox's first
+// two attempts, then recovers. Each failed ADD leaves an address leased
 // (ipledger-veth's ADD succeeded before the chained plugin failed) in a
 // sandbox that is NOTREADY with the address still configured: ipledger keeps
 // it (a stranded lease, invariant 4) and the kubelet, which must stop the old
@@ -35,7 +35,7 @@ func seed001(t *testing.T, n *node) {
     {"type": "ipledger-veth", "mtu": 1500,
      "ipam": {"type": "ipledger", "socket": %q, "spoolDir": %q,
               "ranges": [[{"subnet": "10.236.1.0/24"}]]}},
-    {"type": "ipledger-testfail", "failAdd": 3, "failDel": 3, "failPods": ["leak-"], "stateDir": %q}
+    {"type": "ipledger-testfail", "failAdd": 2, "failDel": 2, "failPods": ["leak-"], "stateDir": %q}
   ]
 }`, n.sock, filepath.Join(n.stateDir, "spool"), fpState))
 	n.namespace(t, ns)
