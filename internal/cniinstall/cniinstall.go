@@ -76,7 +76,10 @@ func Install(o Options) (Installed, error) {
 		done.Files = append(done.Files, dst)
 	}
 	for _, t := range types {
-		if _, err := os.Stat(filepath.Join(o.BinDir, t)); err != nil {
+		// Lstat: a symlink in the host's dir may point where this container
+		// cannot see (e.g. /opt/cni/bin/bridge -> /usr/lib/cni/bridge); the
+		// runtime on the host resolves it.
+		if _, err := os.Lstat(filepath.Join(o.BinDir, t)); err != nil {
 			return done, fmt.Errorf("%w: plugin type %q is not in %s (%v): install it or fix the conflist's type", ErrBadConflist, t, o.BinDir, err)
 		}
 	}

@@ -112,6 +112,20 @@ func TestInstallRefusesBadInput(t *testing.T) {
 	}
 }
 
+// TestHostSymlinkCountsAsInstalled: a plugin the conflist names may be a
+// symlink whose target only the host sees (the installer runs in a container).
+func TestHostSymlinkCountsAsInstalled(t *testing.T) {
+	f := newFixture(t, `{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge","ipam":{"type":"host-local"}}]}`)
+	for _, p := range []string{"bridge", "host-local"} {
+		if err := os.Symlink("/nonexistent/in/this/container/"+p, filepath.Join(f.bin, p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := cniinstall.Install(f.o); err != nil {
+		t.Fatalf("conflist naming host-side symlinked plugins refused: %v", err)
+	}
+}
+
 // TestReaderNeverSeesHalfAFile: while installs alternate two versions of a
 // large plugin, a concurrent reader only ever reads one whole version.
 func TestReaderNeverSeesHalfAFile(t *testing.T) {

@@ -77,6 +77,10 @@ func Start(tb testing.TB, opts Options) *Cluster {
 		opts.StartTimeout = 60 * time.Second
 	}
 	bin := Binaries(tb)
+	// One cluster per host at a time: kubelets share the kubepods cgroups and
+	// the KUBE-* iptables chains, and each restores the host as it found it.
+	// (go test ./... runs packages in parallel.) Released after cleanup.
+	tb.Cleanup(hostLock(tb)) // runs after every cleanup registered below
 	dir, err := os.MkdirTemp("/tmp", "kube")
 	if err != nil {
 		tb.Fatal(err)
@@ -129,6 +133,31 @@ func Start(tb testing.TB, opts Options) *Cluster {
 		tb.Fatal(err)
 	}
 	return c
+}
+
+// hostLock takes the host-wide cluster lock (a file lock, waited for) and
+// returns its release.
+func hostLock(tb testing.TB) func() {
+	tb.Helper()
+	if err := os.MkdirAll(filepath.Dir(CacheDir()), 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(filepath.Dir(CacheDir()), ".cluster.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	t0 := time.Now()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		tb.Fatal(err)
+	}
+	if d := time.Since(t0); d > time.Second {
+		tb.Logf("kubeenv: waited %v for another cluster on this host to finish", d.Round(time.Millisecond))
+	}
+	return func() {
+		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}
 }
 
 // nodeIP is the address of the interface of the default route: the node's
