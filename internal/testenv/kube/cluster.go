@@ -30,6 +30,10 @@ type Options struct {
 	NodeName string
 	// StartTimeout bounds the bring-up of each component (default 60s).
 	StartTimeout time.Duration
+	// AfterRestore, when set, runs once the cluster is stopped and the host
+	// restored, while this cluster still holds the host-wide lock (no other
+	// cluster can have changed the host yet): where a test checks the host.
+	AfterRestore func()
 }
 
 // Cluster is a running one-node cluster.
@@ -81,6 +85,9 @@ func Start(tb testing.TB, opts Options) *Cluster {
 	// the KUBE-* iptables chains, and each restores the host as it found it.
 	// (go test ./... runs packages in parallel.) Released after cleanup.
 	tb.Cleanup(hostLock(tb)) // runs after every cleanup registered below
+	if opts.AfterRestore != nil {
+		tb.Cleanup(opts.AfterRestore)
+	}
 	dir, err := os.MkdirTemp("/tmp", "kube")
 	if err != nil {
 		tb.Fatal(err)
@@ -158,6 +165,16 @@ func hostLock(tb testing.TB) func() {
 		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 		f.Close()
 	}
+}
+
+// SysctlsBefore returns the kubelet-touched sysctls as they were before the
+// cluster started (keys like "vm/overcommit_memory").
+func (c *Cluster) SysctlsBefore() map[string]string {
+	m := map[string]string{}
+	for k, v := range c.host.sysctls {
+		m[k] = v
+	}
+	return m
 }
 
 // nodeIP is the address of the interface of the default route: the node's
