@@ -630,7 +630,7 @@ func (c *Cluster) cleanup() {
 		c.stopProc(n)
 	}
 	c.removeSandboxes()
-	did, errs := c.host.restore()
+	did, errs := c.host.restore(c.Dir)
 	for _, d := range did {
 		tb.Logf("kubeenv cleanup: %s", d)
 	}

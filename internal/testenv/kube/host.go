@@ -81,7 +81,9 @@ func saveHost() (*hostState, error) {
 }
 
 // restore undoes the kubelet's changes; it returns what it did and what failed.
-func (h *hostState) restore() (did []string, errs []error) {
+// ours is the cluster's directory: the kubelet's symlinks into it (in
+// /var/log/containers) are removed.
+func (h *hostState) restore(ours string) (did []string, errs []error) {
 	for s, v := range h.sysctls {
 		cur, _ := os.ReadFile("/proc/sys/" + s)
 		if strings.TrimSpace(string(cur)) == v {
@@ -110,6 +112,15 @@ func (h *hostState) restore() (did []string, errs []error) {
 		}
 	}
 	for d, existed := range h.logDirs {
+		ents, _ := os.ReadDir(d)
+		for _, e := range ents {
+			p := filepath.Join(d, e.Name())
+			if target, err := os.Readlink(p); err == nil && strings.HasPrefix(target, ours+"/") {
+				if err := os.Remove(p); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
 		if existed {
 			continue
 		}

@@ -27,6 +27,12 @@ func TestClusterComesUpAndLeavesTheHostAsItWas(t *testing.T) {
 		if left, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods"); len(left) > 0 {
 			t.Errorf("kubepods cgroups left: %v", left)
 		}
+		ents, _ := os.ReadDir("/var/log/containers")
+		for _, e := range ents {
+			if target, err := os.Readlink(filepath.Join("/var/log/containers", e.Name())); err == nil && strings.HasPrefix(target, c.Dir+"/") {
+				t.Errorf("kubelet's log link left: %s -> %s", e.Name(), target)
+			}
+		}
 	}})
 	t.Logf("cluster up (node registered) in %v", time.Since(t0).Round(time.Millisecond))
 	out := c.MustKubectl(t, "version", "-o", "json")
