@@ -6,7 +6,9 @@
 # never overlap.
 set -euo pipefail
 lockfile=/run/lock/ipledger-deps.lock
-pkgs=(iproute2 containerd runc containernetworking-plugins chromium)
+# chromium: the pool page tests; iptables: the kubelet of test/kube writes its chains
+# with it; busybox-static: the test pods' image (/bin/busybox) and bounded pings.
+pkgs=(iproute2 containerd runc containernetworking-plugins chromium iptables busybox-static)
 install() {
   missing=()
   for p in "${pkgs[@]}"; do

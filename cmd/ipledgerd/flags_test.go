@@ -28,3 +28,17 @@ func TestBadFlags(t *testing.T) {
 		t.Errorf("defaults refused: %v", err)
 	}
 }
+
+// TestInstallCNIFlags: install-cni refuses stray arguments and reports a
+// failed install with exit status 1 and the reason on stderr.
+func TestInstallCNIFlags(t *testing.T) {
+	var out, errb strings.Builder
+	if code := installCNI([]string{"extra"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "unexpected arguments") {
+		t.Errorf("stray argument: exit %d, stderr %q", code, errb.String())
+	}
+	errb.Reset()
+	dir := t.TempDir()
+	if code := installCNI([]string{"--conflist", dir + "/absent", "--cni-bin-dir", dir, "--cni-conf-dir", dir}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "conflist") {
+		t.Errorf("missing conflist: exit %d, stderr %q", code, errb.String())
+	}
+}

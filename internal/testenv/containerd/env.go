@@ -43,6 +43,10 @@ type Options struct {
 	// takes one bin_dir only, so several dirs are merged into a directory of
 	// symlinks, refreshed at Restart.
 	CNIBinDirs []string
+	// CNIBinDir, when set, is given to containerd as its one plugin directory,
+	// as is: the caller fills it (e.g. a CNI installer under test) and it must
+	// hold loopback. CNIBinDirs is then ignored.
+	CNIBinDir string
 	// Snapshotter: "" picks overlayfs when an overlay mount works here, else
 	// native.
 	Snapshotter string
@@ -337,6 +341,10 @@ func (e *Env) importImage(tarPath string) error {
 // setupBinDir gives containerd one plugin directory: the single configured
 // dir, or a directory of symlinks merging several (first wins).
 func (e *Env) setupBinDir() error {
+	if e.opts.CNIBinDir != "" {
+		e.binDir = e.opts.CNIBinDir
+		return nil
+	}
 	dirs := append([]string(nil), e.opts.CNIBinDirs...)
 	has := false
 	for _, d := range dirs {

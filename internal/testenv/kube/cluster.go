@@ -1,0 +1,669 @@
+package kubeenv
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/cri"
+	containerdenv "github.com/ipledger/ipledger/internal/testenv/containerd"
+)
+
+// Options configures a Cluster.
+type Options struct {
+	// Images are docker-archive tarballs imported into the node's containerd
+	// (namespace k8s.io) before the kubelet starts: there is no registry.
+	Images []string
+	// NodeName of the one node (default "ipledger-node").
+	NodeName string
+	// StartTimeout bounds the bring-up of each component (default 60s).
+	StartTimeout time.Duration
+	// AfterRestore, when set, runs once the cluster is stopped and the host
+	// restored, while this cluster still holds the host-wide lock (no other
+	// cluster can have changed the host yet): where a test checks the host.
+	AfterRestore func()
+}
+
+// Cluster is a running one-node cluster.
+type Cluster struct {
+	tb   testing.TB
+	opts Options
+
+	// Dir holds the cluster's files: pki/, kubeconfigs, logs/, kubelet/, etcd/.
+	Dir        string
+	Bin        string
+	Kubeconfig string
+	NodeName   string
+	NodeIP     string
+	// Containerd is the node's runtime.
+	Containerd *containerdenv.Env
+	// CNIBinDir and CNIConfDir are the node's CNI dirs (what a CNI installer
+	// writes to); NetnsDir is where containerd mounts the pods' namespaces
+	// (a shared mount, as the runtime requires for HostToContainer).
+	CNIBinDir, CNIConfDir, NetnsDir string
+
+	host  *hostState
+	mu    sync.Mutex
+	procs map[string]*proc
+}
+
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+	log  string
+}
+
+// Start builds (or takes from the cache) the Kubernetes binaries, starts a
+// private containerd, etcd, the control plane and a kubelet, and waits until
+// the node is registered. The node is NotReady until a CNI config is written
+// to CNIConfDir. Everything is stopped by PID and the host restored at
+// tb.Cleanup.
+func Start(tb testing.TB, opts Options) *Cluster {
+	tb.Helper()
+	if opts.NodeName == "" {
+		opts.NodeName = "ipledger-node"
+	}
+	if opts.StartTimeout <= 0 {
+		opts.StartTimeout = 60 * time.Second
+	}
+	bin := Binaries(tb)
+	// One cluster per host at a time: kubelets share the kubepods cgroups and
+	// the KUBE-* iptables chains, and each restores the host as it found it.
+	// (go test ./... runs packages in parallel.) Released after cleanup.
+	tb.Cleanup(hostLock(tb)) // runs after every cleanup registered below
+	if opts.AfterRestore != nil {
+		tb.Cleanup(opts.AfterRestore)
+	}
+	dir, err := os.MkdirTemp("/tmp", "kube")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	c := &Cluster{tb: tb, opts: opts, Dir: dir, Bin: bin, NodeName: opts.NodeName, procs: map[string]*proc{},
+		Kubeconfig: filepath.Join(dir, "admin.kubeconfig"),
+		CNIBinDir:  filepath.Join(dir, "cni-bin"), CNIConfDir: filepath.Join(dir, "net.d")}
+	c.NodeIP, err = nodeIP()
+	if err != nil {
+		os.RemoveAll(dir)
+		tb.Fatal(err)
+	}
+	for _, d := range []string{c.CNIBinDir, c.CNIConfDir, filepath.Join(dir, "logs")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	// The node's CNI bin dir starts with the standard plugins (containerd needs
+	// loopback); an installer adds its own next to them.
+	std, _ := filepath.Glob(filepath.Join(containerdenv.DefaultCNIBinDir, "*"))
+	for _, p := range std {
+		if err := os.Symlink(p, filepath.Join(c.CNIBinDir, filepath.Base(p))); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	// Recorded before any of our processes runs (a crashed earlier run's
+	// leftovers are not ours to remove).
+	c.host, err = saveHost()
+	if err != nil {
+		os.RemoveAll(dir)
+		tb.Fatal(err)
+	}
+	c.Containerd = containerdenv.Start(tb, containerdenv.Options{CNIConfDir: c.CNIConfDir, CNIBinDir: c.CNIBinDir})
+	tb.Cleanup(c.cleanup)
+	c.NetnsDir = filepath.Join(c.Containerd.StateDir(), "io.containerd.grpc.v1.cri", "netns")
+	if err := sharedMount(c.NetnsDir); err != nil {
+		tb.Fatal(err)
+	}
+	for _, img := range opts.Images {
+		if err := c.ImportImage(img); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if err := c.startControlPlane(); err != nil {
+		c.dumpLogs()
+		tb.Fatal(err)
+	}
+	if err := c.startKubelet(); err != nil {
+		c.dumpLogs()
+		tb.Fatal(err)
+	}
+	return c
+}
+
+// hostLock takes the host-wide cluster lock (a file lock, waited for) and
+// returns its release.
+func hostLock(tb testing.TB) func() {
+	tb.Helper()
+	if err := os.MkdirAll(filepath.Dir(CacheDir()), 0o755); err != nil {
+		tb.Fatal(err)
+	}
+	f, err := os.OpenFile(filepath.Join(filepath.Dir(CacheDir()), ".cluster.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	t0 := time.Now()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		tb.Fatal(err)
+	}
+	if d := time.Since(t0); d > time.Second {
+		tb.Logf("kubeenv: waited %v for another cluster on this host to finish", d.Round(time.Millisecond))
+	}
+	return func() {
+		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+		f.Close()
+	}
+}
+
+// SysctlsBefore returns the kubelet-touched sysctls as they were before the
+// cluster started (keys like "vm/overcommit_memory").
+func (c *Cluster) SysctlsBefore() map[string]string {
+	m := map[string]string{}
+	for k, v := range c.host.sysctls {
+		m[k] = v
+	}
+	return m
+}
+
+// nodeIP is the address of the interface of the default route: the node's
+// InternalIP (kubelet refuses loopback). Nothing is sent anywhere.
+func nodeIP() (string, error) {
+	out, err := exec.Command("ip", "-4", "route", "get", "192.0.2.255").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("kubeenv: node address: ip route get: %v: %s", err, out)
+	}
+	f := strings.Fields(string(out))
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] == "src" {
+			return f[i+1], nil
+		}
+	}
+	return "", fmt.Errorf("kubeenv: node address: no src in %q", out)
+}
+
+// sharedMount makes dir a mount point of its own in a shared peer group.
+func sharedMount(dir string) error {
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return err
+	}
+	if err := syscall.Mount(dir, dir, "", syscall.MS_BIND, ""); err != nil {
+		return fmt.Errorf("kubeenv: bind %s: %w", dir, err)
+	}
+	if err := syscall.Mount("", dir, "", syscall.MS_SHARED, ""); err != nil {
+		return fmt.Errorf("kubeenv: make-shared %s: %w", dir, err)
+	}
+	return nil
+}
+
+// ImportImage imports a docker-archive into the node's containerd.
+func (c *Cluster) ImportImage(path string) error {
+	sock := strings.TrimPrefix(c.Containerd.Endpoint(), "unix://")
+	out, err := exec.Command("ctr", "--address", sock, "-n", "k8s.io", "images", "import", path).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("kubeenv: ctr images import %s: %v\n%s", path, err, out)
+	}
+	return nil
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func (c *Cluster) startControlPlane() error {
+	p, err := newPKI(filepath.Join(c.Dir, "pki"))
+	if err != nil {
+		return err
+	}
+	lo := []net.IP{net.ParseIP("127.0.0.1")}
+	for _, x := range []struct {
+		name, cn string
+		orgs     []string
+		server   bool
+		ips      []net.IP
+		dns      []string
+	}{
+		{"apiserver", "kube-apiserver", nil, true, append(lo, net.ParseIP("10.96.0.1"), net.ParseIP(c.NodeIP)), []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}},
+		{"admin", "kubernetes-admin", []string{"system:masters"}, false, nil, nil},
+		{"apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}, false, nil, nil},
+		{"node", "system:node:" + c.NodeName, []string{"system:nodes"}, false, nil, nil},
+		{"kubelet-serving", c.NodeName, nil, true, append(lo, net.ParseIP(c.NodeIP)), []string{c.NodeName}},
+	} {
+		if err := p.issue(x.name, x.cn, x.orgs, x.server, x.ips, x.dns); err != nil {
+			return err
+		}
+	}
+	if err := p.serviceAccountKey(); err != nil {
+		return err
+	}
+	ports := make([]int, 3)
+	for i := range ports {
+		if ports[i], err = freePort(); err != nil {
+			return err
+		}
+	}
+	etcdClient, etcdPeer, apiPort := ports[0], ports[1], ports[2]
+	server := fmt.Sprintf("https://127.0.0.1:%d", apiPort)
+	if err := p.kubeconfig(c.Kubeconfig, server, "admin"); err != nil {
+		return err
+	}
+	if err := p.kubeconfig(filepath.Join(c.Dir, "kubelet.kubeconfig"), server, "node"); err != nil {
+		return err
+	}
+	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdClient)
+	peerURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPeer)
+	if err := c.spawn("etcd", "--name", "node", "--data-dir", filepath.Join(c.Dir, "etcd"),
+		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
+		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
+		"--initial-cluster", "node="+peerURL, "--unsafe-no-fsync", "--log-level", "warn"); err != nil {
+		return err
+	}
+	if err := c.waitHTTP("etcd", etcdURL+"/health"); err != nil {
+		return err
+	}
+	if err := c.spawn("kube-apiserver",
+		"--etcd-servers", etcdURL, "--bind-address", "127.0.0.1", "--advertise-address", c.NodeIP,
+		"--secure-port", fmt.Sprint(apiPort),
+		"--tls-cert-file", p.path("apiserver.crt"), "--tls-private-key-file", p.path("apiserver.key"),
+		"--client-ca-file", p.path("ca.crt"),
+		"--kubelet-client-certificate", p.path("apiserver-kubelet-client.crt"), "--kubelet-client-key", p.path("apiserver-kubelet-client.key"),
+		"--kubelet-certificate-authority", p.path("ca.crt"), "--kubelet-preferred-address-types", "InternalIP",
+		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file", p.path("sa.pub"), "--service-account-signing-key-file", p.path("sa.key"),
+		"--service-cluster-ip-range", "10.96.0.0/24", "--authorization-mode", "Node,RBAC",
+		"--enable-admission-plugins", "NodeRestriction", "--endpoint-reconciler-type", "none",
+		"--profiling=false", "--v", "0"); err != nil {
+		return err
+	}
+	if err := c.waitAPI(); err != nil {
+		return err
+	}
+	if err := c.spawn("kube-controller-manager", "--kubeconfig", c.Kubeconfig,
+		"--authentication-kubeconfig", c.Kubeconfig, "--authorization-kubeconfig", c.Kubeconfig,
+		"--service-account-private-key-file", p.path("sa.key"), "--root-ca-file", p.path("ca.crt"),
+		"--use-service-account-credentials=false", "--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", "0",
+		"--controllers", "*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle", "--v", "1"); err != nil {
+		return err
+	}
+	return c.spawn("kube-scheduler", "--kubeconfig", c.Kubeconfig,
+		"--authentication-kubeconfig", c.Kubeconfig, "--authorization-kubeconfig", c.Kubeconfig,
+		"--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", "0", "--v", "1")
+}
+
+func (c *Cluster) startKubelet() error {
+	port, err := freePort()
+	if err != nil {
+		return err
+	}
+	hz, err := freePort()
+	if err != nil {
+		return err
+	}
+	pki := filepath.Join(c.Dir, "pki")
+	root := filepath.Join(c.Dir, "kubelet")
+	cfg := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: %[1]s
+port: %[2]d
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: %[3]d
+tlsCertFile: %[4]s/kubelet-serving.crt
+tlsPrivateKeyFile: %[4]s/kubelet-serving.key
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: %[4]s/ca.crt}
+authorization: {mode: Webhook}
+# The host is cgroup v1 and containerd uses cgroupfs (SystemdCgroup=false).
+failCgroupV1: false
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: %[5]s
+failSwapOn: false
+clusterDomain: cluster.local
+resolvConf: /etc/resolv.conf
+podLogsDir: %[6]s/pod-logs
+# A test node on a shared disk: never evict or collect images.
+evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", imagefs.available: "1%%", nodefs.inodesFree: "1%%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+maxPods: 250
+kubeAPIQPS: 100
+kubeAPIBurst: 200
+`, c.NodeIP, port, hz, pki, c.Containerd.Endpoint(), c.Dir)
+	cfgPath := filepath.Join(c.Dir, "kubelet.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		return err
+	}
+	if err := c.spawn("kubelet", "--config", cfgPath, "--kubeconfig", filepath.Join(c.Dir, "kubelet.kubeconfig"),
+		"--root-dir", root, "--cert-dir", filepath.Join(root, "pki"), "--hostname-override", c.NodeName,
+		"--node-ip", c.NodeIP, "--v", "1"); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(c.opts.StartTimeout)
+	for time.Now().Before(deadline) {
+		if err := c.procErr("kubelet"); err != nil {
+			return err
+		}
+		if _, err := c.Kubectl("get", "node", c.NodeName); err == nil {
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("kubeenv: node %s not registered after %v", c.NodeName, c.opts.StartTimeout)
+}
+
+// spawn starts a component by PID in its own process group, log in logs/NAME.log.
+func (c *Cluster) spawn(name string, args ...string) error {
+	logPath := filepath.Join(c.Dir, "logs", name+".log")
+	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command(filepath.Join(c.Bin, name), args...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.Env = append(os.Environ(), "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		lf.Close()
+		return fmt.Errorf("kubeenv: start %s: %w", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{}), log: logPath}
+	go func() {
+		p.err = cmd.Wait()
+		lf.Close()
+		close(p.done)
+	}()
+	c.mu.Lock()
+	c.procs[name] = p
+	c.mu.Unlock()
+	c.tb.Logf("kubeenv: %s started, pid %d", name, cmd.Process.Pid)
+	return nil
+}
+
+// procErr is non-nil when the named component has exited.
+func (c *Cluster) procErr(name string) error {
+	c.mu.Lock()
+	p := c.procs[name]
+	c.mu.Unlock()
+	if p == nil {
+		return fmt.Errorf("kubeenv: %s not started", name)
+	}
+	select {
+	case <-p.done:
+		return fmt.Errorf("kubeenv: %s exited: %v\n%s", name, p.err, logTail(p.log, 30))
+	default:
+		return nil
+	}
+}
+
+// Stop stops one component by PID (SIGTERM, SIGKILL after 20 s).
+func (c *Cluster) stopProc(name string) {
+	c.mu.Lock()
+	p := c.procs[name]
+	c.mu.Unlock()
+	if p == nil {
+		return
+	}
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		<-p.done
+		c.tb.Logf("kubeenv: %s (pid %d) ignored SIGTERM for 20s, killed", name, p.cmd.Process.Pid)
+	}
+}
+
+func (c *Cluster) waitHTTP(name, url string) error {
+	deadline := time.Now().Add(c.opts.StartTimeout)
+	var last error
+	for time.Now().Before(deadline) {
+		if err := c.procErr(name); err != nil {
+			return err
+		}
+		resp, err := http.Get(url)
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+			last = fmt.Errorf("status %s", resp.Status)
+		} else {
+			last = err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("kubeenv: %s not healthy at %s after %v: %v", name, url, c.opts.StartTimeout, last)
+}
+
+func (c *Cluster) waitAPI() error {
+	deadline := time.Now().Add(c.opts.StartTimeout)
+	var last error
+	for time.Now().Before(deadline) {
+		if err := c.procErr("kube-apiserver"); err != nil {
+			return err
+		}
+		out, err := c.Kubectl("get", "--raw", "/readyz")
+		if err == nil && strings.TrimSpace(out) == "ok" {
+			return nil
+		}
+		last = err
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("kubeenv: kube-apiserver not ready after %v: %v", c.opts.StartTimeout, last)
+}
+
+// Kubectl runs kubectl against the cluster as admin and returns its stdout;
+// the error carries stderr.
+func (c *Cluster) Kubectl(args ...string) (string, error) {
+	return c.KubectlIn(nil, args...)
+}
+
+// KubectlIn is Kubectl with stdin.
+func (c *Cluster) KubectlIn(stdin []byte, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(c.Bin, "kubectl"), append([]string{"--kubeconfig", c.Kubeconfig}, args...)...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return stdout.String(), fmt.Errorf("kubectl %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return stdout.String(), nil
+}
+
+// MustKubectl is Kubectl failing the test on error.
+func (c *Cluster) MustKubectl(tb testing.TB, args ...string) string {
+	tb.Helper()
+	out, err := c.Kubectl(args...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return out
+}
+
+// Apply applies a manifest.
+func (c *Cluster) Apply(tb testing.TB, manifest string) {
+	tb.Helper()
+	if out, err := c.KubectlIn([]byte(manifest), "apply", "-f", "-"); err != nil {
+		tb.Fatalf("%v\n%s", err, out)
+	}
+}
+
+// GetJSON runs kubectl get ... -o json and decodes the result into v.
+func (c *Cluster) GetJSON(v any, args ...string) error {
+	out, err := c.Kubectl(append(append([]string{"get"}, args...), "-o", "json")...)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal([]byte(out), v)
+}
+
+// Pod is the part of a pod the tests read.
+type Pod struct {
+	Metadata struct {
+		Name              string            `json:"name"`
+		Namespace         string            `json:"namespace"`
+		UID               string            `json:"uid"`
+		Labels            map[string]string `json:"labels"`
+		CreationTimestamp time.Time         `json:"creationTimestamp"`
+		DeletionTimestamp *time.Time        `json:"deletionTimestamp"`
+	} `json:"metadata"`
+	Status struct {
+		Phase  string `json:"phase"`
+		PodIP  string `json:"podIP"`
+		PodIPs []struct {
+			IP string `json:"ip"`
+		} `json:"podIPs"`
+		Conditions []struct {
+			Type               string    `json:"type"`
+			Status             string    `json:"status"`
+			LastTransitionTime time.Time `json:"lastTransitionTime"`
+		} `json:"conditions"`
+		ContainerStatuses []struct {
+			RestartCount int `json:"restartCount"`
+			State        struct {
+				Running *struct {
+					StartedAt time.Time `json:"startedAt"`
+				} `json:"running"`
+			} `json:"state"`
+		} `json:"containerStatuses"`
+	} `json:"status"`
+}
+
+// Pods lists the pods matching a label selector in a namespace.
+func (c *Cluster) Pods(namespace, selector string) ([]Pod, error) {
+	var l struct {
+		Items []Pod `json:"items"`
+	}
+	args := []string{"pods", "-n", namespace}
+	if selector != "" {
+		args = append(args, "-l", selector)
+	}
+	if err := c.GetJSON(&l, args...); err != nil {
+		return nil, err
+	}
+	return l.Items, nil
+}
+
+// WaitFor polls cond every interval until it returns true or timeout passes;
+// the last error cond returned is in the failure.
+func WaitFor(timeout, interval time.Duration, cond func() (bool, error)) error {
+	deadline := time.Now().Add(timeout)
+	var last error
+	for {
+		ok, err := cond()
+		if ok {
+			return nil
+		}
+		if err != nil {
+			last = err
+		}
+		if time.Now().After(deadline) {
+			if last == nil {
+				last = errors.New("condition not met")
+			}
+			return fmt.Errorf("after %v: %w", timeout, last)
+		}
+		time.Sleep(interval)
+	}
+}
+
+// Log returns the tail of a component's log (etcd, kube-apiserver,
+// kube-controller-manager, kube-scheduler, kubelet).
+func (c *Cluster) Log(name string, n int) string {
+	return logTail(filepath.Join(c.Dir, "logs", name+".log"), n)
+}
+
+func logTail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	return tail(string(b), n)
+}
+
+func (c *Cluster) dumpLogs() {
+	for _, n := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"} {
+		if s := c.Log(n, 25); s != "" {
+			c.tb.Logf("---- %s log, last lines:\n%s", n, s)
+		}
+	}
+	c.tb.Logf("---- containerd log, last lines:\n%s", c.Containerd.LogTail(25))
+}
+
+// cleanup stops the kubelet and the control plane by PID, removes the
+// sandboxes left (CNI DEL through the runtime), and undoes the kubelet's host
+// changes.
+func (c *Cluster) cleanup() {
+	tb := c.tb
+	if tb.Failed() {
+		c.dumpLogs()
+	}
+	for _, n := range []string{"kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"} {
+		c.stopProc(n)
+	}
+	c.removeSandboxes()
+	did, errs := c.host.restore(c.Dir)
+	for _, d := range did {
+		tb.Logf("kubeenv cleanup: %s", d)
+	}
+	for _, e := range errs {
+		tb.Errorf("kubeenv cleanup: %v", e)
+	}
+	if err := unmountUnder(c.Dir); err != nil {
+		tb.Errorf("kubeenv cleanup: %v", err)
+	}
+	if err := os.RemoveAll(c.Dir); err != nil {
+		tb.Errorf("kubeenv cleanup: %v", err)
+	}
+}
+
+func (c *Cluster) removeSandboxes() {
+	ctx := context.Background()
+	cl, err := cri.Dial(ctx, c.Containerd.Endpoint(), 30*time.Second)
+	if err != nil {
+		c.tb.Logf("kubeenv cleanup: %v", err)
+		return
+	}
+	defer cl.Close()
+	sbs, err := cl.ListSandboxes(ctx)
+	if err != nil {
+		c.tb.Logf("kubeenv cleanup: %v", err)
+		return
+	}
+	for _, s := range sbs {
+		if err := cl.StopPodSandbox(ctx, s.ID); err != nil && !errors.Is(err, cri.ErrNotFound) {
+			c.tb.Logf("kubeenv cleanup: %v", err)
+		}
+		if err := cl.RemovePodSandbox(ctx, s.ID); err != nil && !errors.Is(err, cri.ErrNotFound) {
+			c.tb.Logf("kubeenv cleanup: %v", err)
+		}
+	}
+}

@@ -1,0 +1,41 @@
+package kube_test
+
+import (
+	"testing"
+	"time"
+)
+
+// churn: a Deployment scaled 0 -> 60 -> 0 three times. Every pod Running with
+// a distinct address leased to it; the node reaches every pod and a pod
+// reaches another; after each scale-down zero leases and the audit balanced.
+func churn(t *testing.T, n *node) {
+	const ns, pods, cycles = "churn", 60, 3
+	n.namespace(t, ns)
+	n.c.Apply(t, deployment(ns, "churn", 0))
+	seen := map[string]bool{}
+	for cycle := 1; cycle <= cycles; cycle++ {
+		t0 := time.Now()
+		n.c.MustKubectl(t, "scale", "-n", ns, "deployment/churn", "--replicas=60")
+		running := n.waitRunning(t, ns, "app=churn", pods, 4*time.Minute)
+		up := time.Since(t0)
+		n.checkLeases(t, running)
+		ips := podIPs(running)
+		for _, ip := range ips {
+			seen[ip] = true
+		}
+		pingFromNode(t, ips)
+		n.pingFromPod(t, running[0], running[len(running)-1].Status.PodIP)
+		n.pingFromPod(t, running[len(running)-1], running[0].Status.PodIP)
+		t1 := time.Now()
+		n.c.MustKubectl(t, "scale", "-n", ns, "deployment/churn", "--replicas=0")
+		n.waitGone(t, ns, "app=churn", 3*time.Minute)
+		down := time.Since(t1)
+		settle := n.settle(t, time.Minute)
+		t.Logf("cycle %d: %d pods Running in %v, ping node->%d pods and pod<->pod ok, all gone in %v, ledger empty %v later, audit balanced",
+			cycle, pods, up.Round(time.Millisecond), len(ips), down.Round(time.Millisecond), settle.Round(time.Millisecond))
+		if t.Failed() {
+			return
+		}
+	}
+	t.Logf("%d cycles of %d pods: %d distinct addresses used", cycles, pods, len(seen))
+}
