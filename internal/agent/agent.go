@@ -6,7 +6,6 @@ package agent
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -198,7 +197,7 @@ func (s *Server) handleConn(ctx context.Context, conn net.Conn) {
 		resp = s.Handle(context.WithoutCancel(ctx), req)
 	}
 	resp.Version = api.Version
-	b, _ := json.Marshal(resp)
+	b, _ := api.MarshalResponse(resp) // json.Marshal's bytes, without reflection for ADD and DEL
 	conn.Write(append(b, '\n'))
 }
 
