@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ipledger/ipledger/internal/jsonlite"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/pool"
 )
@@ -192,8 +193,8 @@ func TestWireDecodeFastPath(t *testing.T) {
 	for _, s := range []string{wireCorpus[0], wireCorpus[1], wireCorpus[2], wireCorpus[3]} {
 		var req Request
 		var resp Response
-		d1, d2 := decoder{b: []byte(s)}, decoder{b: []byte(s)}
-		if !(d1.request(&req) && d1.end()) && !(d2.response(&resp) && d2.end()) {
+		d1, d2 := jsonlite.NewDecoder([]byte(s)), jsonlite.NewDecoder([]byte(s))
+		if !(decodeRequest(d1, &req) && d1.End()) && !(decodeResponse(d2, &resp) && d2.End()) {
 			t.Errorf("%s: left to encoding/json", s)
 		}
 	}
