@@ -16,7 +16,7 @@ var (
 	plainStrings = []string{"", "net1", "0123456789abcdef", "kube-system", "ünïcode", "/var/run/netns/cni-1"}
 	oddStrings   = []string{"a\"b", "<&>", "tab\t", "\xff", "\u2028", "\ufffd"}
 	codecTimes   = []time.Time{time.Date(2026, 11, 23, 11, 27, 43, 594468764, time.UTC), {},
-		time.Date(2026, 1, 2, 3, 4, 5, 0, time.FixedZone("x", -(5*3600 + 1800))), time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}
+		time.Date(2026, 1, 2, 3, 4, 5, 0, time.FixedZone("x", -(5*3600+1800))), time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}
 	codecPrefixes = []netip.Prefix{netip.MustParsePrefix("10.20.0.2/16"), netip.MustParsePrefix("fd00::5/64"), {}}
 )
 
