@@ -18,6 +18,7 @@ package jsonlite
 
 import (
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 )
@@ -255,7 +256,7 @@ func (d *Decoder) Object(field func(key string) bool) bool {
 	if d.eat('}') {
 		return true
 	}
-	var seen [16]string
+	var seen [32]string
 	n := 0
 	for {
 		k, ok := d.Str()
@@ -320,4 +321,73 @@ func (d *Decoder) Strings() ([]string, bool) {
 func (d *Decoder) Text(v interface{ UnmarshalText([]byte) error }) bool {
 	s, ok := d.Str()
 	return ok && v.UnmarshalText([]byte(s)) == nil
+}
+
+// Skippable reports whether encoding/json ignores key when decoding into a struct
+// whose fields are named known: it matches field names case-insensitively (with
+// Unicode folding, hence any non-ASCII key is refused here).
+func Skippable(key string, known ...string) bool {
+	for i := 0; i < len(key); i++ {
+		if key[i] >= 0x80 {
+			return false
+		}
+	}
+	for _, k := range known {
+		if strings.EqualFold(key, k) {
+			return false
+		}
+	}
+	return true
+}
+
+// Skip reads any JSON value other than null (escapes allowed) and returns its bytes.
+// It checks the nesting, not every detail of the syntax: callers check the whole
+// input with json.Valid first.
+func (d *Decoder) Skip() ([]byte, bool) {
+	d.ws()
+	start := d.i
+	depth := 0
+	for d.i < len(d.b) {
+		c := d.b[d.i]
+		switch {
+		case c == '"':
+			d.i++
+			for d.i < len(d.b) && d.b[d.i] != '"' {
+				if d.b[d.i] == '\\' {
+					d.i++
+				}
+				d.i++
+			}
+			if d.i >= len(d.b) {
+				return nil, false
+			}
+			d.i++
+		case c == '{' || c == '[':
+			depth++
+			d.i++
+		case c == '}' || c == ']':
+			if depth == 0 {
+				return nil, false
+			}
+			depth--
+			d.i++
+		case c == ',' || c == ':' || c == ' ' || c == '\t' || c == '\n' || c == '\r':
+			if depth == 0 {
+				return nil, false
+			}
+			d.i++
+		default: // numbers, true, false, null
+			lit := d.i
+			for d.i < len(d.b) && strings.IndexByte("-+.0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ", d.b[d.i]) >= 0 {
+				d.i++
+			}
+			if d.i == lit || string(d.b[lit:d.i]) == "null" {
+				return nil, false
+			}
+		}
+		if depth == 0 {
+			return d.b[start:d.i], true
+		}
+	}
+	return nil, false
 }
