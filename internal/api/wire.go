@@ -15,7 +15,6 @@ package api
 
 import (
 	"encoding/json"
-	"net/netip"
 
 	"github.com/ipledger/ipledger/internal/jsonlite"
 	"github.com/ipledger/ipledger/internal/ledger"
@@ -59,41 +58,6 @@ func UnmarshalResponse(data []byte, resp *Response) error {
 	return json.Unmarshal(data, resp)
 }
 
-func appendRanges(e *jsonlite.Encoder, sets []pool.RangeSet) {
-	e.Raw("[")
-	for i, set := range sets {
-		if i > 0 {
-			e.Raw(",")
-		}
-		if set == nil {
-			e.Raw("null")
-			continue
-		}
-		e.Raw("[")
-		for j, r := range set {
-			if j > 0 {
-				e.Raw(",")
-			}
-			first := true
-			e.Raw("{")
-			e.Field(&first, "subnet")
-			e.Text(r.Subnet)
-			for _, a := range []struct {
-				name string
-				v    netip.Addr
-			}{{"rangeStart", r.RangeStart}, {"rangeEnd", r.RangeEnd}, {"gateway", r.Gateway}} {
-				if a.v != (netip.Addr{}) {
-					e.Field(&first, a.name)
-					e.Text(a.v)
-				}
-			}
-			e.Raw("}")
-		}
-		e.Raw("]")
-	}
-	e.Raw("]")
-}
-
 func appendRequest(b []byte, r *Request) ([]byte, bool) {
 	e := jsonlite.NewEncoder(b)
 	e.Raw(`{"version":`)
@@ -105,7 +69,7 @@ func appendRequest(b []byte, r *Request) ([]byte, bool) {
 	e.StrField(&first, "ifname", r.IfName, true)
 	if len(r.Ranges) > 0 {
 		e.Field(&first, "ranges")
-		appendRanges(&e, r.Ranges)
+		pool.AppendRangeSets(&e, r.Ranges)
 	}
 	if r.Pod != (ledger.Pod{}) {
 		e.Field(&first, "pod")

@@ -177,8 +177,14 @@ func (d *Decoder) End() bool { d.ws(); return d.i == len(d.b) }
 
 // Str reads a string without escapes, of valid UTF-8.
 func (d *Decoder) Str() (string, bool) {
+	b, ok := d.strBytes()
+	return string(b), ok
+}
+
+// strBytes is Str without the copy: the bytes alias the input.
+func (d *Decoder) strBytes() ([]byte, bool) {
 	if !d.eat('"') {
-		return "", false
+		return nil, false
 	}
 	start := d.i
 	ascii := true
@@ -189,16 +195,16 @@ func (d *Decoder) Str() (string, bool) {
 			s := d.b[start:d.i]
 			d.i++
 			if !ascii && !utf8.Valid(s) {
-				return "", false
+				return nil, false
 			}
-			return string(s), true
+			return s, true
 		case c == '\\' || c < 0x20:
-			return "", false
+			return nil, false
 		case c >= 0x80:
 			ascii = false
 		}
 	}
-	return "", false
+	return nil, false
 }
 
 // SetStr reads a string into *p.
@@ -319,8 +325,8 @@ func (d *Decoder) Strings() ([]string, bool) {
 
 // Text reads a string into v through its UnmarshalText.
 func (d *Decoder) Text(v interface{ UnmarshalText([]byte) error }) bool {
-	s, ok := d.Str()
-	return ok && v.UnmarshalText([]byte(s)) == nil
+	s, ok := d.strBytes()
+	return ok && v.UnmarshalText(s) == nil
 }
 
 // Skippable reports whether encoding/json ignores key when decoding into a struct

@@ -2,6 +2,7 @@ package pool
 
 import (
 	"encoding/json"
+	"net/netip"
 
 	"github.com/ipledger/ipledger/internal/jsonlite"
 )
@@ -52,4 +53,41 @@ func decodeRaw(data []byte) ([][]rawRange, error) {
 	var raw [][]rawRange
 	err := json.Unmarshal(data, &raw)
 	return raw, err
+}
+
+// AppendRangeSets writes sets as json.Marshal does (for the callers that write
+// messages and records by hand with jsonlite).
+func AppendRangeSets(e *jsonlite.Encoder, sets []RangeSet) {
+	e.Raw("[")
+	for i, set := range sets {
+		if i > 0 {
+			e.Raw(",")
+		}
+		if set == nil {
+			e.Raw("null")
+			continue
+		}
+		e.Raw("[")
+		for j, r := range set {
+			if j > 0 {
+				e.Raw(",")
+			}
+			first := true
+			e.Raw("{")
+			e.Field(&first, "subnet")
+			e.Text(r.Subnet)
+			for _, a := range []struct {
+				name string
+				v    netip.Addr
+			}{{"rangeStart", r.RangeStart}, {"rangeEnd", r.RangeEnd}, {"gateway", r.Gateway}} {
+				if a.v != (netip.Addr{}) {
+					e.Field(&first, a.name)
+					e.Text(a.v)
+				}
+			}
+			e.Raw("}")
+		}
+		e.Raw("]")
+	}
+	e.Raw("]")
 }

@@ -10,12 +10,15 @@ package store
 import (
 	"encoding/json"
 	"net/netip"
+	"strconv"
 
 	"github.com/ipledger/ipledger/internal/jsonlite"
 	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/pool"
 )
 
-// MarshalRecord is json.Marshal(v), without reflection for leases and free addresses.
+// MarshalRecord is json.Marshal(v), without reflection for leases, free addresses,
+// history entries and pool records (every commit writes some of them).
 func MarshalRecord(v any) ([]byte, error) {
 	var b []byte
 	ok := false
@@ -24,6 +27,10 @@ func MarshalRecord(v any) ([]byte, error) {
 		b, ok = appendLease(make([]byte, 0, 256), &r)
 	case ledger.Free:
 		b, ok = appendFree(make([]byte, 0, 128), &r)
+	case ledger.Release:
+		b, ok = appendRelease(make([]byte, 0, 256), &r)
+	case ledger.PoolRecord:
+		b, ok = appendPool(make([]byte, 0, 256), &r)
 	}
 	if ok {
 		return b, nil
@@ -190,4 +197,80 @@ func decodeFree(d *jsonlite.Decoder, f *ledger.Free) bool {
 		}
 		return ok
 	})
+}
+
+func appendKey(e *jsonlite.Encoder, k ledger.Key) {
+	f := true
+	e.Raw("{")
+	e.StrField(&f, "network", k.Network, false)
+	e.StrField(&f, "containerID", k.ContainerID, false)
+	e.StrField(&f, "ifname", k.IfName, false)
+	e.Raw("}")
+}
+
+func appendPod(e *jsonlite.Encoder, p ledger.Pod) {
+	f := true
+	e.Raw("{")
+	e.StrField(&f, "namespace", p.Namespace, true)
+	e.StrField(&f, "name", p.Name, true)
+	e.StrField(&f, "uid", p.UID, true)
+	e.StrField(&f, "infraContainerID", p.InfraContainerID, true)
+	e.Raw("}")
+}
+
+// appendRelease writes an address's history entry, written by every release.
+func appendRelease(b []byte, r *ledger.Release) ([]byte, bool) {
+	e := jsonlite.NewEncoder(b)
+	first := true
+	e.Raw("{")
+	e.StrField(&first, "network", r.Network, false)
+	e.Field(&first, "ip")
+	e.Text(r.IP)
+	e.Field(&first, "key")
+	appendKey(&e, r.Key)
+	e.Field(&first, "pod")
+	appendPod(&e, r.Pod)
+	e.Field(&first, "from")
+	e.Time(r.From)
+	e.Field(&first, "to")
+	e.Time(r.To)
+	e.StrField(&first, "reason", string(r.Reason), false)
+	e.StrField(&first, "detail", r.Detail, true)
+	e.UintField(&first, "seq", r.Seq, false)
+	e.Raw("}")
+	return e.B, e.OK
+}
+
+// appendPool writes a pool record, written by every commit that touches the pool.
+func appendPool(b []byte, p *ledger.PoolRecord) ([]byte, bool) {
+	e := jsonlite.NewEncoder(b)
+	first := true
+	e.Raw("{")
+	e.StrField(&first, "network", p.Network, false)
+	e.Field(&first, "ranges")
+	if p.Ranges == nil {
+		e.Raw("null")
+	} else {
+		pool.AppendRangeSets(&e, p.Ranges)
+	}
+	e.Field(&first, "created")
+	e.Time(p.Created)
+	e.Field(&first, "nextFresh")
+	if p.NextFresh == nil {
+		e.Raw("null")
+	} else {
+		e.Raw("[")
+		for i, n := range p.NextFresh {
+			if i > 0 {
+				e.Raw(",")
+			}
+			e.B = strconv.AppendUint(e.B, n, 10)
+		}
+		e.Raw("]")
+	}
+	e.UintField(&first, "seq", p.Seq, false)
+	e.UintField(&first, "allocations", p.Allocations, false)
+	e.UintField(&first, "releases", p.Releases, false)
+	e.Raw("}")
+	return e.B, e.OK
 }
