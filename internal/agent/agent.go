@@ -6,7 +6,6 @@ package agent
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -412,7 +411,7 @@ func (s *Server) handleConn(ctx context.Context, tc *trackedConn) {
 
 func (s *Server) answer(conn net.Conn, resp *api.Response) {
 	resp.Version = api.Version
-	b, _ := json.Marshal(resp)
+	b, _ := api.MarshalResponse(resp) // json.Marshal's bytes, without reflection for ADD and DEL
 	conn.SetWriteDeadline(time.Now().Add(writeTimeout))
 	conn.Write(append(b, '\n'))
 }

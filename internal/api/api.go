@@ -7,7 +7,6 @@ package api
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -194,7 +193,7 @@ func Call(ctx context.Context, socket string, req Request) (*Response, error) {
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(dl)
 	}
-	b, err := json.Marshal(req)
+	b, err := MarshalRequest(req)
 	if err != nil {
 		return nil, err
 	}
@@ -210,7 +209,7 @@ func Call(ctx context.Context, socket string, req Request) (*Response, error) {
 	// an agent that refused the request (too large) may have answered before the
 	// write ended: its answer is read and returned below
 	var resp Response
-	if err := json.Unmarshal(line, &resp); err != nil {
+	if err := UnmarshalResponse(line, &resp); err != nil {
 		return nil, fmt.Errorf("socket %s: bad answer: %w", socket, err)
 	}
 	if resp.Version != Version {
@@ -232,7 +231,7 @@ func ReadRequest(r *bufio.Reader) (Request, error) {
 	if err != nil {
 		return req, err
 	}
-	if err := json.Unmarshal(line, &req); err != nil {
+	if err := UnmarshalRequest(line, &req); err != nil {
 		return req, fmt.Errorf("request is not valid JSON: %w", err)
 	}
 	return req, nil

@@ -59,7 +59,7 @@ type rawRoute struct {
 // which must work even when the ranges are not given.
 func ParseConfig(stdin []byte, needRanges bool) (*NetConf, *types.Error) {
 	var conf NetConf
-	if err := json.Unmarshal(stdin, &conf); err != nil {
+	if err := decodeNetConf(stdin, &conf); err != nil { // json.Unmarshal, by hand for the common shape
 		var probe struct {
 			IPAM struct {
 				Routes []rawRoute `json:"routes"`

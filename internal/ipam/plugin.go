@@ -146,6 +146,10 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	// netns is not needed after this point; clear it so that skel's post-check cannot
 	// fail an ADD whose lease is already durable (we checked the identity above)
 	args.Netns = ""
+	if b, ok := fastResult(result, conf.CNIVersion); ok { // the library's bytes, without its reflection
+		_, err := p.Stdout.Write(b)
+		return err
+	}
 	out, err := result.GetAsVersion(conf.CNIVersion)
 	if err != nil {
 		return types.NewError(types.ErrIncompatibleCNIVersion, fmt.Sprintf("cniVersion %q: %v", conf.CNIVersion, err), "")

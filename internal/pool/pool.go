@@ -7,7 +7,6 @@
 package pool
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -47,8 +46,8 @@ type rawRange struct {
 // ([[{"subnet": ...}]]) and returns canonical range sets: defaults filled in, each
 // range checked, no overlap between any two ranges of the pool.
 func ParseRangeSets(data []byte) ([]RangeSet, error) {
-	var raw [][]rawRange
-	if err := json.Unmarshal(data, &raw); err != nil {
+	raw, err := decodeRaw(data) // json.Unmarshal, by hand for the common shape
+	if err != nil {
 		return nil, fmt.Errorf("%w: ranges: %v (want [[{\"subnet\": \"10.0.0.0/24\"}]])", ErrInvalidRange, err)
 	}
 	if len(raw) == 0 {

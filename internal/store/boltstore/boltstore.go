@@ -4,7 +4,6 @@ package boltstore
 
 import (
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -192,7 +191,7 @@ type tx struct {
 }
 
 func (t *tx) decode(bucket, key, v []byte, into any) error {
-	if err := json.Unmarshal(v, into); err != nil {
+	if err := store.UnmarshalRecord(v, into); err != nil { // json.Unmarshal, by hand for leases
 		return corrupt(t.path, fmt.Errorf("record %q in bucket %s: %v", key, bucket, err))
 	}
 	return nil
@@ -207,7 +206,7 @@ func (t *tx) get(bucket, key []byte, into any) (bool, error) {
 }
 
 func (t *tx) put(bucket, key []byte, v any) error {
-	b, err := json.Marshal(v)
+	b, err := store.MarshalRecord(v) // json.Marshal, by hand for leases
 	if err != nil {
 		return err
 	}

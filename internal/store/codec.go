@@ -1,0 +1,276 @@
+package store
+
+// Record codecs without reflection for the ledger's most numerous records, leases and
+// free addresses: decoding 64k lease records with encoding/json took most of an
+// agent's start (profile of ledger.Open at 64k leases: json.Unmarshal 57% of its CPU),
+// and every ADD and DEL encodes one or two records. The bytes are exactly those of
+// encoding/json (which stays the format of the file); anything the jsonlite subset does
+// not cover is left to encoding/json. codec_test.go checks both directions against it.
+
+import (
+	"encoding/json"
+	"net/netip"
+	"strconv"
+
+	"github.com/ipledger/ipledger/internal/jsonlite"
+	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/pool"
+)
+
+// MarshalRecord is json.Marshal(v), without reflection for leases, free addresses,
+// history entries and pool records (every commit writes some of them).
+func MarshalRecord(v any) ([]byte, error) {
+	var b []byte
+	ok := false
+	switch r := v.(type) {
+	case ledger.Lease:
+		b, ok = appendLease(make([]byte, 0, 256), &r)
+	case ledger.Free:
+		b, ok = appendFree(make([]byte, 0, 128), &r)
+	case ledger.Release:
+		b, ok = appendRelease(make([]byte, 0, 256), &r)
+	case ledger.PoolRecord:
+		b, ok = appendPool(make([]byte, 0, 256), &r)
+	}
+	if ok {
+		return b, nil
+	}
+	return json.Marshal(v)
+}
+
+// UnmarshalRecord is json.Unmarshal(data, into), without reflection for leases and
+// free addresses.
+func UnmarshalRecord(data []byte, into any) error {
+	switch r := into.(type) {
+	case *ledger.Lease:
+		var l ledger.Lease
+		if d := jsonlite.NewDecoder(data); decodeLease(d, &l) && d.End() {
+			*r = l
+			return nil
+		}
+	case *ledger.Free:
+		var f ledger.Free
+		if d := jsonlite.NewDecoder(data); decodeFree(d, &f) && d.End() {
+			*r = f
+			return nil
+		}
+	}
+	return json.Unmarshal(data, into)
+}
+
+func appendLease(b []byte, l *ledger.Lease) ([]byte, bool) {
+	e := jsonlite.NewEncoder(b)
+	first := true
+	e.Raw("{")
+	e.Field(&first, "key")
+	f := true
+	e.Raw("{")
+	e.StrField(&f, "network", l.Key.Network, false)
+	e.StrField(&f, "containerID", l.Key.ContainerID, false)
+	e.StrField(&f, "ifname", l.Key.IfName, false)
+	e.Raw("}")
+	e.Field(&first, "pod")
+	f = true
+	e.Raw("{")
+	e.StrField(&f, "namespace", l.Pod.Namespace, true)
+	e.StrField(&f, "name", l.Pod.Name, true)
+	e.StrField(&f, "uid", l.Pod.UID, true)
+	e.StrField(&f, "infraContainerID", l.Pod.InfraContainerID, true)
+	e.Raw("}")
+	e.Field(&first, "netns")
+	f = true
+	e.Raw("{")
+	e.StrField(&f, "path", l.NetNS.Path, true)
+	e.UintField(&f, "dev", l.NetNS.Dev, true)
+	e.UintField(&f, "ino", l.NetNS.Ino, true)
+	e.Raw("}")
+	e.Field(&first, "ips")
+	if l.IPs == nil {
+		e.Raw("null")
+	} else {
+		e.Raw("[")
+		for i, p := range l.IPs {
+			if i > 0 {
+				e.Raw(",")
+			}
+			e.Text(p)
+		}
+		e.Raw("]")
+	}
+	e.Field(&first, "created")
+	e.Time(l.Created)
+	e.StrField(&first, "state", l.State, false)
+	e.Raw("}")
+	return e.B, e.OK
+}
+
+func decodeLease(d *jsonlite.Decoder, l *ledger.Lease) bool {
+	return d.Object(func(k string) bool {
+		switch k {
+		case "key":
+			return d.Object(func(k string) bool {
+				switch k {
+				case "network":
+					return d.SetStr(&l.Key.Network)
+				case "containerID":
+					return d.SetStr(&l.Key.ContainerID)
+				case "ifname":
+					return d.SetStr(&l.Key.IfName)
+				}
+				return false
+			})
+		case "pod":
+			return d.Object(func(k string) bool {
+				switch k {
+				case "namespace":
+					return d.SetStr(&l.Pod.Namespace)
+				case "name":
+					return d.SetStr(&l.Pod.Name)
+				case "uid":
+					return d.SetStr(&l.Pod.UID)
+				case "infraContainerID":
+					return d.SetStr(&l.Pod.InfraContainerID)
+				}
+				return false
+			})
+		case "netns":
+			return d.Object(func(k string) bool {
+				var ok bool
+				switch k {
+				case "path":
+					ok = d.SetStr(&l.NetNS.Path)
+				case "dev":
+					l.NetNS.Dev, ok = d.Uint()
+				case "ino":
+					l.NetNS.Ino, ok = d.Uint()
+				}
+				return ok
+			})
+		case "ips":
+			l.IPs = make([]netip.Prefix, 0, 1)
+			return d.Array(func() bool {
+				l.IPs = append(l.IPs, netip.Prefix{})
+				return d.Text(&l.IPs[len(l.IPs)-1])
+			})
+		case "created":
+			return d.Text(&l.Created)
+		case "state":
+			return d.SetStr(&l.State)
+		}
+		return false
+	})
+}
+
+func appendFree(b []byte, f *ledger.Free) ([]byte, bool) {
+	e := jsonlite.NewEncoder(b)
+	first := true
+	e.Raw("{")
+	e.StrField(&first, "network", f.Network, false)
+	e.Field(&first, "ip")
+	e.Text(f.IP)
+	e.Field(&first, "set")
+	e.Int(int64(f.Set))
+	e.Field(&first, "releasedAt")
+	e.Time(f.ReleasedAt)
+	e.UintField(&first, "seq", f.Seq, false)
+	e.StrField(&first, "lastUID", f.LastUID, true)
+	e.Raw("}")
+	return e.B, e.OK
+}
+
+func decodeFree(d *jsonlite.Decoder, f *ledger.Free) bool {
+	return d.Object(func(k string) bool {
+		var ok bool
+		switch k {
+		case "network":
+			ok = d.SetStr(&f.Network)
+		case "ip":
+			ok = d.Text(&f.IP)
+		case "set":
+			f.Set, ok = d.Int()
+		case "releasedAt":
+			ok = d.Text(&f.ReleasedAt)
+		case "seq":
+			f.Seq, ok = d.Uint()
+		case "lastUID":
+			ok = d.SetStr(&f.LastUID)
+		}
+		return ok
+	})
+}
+
+func appendKey(e *jsonlite.Encoder, k ledger.Key) {
+	f := true
+	e.Raw("{")
+	e.StrField(&f, "network", k.Network, false)
+	e.StrField(&f, "containerID", k.ContainerID, false)
+	e.StrField(&f, "ifname", k.IfName, false)
+	e.Raw("}")
+}
+
+func appendPod(e *jsonlite.Encoder, p ledger.Pod) {
+	f := true
+	e.Raw("{")
+	e.StrField(&f, "namespace", p.Namespace, true)
+	e.StrField(&f, "name", p.Name, true)
+	e.StrField(&f, "uid", p.UID, true)
+	e.StrField(&f, "infraContainerID", p.InfraContainerID, true)
+	e.Raw("}")
+}
+
+// appendRelease writes an address's history entry, written by every release.
+func appendRelease(b []byte, r *ledger.Release) ([]byte, bool) {
+	e := jsonlite.NewEncoder(b)
+	first := true
+	e.Raw("{")
+	e.StrField(&first, "network", r.Network, false)
+	e.Field(&first, "ip")
+	e.Text(r.IP)
+	e.Field(&first, "key")
+	appendKey(&e, r.Key)
+	e.Field(&first, "pod")
+	appendPod(&e, r.Pod)
+	e.Field(&first, "from")
+	e.Time(r.From)
+	e.Field(&first, "to")
+	e.Time(r.To)
+	e.StrField(&first, "reason", string(r.Reason), false)
+	e.StrField(&first, "detail", r.Detail, true)
+	e.UintField(&first, "seq", r.Seq, false)
+	e.Raw("}")
+	return e.B, e.OK
+}
+
+// appendPool writes a pool record, written by every commit that touches the pool.
+func appendPool(b []byte, p *ledger.PoolRecord) ([]byte, bool) {
+	e := jsonlite.NewEncoder(b)
+	first := true
+	e.Raw("{")
+	e.StrField(&first, "network", p.Network, false)
+	e.Field(&first, "ranges")
+	if p.Ranges == nil {
+		e.Raw("null")
+	} else {
+		pool.AppendRangeSets(&e, p.Ranges)
+	}
+	e.Field(&first, "created")
+	e.Time(p.Created)
+	e.Field(&first, "nextFresh")
+	if p.NextFresh == nil {
+		e.Raw("null")
+	} else {
+		e.Raw("[")
+		for i, n := range p.NextFresh {
+			if i > 0 {
+				e.Raw(",")
+			}
+			e.B = strconv.AppendUint(e.B, n, 10)
+		}
+		e.Raw("]")
+	}
+	e.UintField(&first, "seq", p.Seq, false)
+	e.UintField(&first, "allocations", p.Allocations, false)
+	e.UintField(&first, "releases", p.Releases, false)
+	e.Raw("}")
+	return e.B, e.OK
+}
