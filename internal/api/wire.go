@@ -74,11 +74,11 @@ func appendRequest(b []byte, r *Request) ([]byte, bool) {
 	}
 	if r.Pod != (ledger.Pod{}) {
 		e.Field(&first, "pod")
-		appendPod(&e, r.Pod)
+		r.Pod.AppendJSON(&e)
 	}
 	if r.NetNS != (ledger.NetNS{}) {
 		e.Field(&first, "netns")
-		appendNetNS(&e, r.NetNS)
+		r.NetNS.AppendJSON(&e)
 	}
 	if len(r.Valid) > 0 {
 		e.Field(&first, "valid")
@@ -106,27 +106,6 @@ func appendRequest(b []byte, r *Request) ([]byte, bool) {
 	}
 	e.Raw("}")
 	return e.B, e.OK
-}
-
-// appendPod writes p as json.Marshal does.
-func appendPod(e *jsonlite.Encoder, p ledger.Pod) {
-	f := true
-	e.Raw("{")
-	e.StrField(&f, "namespace", p.Namespace, true)
-	e.StrField(&f, "name", p.Name, true)
-	e.StrField(&f, "uid", p.UID, true)
-	e.StrField(&f, "infraContainerID", p.InfraContainerID, true)
-	e.Raw("}")
-}
-
-// appendNetNS writes n as json.Marshal does.
-func appendNetNS(e *jsonlite.Encoder, n ledger.NetNS) {
-	f := true
-	e.Raw("{")
-	e.StrField(&f, "path", n.Path, true)
-	e.UintField(&f, "dev", n.Dev, true)
-	e.UintField(&f, "ino", n.Ino, true)
-	e.Raw("}")
 }
 
 func appendResponse(b []byte, r *Response) ([]byte, bool) {

@@ -63,27 +63,11 @@ func appendLease(b []byte, l *ledger.Lease) ([]byte, bool) {
 	first := true
 	e.Raw("{")
 	e.Field(&first, "key")
-	f := true
-	e.Raw("{")
-	e.StrField(&f, "network", l.Key.Network, false)
-	e.StrField(&f, "containerID", l.Key.ContainerID, false)
-	e.StrField(&f, "ifname", l.Key.IfName, false)
-	e.Raw("}")
+	l.Key.AppendJSON(&e)
 	e.Field(&first, "pod")
-	f = true
-	e.Raw("{")
-	e.StrField(&f, "namespace", l.Pod.Namespace, true)
-	e.StrField(&f, "name", l.Pod.Name, true)
-	e.StrField(&f, "uid", l.Pod.UID, true)
-	e.StrField(&f, "infraContainerID", l.Pod.InfraContainerID, true)
-	e.Raw("}")
+	l.Pod.AppendJSON(&e)
 	e.Field(&first, "netns")
-	f = true
-	e.Raw("{")
-	e.StrField(&f, "path", l.NetNS.Path, true)
-	e.UintField(&f, "dev", l.NetNS.Dev, true)
-	e.UintField(&f, "ino", l.NetNS.Ino, true)
-	e.Raw("}")
+	l.NetNS.AppendJSON(&e)
 	e.Field(&first, "ips")
 	if l.IPs == nil {
 		e.Raw("null")
@@ -199,25 +183,6 @@ func decodeFree(d *jsonlite.Decoder, f *ledger.Free) bool {
 	})
 }
 
-func appendKey(e *jsonlite.Encoder, k ledger.Key) {
-	f := true
-	e.Raw("{")
-	e.StrField(&f, "network", k.Network, false)
-	e.StrField(&f, "containerID", k.ContainerID, false)
-	e.StrField(&f, "ifname", k.IfName, false)
-	e.Raw("}")
-}
-
-func appendPod(e *jsonlite.Encoder, p ledger.Pod) {
-	f := true
-	e.Raw("{")
-	e.StrField(&f, "namespace", p.Namespace, true)
-	e.StrField(&f, "name", p.Name, true)
-	e.StrField(&f, "uid", p.UID, true)
-	e.StrField(&f, "infraContainerID", p.InfraContainerID, true)
-	e.Raw("}")
-}
-
 // appendRelease writes an address's history entry, written by every release.
 func appendRelease(b []byte, r *ledger.Release) ([]byte, bool) {
 	e := jsonlite.NewEncoder(b)
@@ -227,9 +192,9 @@ func appendRelease(b []byte, r *ledger.Release) ([]byte, bool) {
 	e.Field(&first, "ip")
 	e.Text(r.IP)
 	e.Field(&first, "key")
-	appendKey(&e, r.Key)
+	r.Key.AppendJSON(&e)
 	e.Field(&first, "pod")
-	appendPod(&e, r.Pod)
+	r.Pod.AppendJSON(&e)
 	e.Field(&first, "from")
 	e.Time(r.From)
 	e.Field(&first, "to")

@@ -461,7 +461,7 @@ func (e *Env) cleanup() {
 				tb.Logf("containerdenv cleanup: %v", err)
 			}
 		}
-		e.removeSandboxes()
+		e.RemoveSandboxes()
 		if err := e.Stop(); err != nil {
 			tb.Logf("containerdenv cleanup: stop: %v", err)
 		}
@@ -479,8 +479,9 @@ func (e *Env) cleanup() {
 	}
 }
 
-// removeSandboxes stops and removes every sandbox the runtime lists.
-func (e *Env) removeSandboxes() {
+// RemoveSandboxes stops and removes every sandbox the runtime lists (errors are
+// logged: it runs in cleanups).
+func (e *Env) RemoveSandboxes() {
 	ctx := context.Background()
 	c, err := cri.Dial(ctx, e.Endpoint(), e.opts.CallTimeout)
 	if err != nil {

@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ipledger/ipledger/internal/cri"
 	containerdenv "github.com/ipledger/ipledger/internal/testenv/containerd"
 )
 
@@ -629,7 +628,7 @@ func (c *Cluster) cleanup() {
 	for _, n := range []string{"kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"} {
 		c.stopProc(n)
 	}
-	c.removeSandboxes()
+	c.Containerd.RemoveSandboxes()
 	did, errs := c.host.restore(c.Dir)
 	for _, d := range did {
 		tb.Logf("kubeenv cleanup: %s", d)
@@ -642,28 +641,5 @@ func (c *Cluster) cleanup() {
 	}
 	if err := os.RemoveAll(c.Dir); err != nil {
 		tb.Errorf("kubeenv cleanup: %v", err)
-	}
-}
-
-func (c *Cluster) removeSandboxes() {
-	ctx := context.Background()
-	cl, err := cri.Dial(ctx, c.Containerd.Endpoint(), 30*time.Second)
-	if err != nil {
-		c.tb.Logf("kubeenv cleanup: %v", err)
-		return
-	}
-	defer cl.Close()
-	sbs, err := cl.ListSandboxes(ctx)
-	if err != nil {
-		c.tb.Logf("kubeenv cleanup: %v", err)
-		return
-	}
-	for _, s := range sbs {
-		if err := cl.StopPodSandbox(ctx, s.ID); err != nil && !errors.Is(err, cri.ErrNotFound) {
-			c.tb.Logf("kubeenv cleanup: %v", err)
-		}
-		if err := cl.RemovePodSandbox(ctx, s.ID); err != nil && !errors.Is(err, cri.ErrNotFound) {
-			c.tb.Logf("kubeenv cleanup: %v", err)
-		}
 	}
 }
