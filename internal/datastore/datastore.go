@@ -66,8 +66,8 @@ type EventType int
 
 // The event types.
 const (
-	Put EventType = iota + 1 // created or updated; KV holds the new value
-	Deleted                  // deleted; KV holds the key and the deletion's revision
+	Put     EventType = iota + 1 // created or updated; KV holds the new value
+	Deleted                      // deleted; KV holds the key and the deletion's revision
 )
 
 // Event is one change seen by Watch.
