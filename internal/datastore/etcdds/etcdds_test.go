@@ -367,3 +367,46 @@ func leaderOf(t *testing.T, cl *etcdenv.Cluster) int {
 	t.Fatal("no member says it is the leader")
 	return -1
 }
+
+// TestTLS: with the CA, client certificate and key files a cluster operator gives,
+// the store talks to an etcd that requires TLS client authentication; without the
+// client certificate, or trusting another CA, it is refused.
+func TestTLS(t *testing.T) {
+	srv, files := etcdenv.StartEmbeddedTLS(t)
+	s, err := etcdds.New(etcdds.Config{Endpoints: srv.Endpoints(), CAFile: files.CA, CertFile: files.Cert, KeyFile: files.Key})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	rev, err := s.Create(ctx, "pools/net1", []byte(`{"tls":true}`))
+	if err != nil {
+		t.Fatalf("Create over TLS: %v", err)
+	}
+	if kv, err := s.Get(ctx, "pools/net1"); err != nil || kv.Revision != rev {
+		t.Fatalf("Get over TLS: %+v %v", kv, err)
+	}
+	// No client certificate: the server refuses the handshake.
+	anon, err := etcdds.New(etcdds.Config{Endpoints: srv.Endpoints(), CAFile: files.CA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer anon.Close()
+	short, cancel2 := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel2()
+	if _, err := anon.Get(short, "pools/net1"); !errors.Is(err, datastore.ErrUnavailable) {
+		t.Fatalf("Get without a client certificate: %v, want ErrUnavailable", err)
+	}
+	// Plaintext to a TLS port fails too: the scheme decides, never a silent downgrade.
+	plain, err := etcdds.New(etcdds.Config{Endpoints: []string{strings.Replace(srv.Endpoints()[0], "https://", "http://", 1)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plain.Close()
+	short3, cancel3 := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel3()
+	if _, err := plain.Get(short3, "pools/net1"); err == nil {
+		t.Fatal("plaintext Get from a TLS port succeeded")
+	}
+}
