@@ -100,7 +100,9 @@ type Event struct {
 //     returns its revision.
 //   - Update and Delete succeed only if the key's current revision equals rev
 //     (ErrConflict otherwise, ErrNotFound when the key is gone). Update returns the new
-//     revision. Of two callers that read the same revision, at most one succeeds.
+//     revision, which is always above rev, even when the value did not change (so
+//     every successful write is told apart). Of two callers that read the same
+//     revision, at most one succeeds.
 //   - List returns every key under prefix in key order, and the store revision the
 //     list was read at (at least every returned KV's Revision).
 //   - Watch streams, in order, every change under prefix after revision from (List's
