@@ -52,8 +52,10 @@ func startEnv(tb testing.TB, opts kubeenv.APIServerOptions) *env {
 	api := kubeenv.StartAPIServer(tb, opts)
 	tb.Logf("apiserver ready in %v", time.Since(t0).Round(time.Millisecond))
 	e := &env{api: api, cfg: api.Config()}
+	admin := api.Config()
+	admin.QPS, admin.Burst = 1000, 2000 // the test's own requests are not throttled
 	var err error
-	if e.client, err = dynamic.NewForConfig(e.cfg); err != nil {
+	if e.client, err = dynamic.NewForConfig(admin); err != nil {
 		tb.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

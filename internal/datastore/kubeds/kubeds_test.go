@@ -125,7 +125,7 @@ func TestKubernetesAPI(t *testing.T) {
 			{"blocks/a/10-0-0-6", []string{"blocks/a/10-0-0-64-26"}},
 			{"blocks/" + long + "/", []string{"blocks/" + long + "/fd00--40-122"}},
 			{"blocks/x.y/", []string{"blocks/x.y/10-3-0-0-26"}},
-			{"blocks/", []string{"blocks/" + long + "/fd00--40-122", "blocks/a/10-0-0-0-26", "blocks/a/10-0-0-64-26", "blocks/ab/10-1-0-0-26", "blocks/b/10-2-0-0-26", "blocks/x.y/10-3-0-0-26"}},
+			{"blocks/", []string{"blocks/a/10-0-0-0-26", "blocks/a/10-0-0-64-26", "blocks/ab/10-1-0-0-26", "blocks/b/10-2-0-0-26", "blocks/" + long + "/fd00--40-122", "blocks/x.y/10-3-0-0-26"}},
 			{"pools/", []string{"pools/a", "pools/ab", "pools/" + long}},
 			{"pools/a", []string{"pools/a", "pools/ab"}},
 			{"blocks/c/", nil},
@@ -475,7 +475,6 @@ func TestKubernetesAPI(t *testing.T) {
 		if err != nil {
 			t.Fatalf("agent watches blocks: %v", err)
 		}
-		_ = w
 		if err := s.Delete(ctx, "blocks/net/10-0-0-0-26", brev); err != nil {
 			t.Fatalf("agent gives a block back: %v", err)
 		}
