@@ -152,7 +152,7 @@ func TestKubernetesAPI(t *testing.T) {
 		ctx := ctxT(t)
 		// Distinct keys whose plain "<network>.<block>" names would be equal, a
 		// name too long for an object, names no DNS subdomain allows.
-		keys := []string{"blocks/a.b/c", "blocks/a/b.c", "blocks/" + strings.Repeat("x", 200) + "/" + strings.Repeat("y", 200),
+		keys := []string{"blocks/a.b/c", "blocks/a/b.c", "blocks/" + strings.Repeat("x", 120) + "/" + strings.Repeat("y", 120),
 			"blocks/-a/b", "pools/-a", "pools/a..b", "blocks/a/b."}
 		for i, k := range keys {
 			mustCreate(t, s, k, fmt.Sprintf(`{"i":%d}`, i))
