@@ -4,27 +4,32 @@
 //
 // Records: "pools/<network>" is a cluster-scoped IPPool (ippools.ipledger.io) named
 // <network>; "blocks/<network>/<block>" a cluster-scoped IPBlock (ipblocks.ipledger.io)
-// named "<network>.<block>" (see parseKey for names that do not fit). The record's
-// JSON object is the object's spec, so the value comes back re-encoded by the server
-// (keys sorted, no spaces) with the same content. Every object carries its key in the
-// annotation ipledger.io/key and its network in the label ipledger.io/network, which
-// List and Watch select on. The CRDs and the RBAC rules are in deploy/ipledger.yaml
-// (InstallCRDs applies the CRDs from it).
+// named "<network>.<block>"; keys of any other kind are IPRecords
+// (iprecords.ipledger.io) labelled with their kind. Keys whose readable name is no
+// valid object name get a hashed one (see parseKey). The record's JSON object is the
+// object's spec, so the value comes back re-encoded by the server (keys sorted, no
+// spaces) with the same content. Every object carries its key in the annotation
+// ipledger.io/key and its first name segment (the network) in the label
+// ipledger.io/network, which List and Watch select on. The CRDs and the RBAC rules
+// are in deploy/ipledger.yaml (InstallCRDs applies the CRDs from it).
 //
 // Revisions are resourceVersions, numeric on the etcd3 storage every apiserver uses;
 // a non-numeric one is an error. Update is a PUT with the resourceVersion read,
 // Delete carries it as a precondition, Create fails on AlreadyExists: the apiserver
-// compares them in one etcd transaction. Watches start at a resourceVersion with the
-// network's label selector; "too old resource version" (410) is ErrCompacted. Node
-// leases are Leases named ipledger-<node> in one namespace; Renew is a merge patch
-// carrying the resourceVersion (and UID) read, so another writer's change makes it
-// fail with ErrConflict.
+// compares them in one etcd transaction. Watches start at a resourceVersion with a
+// label selector; "too old resource version" (410) is ErrCompacted. The apiserver
+// serves watches from its watch cache, which starts anew when the apiserver
+// restarts: a watch from a revision before the restart is ErrCompacted, and the
+// caller lists again. Node leases are Leases named ipledger-<node> in one namespace;
+// Renew is a merge patch carrying the resourceVersion (and UID) read, so another
+// writer's change makes it fail with ErrConflict.
 //
 // The dynamic client is used (no generated clientset, no code generator step): the
 // records are JSON objects already.
 package kubeds
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -243,8 +248,11 @@ func newObject(ref objRef, key string, value []byte, replaces int64) (*unstructu
 	if err := datastore.CheckValue(key, value); err != nil {
 		return nil, fmt.Errorf("kubeds: %w", err)
 	}
+	// Numbers stay as written (json.Number): no integer above 2^53 is rounded.
 	var spec map[string]any
-	if err := json.Unmarshal(value, &spec); err != nil || spec == nil {
+	dec := json.NewDecoder(bytes.NewReader(value))
+	dec.UseNumber()
+	if err := dec.Decode(&spec); err != nil || spec == nil {
 		return nil, fmt.Errorf("kubeds: %w: value of key %q is not a JSON object (it becomes the object's spec)", datastore.ErrInvalid, key)
 	}
 	obj := &unstructured.Unstructured{Object: map[string]any{

@@ -54,10 +54,11 @@ func TestKubernetesAPI(t *testing.T) {
 		s := e.store(t)
 		ctx := ctxT(t)
 		key := "blocks/pod-net/10-0-0-64-26"
-		val := `{"network":"pod-net","cidr":"10.0.0.64/26","owner":"node-a","epoch":1,"extra":{"kept":true}}`
+		// Fields the CRD declares, and others it keeps; an integer above 2^53.
+		val := `{"network":"pod-net","cidr":"10.0.0.64/26","owner":"node-a","epoch":9007199254740993,"extra":{"kept":true,"list":[1,"a",null,1.5]}}`
 		rev := mustCreate(t, s, key, val)
 		kv, err := s.Get(ctx, key)
-		if err != nil || kv.Key != key || kv.Revision != rev || !jsonEq(t, kv.Value, []byte(val)) {
+		if err != nil || kv.Key != key || kv.Revision != rev || !jsonEq(t, kv.Value, []byte(val)) || !strings.Contains(string(kv.Value), "9007199254740993") {
 			t.Fatalf("get after create: %+v (%s), %v; want rev %d value %s", kv, kv.Value, err, rev, val)
 		}
 		if _, err := s.Create(ctx, key, []byte(`{"owner":"node-b"}`)); !errors.Is(err, datastore.ErrExists) {
@@ -215,6 +216,38 @@ func TestKubernetesAPI(t *testing.T) {
 			}
 		case <-time.After(time.Minute):
 			t.Fatal("watch config/net1/: no event")
+		}
+	})
+
+	t.Run("CRDMissingThenInstalledAgain", func(t *testing.T) {
+		s := e.store(t)
+		ctx := ctxT(t)
+		if out, err := e.api.Kubectl("delete", "crd", "iprecords.ipledger.io", "--wait=true"); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		// Until the CRD is back: a clear error, not "not found" (which would
+		// make an agent think a record is absent).
+		if err := kubeenv.WaitFor(time.Minute, 100*time.Millisecond, func() (bool, error) {
+			_, err := s.Get(ctx, "config/x")
+			return errors.Is(err, datastore.ErrUnavailable) && strings.Contains(err.Error(), "deploy/ipledger.yaml"), err
+		}); err != nil {
+			t.Fatalf("get with the CRD deleted: %v", err)
+		}
+		_, err := s.Create(ctx, "config/x", []byte(`{}`))
+		if !errors.Is(err, datastore.ErrUnavailable) || errors.Is(err, datastore.ErrNotFound) {
+			t.Fatalf("create with the CRD deleted: %v, want ErrUnavailable", err)
+		}
+		// InstallCRDs again (what a fresh install and an upgrade do): idempotent.
+		for i := 0; i < 2; i++ {
+			if _, err := kubeds.InstallCRDs(ctx, e.cfg, manifest(t)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := kubeenv.WaitFor(time.Minute, 100*time.Millisecond, func() (bool, error) {
+			_, err := s.Create(ctx, "config/x", []byte(`{}`))
+			return err == nil, err
+		}); err != nil {
+			t.Fatalf("create after reinstalling the CRD: %v", err)
 		}
 	})
 
