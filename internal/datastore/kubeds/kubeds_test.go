@@ -102,6 +102,31 @@ func TestKubernetesAPI(t *testing.T) {
 		}
 	})
 
+	t.Run("AgentRecordsFitTheCRDs", func(t *testing.T) {
+		s := e.store(t)
+		ctx := ctxT(t)
+		// The records internal/cluster writes (PoolRecord, BlockRecord), as JSON.
+		for key, v := range map[string]string{
+			"pools/k8s-pod-network":               `{"network":"k8s-pod-network","ranges":[[{"subnet":"10.0.0.0/16","gateway":"10.0.0.1"}],[{"subnet":"fd00::/112","rangeStart":"fd00::10","rangeEnd":"fd00::ff00"}]],"blockBits":[26,122]}`,
+			"blocks/k8s-pod-network/10-0-0-64-26": `{"network":"k8s-pod-network","cidr":"10.0.0.64/26","set":0,"owner":"node-a","holder":"node-a/4711","epoch":3,"lease":"0b5e6c1a-uid"}`,
+			"blocks/k8s-pod-network/fd00--40-122": `{"network":"k8s-pod-network","cidr":"fd00::40/122","set":1,"owner":"","epoch":4}`,
+			"blocks/net.2e1/10-1-0-0-26":          `{"network":"net.1","cidr":"10.1.0.0/26","set":0,"owner":"node-b","epoch":1}`,
+		} {
+			rev := mustCreate(t, s, key, v)
+			kv, err := s.Get(ctx, key)
+			if err != nil || kv.Revision != rev || !jsonEq(t, kv.Value, []byte(v)) {
+				t.Errorf("%s: got %s rev %d (%v), want %s rev %d", key, kv.Value, kv.Revision, err, v, rev)
+			}
+		}
+		out, err := e.api.Kubectl("get", "ipblocks", "-o", "custom-columns=NAME:.metadata.name,OWNER:.spec.owner,EPOCH:.spec.epoch", "--no-headers", "--sort-by=.metadata.name")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := "k8s-pod-network.10-0-0-64-26   node-a   3\nk8s-pod-network.fd00--40-122   4\n"; !strings.HasPrefix(strings.Join(strings.Fields(out), " "), strings.Join(strings.Fields(want), " ")) {
+			t.Errorf("kubectl get ipblocks:\n%s\nwant it to start with\n%s", out, want)
+		}
+	})
+
 	t.Run("ListByPrefixAndNetwork", func(t *testing.T) {
 		s := e.store(t)
 		ctx := ctxT(t)
