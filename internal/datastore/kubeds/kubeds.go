@@ -64,6 +64,7 @@ type Options struct {
 
 // Store is the datastore on the Kubernetes API.
 type Store struct {
+	cfg    *rest.Config // with QPS and user agent set
 	client dynamic.Interface
 	ns     string
 	clock  clock.Clock
@@ -96,7 +97,7 @@ func New(cfg *rest.Config, opts Options) (*Store, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.NewSystem()
 	}
-	s := &Store{client: client, ns: opts.Namespace, clock: opts.Clock}
+	s := &Store{cfg: c, client: client, ns: opts.Namespace, clock: opts.Clock}
 	s.leases = leases{s: s}
 	return s, nil
 }
