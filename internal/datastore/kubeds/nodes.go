@@ -2,7 +2,7 @@ package kubeds
 
 import (
 	"context"
-		"fmt"
+	"fmt"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
