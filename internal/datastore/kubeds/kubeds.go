@@ -62,7 +62,9 @@ type Options struct {
 	Clock clock.Clock
 }
 
-// Store is the datastore on the Kubernetes API.
+// Store is the datastore on the Kubernetes API. Calls are bounded by their ctx only
+// (no client timeout, which would also cut watches): give them deadlines. A dead
+// connection is noticed by client-go's HTTP/2 health check (about 45 s).
 type Store struct {
 	cfg    *rest.Config // with QPS and user agent set
 	client dynamic.Interface
