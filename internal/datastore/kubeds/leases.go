@@ -184,6 +184,9 @@ func (l *leases) List(ctx context.Context) ([]datastore.NodeLease, error) {
 	}
 	out := make([]datastore.NodeLease, 0, len(list.Items))
 	for i := range list.Items {
+		if _, ok := list.Items[i].GetAnnotations()[AnnotationNode]; !ok {
+			continue // labelled by hand, not written by ipledger: no node's lease
+		}
 		nl, err := toNodeLease(&list.Items[i])
 		if err != nil {
 			return nil, err
