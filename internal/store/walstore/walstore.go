@@ -142,14 +142,22 @@ func Open(path string, opts ...Option) (s *Store, err error) {
 	if err := syncDir(filepath.Dir(path)); err != nil {
 		return nil, fmt.Errorf("%w: state directory %s: %v", ledger.ErrStore, filepath.Dir(path), err)
 	}
-	replay, err := s.recover(data, applied)
+	replay, ends, lasts, err := s.recover(data, applied)
 	if err != nil {
 		return nil, err
 	}
 	s.last = applied
 	if len(replay) > 0 {
 		upTo := replay[len(replay)-1].index
-		if err := s.applyToBolt(replay, upTo); err != nil {
+		err := s.applyToBolt(replay, upTo)
+		if errors.Is(err, ledger.ErrStore) {
+			// ledger.db cannot take them now (a full disk): serve from the log, as
+			// before the crash, and checkpoint later.
+			s.resume(replay, ends, lasts)
+			go s.checkpointer()
+			return s, nil
+		}
+		if err != nil {
 			return nil, err
 		}
 		s.last = upTo
@@ -164,6 +172,26 @@ func Open(path string, opts ...Option) (s *Store, err error) {
 	}
 	go s.checkpointer()
 	return s, nil
+}
+
+// resume takes up the log where it stopped: recs (above ledger.db's index) in the
+// overlay, appends after the newest file's last record, the older file (if it holds
+// any of recs) sealed for the next checkpoint.
+func (s *Store) resume(recs []record, ends [2]int64, lasts [2]uint64) {
+	for _, r := range recs {
+		s.ov.apply(r.ops, r.index)
+	}
+	s.pending = recs
+	s.last = recs[len(recs)-1].index
+	newest := 0
+	if lasts[1] > lasts[0] {
+		newest = 1
+	}
+	s.active = newest
+	s.segs[newest].off = ends[newest]
+	if other := 1 - newest; lasts[other] != 0 {
+		s.sealed, s.sealedUpTo = other, lasts[other]
+	}
 }
 
 // readMeta reads the log identity (creating it in a file that has none) and the
@@ -204,38 +232,41 @@ func (s *Store) readMeta() (applied uint64, err error) {
 
 // recover returns the records of the two files that ledger.db lacks (index above
 // applied), in order, checking that none is missing.
-func (s *Store) recover(data [2][]byte, applied uint64) ([]record, error) {
-	var recs []record
+// For each file it also returns where its run of records ends and the last index
+// above applied it holds (0: none).
+func (s *Store) recover(data [2][]byte, applied uint64) (recs []record, ends [2]int64, lasts [2]uint64, err error) {
 	from := map[uint64]string{}
 	for i, d := range data {
-		run, _, err := scanSegment(s.segs[i].path, d, s.logID, applied)
+		run, end, err := scanSegment(s.segs[i].path, d, s.logID, applied)
 		if err != nil {
-			return nil, err
+			return nil, ends, lasts, err
 		}
+		ends[i] = int64(end)
 		for _, r := range run {
 			if r.index <= applied {
 				continue
 			}
 			if other, dup := from[r.index]; dup {
-				return nil, corruptLog(s.segs[i].path, fmt.Errorf("record %d is also in %s", r.index, other))
+				return nil, ends, lasts, corruptLog(s.segs[i].path, fmt.Errorf("record %d is also in %s", r.index, other))
 			}
 			ops, err := decodeOps(r.payload)
 			if err != nil {
-				return nil, corruptLog(s.segs[i].path, fmt.Errorf("record %d: %v", r.index, err))
+				return nil, ends, lasts, corruptLog(s.segs[i].path, fmt.Errorf("record %d: %v", r.index, err))
 			}
 			from[r.index] = s.segs[i].path
 			recs = append(recs, record{r.index, ops})
+			lasts[i] = max(lasts[i], r.index)
 		}
 	}
 	sortRecords(recs)
 	next := applied + 1
 	for _, r := range recs {
 		if r.index != next {
-			return nil, corruptLog(from[r.index], fmt.Errorf("records %d to %d are missing (ledger.db holds up to %d)", next, r.index-1, applied))
+			return nil, ends, lasts, corruptLog(from[r.index], fmt.Errorf("records %d to %d are missing (ledger.db holds up to %d)", next, r.index-1, applied))
 		}
 		next++
 	}
-	return recs, nil
+	return recs, ends, lasts, nil
 }
 
 func sortRecords(r []record) {
@@ -247,7 +278,7 @@ func sortRecords(r []record) {
 }
 
 func (s *Store) corrupt(err error) error {
-	return fmt.Errorf("%w: state file %s cannot be read as an ipledger ledger (%v); stop ipledgerd, move the file and its log aside (mv %s %s.corrupt; mv %s-wal.0 %s-wal.0.corrupt; mv %s-wal.1 %s-wal.1.corrupt) and start it again: it starts with an empty ledger, and with --cri-endpoint the reconciler reports the addresses that live pods still use",
+	return fmt.Errorf("%w: state file %s cannot be read as an ipledger ledger (%v); stop ipledgerd, move the file aside with its log (mv %s %s.corrupt; mv %s-wal.0 %s-wal.0.corrupt; mv %s-wal.1 %s-wal.1.corrupt) and start it again: it starts with an empty ledger, and with --cri-endpoint the reconciler reports the addresses that live pods still use",
 		ledger.ErrCorrupt, s.path, err, s.path, s.path, s.path, s.path, s.path, s.path)
 }
 
