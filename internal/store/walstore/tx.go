@@ -20,31 +20,82 @@ type entry struct {
 	idx uint64 // the record that wrote it (0: this transaction's own write)
 }
 
-// overlay holds, per bucket, the keys changed by records not yet checkpointed.
-type overlay [numBuckets]map[string]entry
+// overlay holds, per bucket, the keys changed by records not yet checkpointed, and
+// the history keys by address, so that AppendHistory and History do not scan every
+// logged history key (a DEL's trim of its address's history runs on the request path).
+type overlay struct {
+	m    [numBuckets]map[string]entry
+	hist map[string][]string // history keys by their address prefix; may repeat a key
+}
 
 func newOverlay() overlay {
-	var o overlay
-	for i := range o {
-		o[i] = map[string]entry{}
+	o := overlay{hist: map[string][]string{}}
+	for i := range o.m {
+		o.m[i] = map[string]entry{}
 	}
 	return o
 }
 
 func (o *overlay) clone() overlay {
-	var c overlay
-	for i := range o {
-		c[i] = make(map[string]entry, len(o[i]))
-		for k, e := range o[i] {
-			c[i][k] = e
+	c := overlay{hist: make(map[string][]string, len(o.hist))}
+	for i := range o.m {
+		c.m[i] = make(map[string]entry, len(o.m[i]))
+		for k, e := range o.m[i] {
+			c.m[i][k] = e
 		}
+	}
+	for p, keys := range o.hist {
+		c.hist[p] = keys[:len(keys):len(keys)]
 	}
 	return c
 }
 
+func (o *overlay) set(b uint8, key string, e entry) {
+	if _, ok := o.m[b][key]; !ok && b == bHistory && len(key) > 8 {
+		p := key[:len(key)-8]
+		o.hist[p] = append(o.hist[p], key)
+	}
+	o.m[b][key] = e
+}
+
 func (o *overlay) apply(ops []op, idx uint64) {
 	for _, x := range ops {
-		o[x.bucket][x.key] = entry{val: x.val, del: x.del, idx: idx}
+		o.set(x.bucket, x.key, entry{val: x.val, del: x.del, idx: idx})
+	}
+}
+
+// prune drops the entries of records up to upTo (they are in ledger.db now).
+func (o *overlay) prune(upTo uint64) {
+	for b := range o.m {
+		for k, e := range o.m[b] {
+			if e.idx <= upTo {
+				delete(o.m[b], k)
+			}
+		}
+	}
+	o.hist = map[string][]string{}
+	for k := range o.m[bHistory] {
+		if len(k) > 8 {
+			o.hist[k[:len(k)-8]] = append(o.hist[k[:len(k)-8]], k)
+		}
+	}
+}
+
+// withPrefix calls fn for the entries of bucket b whose key starts with prefix. A
+// history prefix is an address (store.AddrKey: network NUL address; network names
+// hold no NUL), and the history keys starting with it are exactly those indexed under
+// it; other prefixes are found by a scan.
+func (o *overlay) withPrefix(b uint8, prefix []byte, fn func(k string, e entry)) {
+	if b == bHistory && len(prefix) > 0 {
+		for _, k := range o.hist[string(prefix)] {
+			fn(k, o.m[b][k])
+		}
+		return
+	}
+	for k, e := range o.m[b] {
+		if strings.HasPrefix(k, string(prefix)) {
+			fn(k, e)
+		}
 	}
 }
 
@@ -87,7 +138,7 @@ func (t *tx) lookup(b uint8, key []byte) ([]byte, bool, error) {
 		if o == nil {
 			continue
 		}
-		if e, ok := o[b][string(key)]; ok {
+		if e, ok := o.m[b][string(key)]; ok {
 			return e.val, !e.del, nil
 		}
 	}
@@ -107,14 +158,12 @@ func (t *tx) each(b uint8, prefix []byte, fn func(k, v []byte) error) error {
 		if o == nil {
 			continue
 		}
-		for k, e := range o[b] {
-			if strings.HasPrefix(k, string(prefix)) {
-				if upper == nil {
-					upper = map[string]entry{}
-				}
-				upper[k] = e
+		o.withPrefix(b, prefix, func(k string, e entry) {
+			if upper == nil {
+				upper = map[string]entry{}
 			}
-		}
+			upper[k] = e
+		})
 	}
 	keys := make([]string, 0, len(upper))
 	for k := range upper {
@@ -204,7 +253,7 @@ func (t *tx) del(b uint8, key []byte) error {
 }
 
 func (t *tx) write(o op) {
-	t.own[o.bucket][o.key] = entry{val: o.val, del: o.del}
+	t.own.set(o.bucket, o.key, entry{val: o.val, del: o.del})
 	t.ops = append(t.ops, o)
 }
 

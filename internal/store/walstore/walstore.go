@@ -475,13 +475,7 @@ func (s *Store) checkpoint(all bool) (more bool, err error) {
 	at("checkpoint-committed")
 	s.wmu.Lock()
 	s.mu.Lock()
-	for b := range s.ov {
-		for k, e := range s.ov[b] {
-			if e.idx <= upTo {
-				delete(s.ov[b], k)
-			}
-		}
-	}
+	s.ov.prune(upTo)
 	s.mu.Unlock()
 	s.pending = append([]record(nil), s.pending[n:]...)
 	s.sealed = -1
