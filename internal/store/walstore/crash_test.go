@@ -384,10 +384,10 @@ func TestTornTailEveryLength(t *testing.T) {
 // state file and its log live on a tiny tmpfs that the test fills up (the log grows
 // until its chunk cannot be written, and checkpoints fail in bbolt).
 func TestDiskFull(t *testing.T) {
-	dir := tmpfs(t, "512k")
+	dir := tmpfs(t, "1m")
 	p := filepath.Join(dir, "ledger.db")
 	ballast := filepath.Join(dir, "ballast") // removed later to free space
-	if err := os.WriteFile(ballast, make([]byte, 256<<10), 0o600); err != nil {
+	if err := os.WriteFile(ballast, make([]byte, 640<<10), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	st := open(t, p, WithSegmentBytes(16<<10))
@@ -441,7 +441,12 @@ func TestDiskFull(t *testing.T) {
 			}
 		}
 	}
-	l2, err := ledger.Open(open(t, p, WithSegmentBytes(16<<10)), ledger.Options{})
+	st2 := open(t, p, WithSegmentBytes(16<<10))
+	if len(st2.pending) == 0 {
+		t.Fatal("the start on a full disk checkpointed everything: the test did not reach serving from the log")
+	}
+	t.Logf("start on a full disk: %d records served from the log", len(st2.pending))
+	l2, err := ledger.Open(st2, ledger.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
