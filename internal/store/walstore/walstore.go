@@ -414,17 +414,19 @@ func (s *Store) View(fn func(ledger.ReadTx) error) error {
 		if err != nil {
 			return s.storeErr(s.path, "read", err)
 		}
-		var applied uint64
-		if v := btx.Bucket(bucketMeta).Get(keyApplied); len(v) == 8 {
-			applied = binary.BigEndian.Uint64(v)
-		}
-		if applied > last {
-			// a checkpoint of records newer than the snapshot landed in between
-			btx.Rollback()
-			continue
-		}
 		t := &tx{s: s, btx: btx, ov: &ov}
-		return s.run(t, func() error { return fn(t) })
+		retry := false
+		err = s.run(t, func() error {
+			if v := btx.Bucket(bucketMeta).Get(keyApplied); len(v) == 8 && binary.BigEndian.Uint64(v) > last {
+				// a checkpoint of records newer than the snapshot landed in between
+				retry = true
+				return nil
+			}
+			return fn(t)
+		})
+		if !retry {
+			return err
+		}
 	}
 }
 
