@@ -487,8 +487,8 @@ func TestSyncFailureStopsTheStore(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	syncFault = func() error { return syscall.EIO }
-	t.Cleanup(func() { syncFault = nil })
+	syncHook = func(*os.File) error { return syscall.EIO }
+	t.Cleanup(func() { syncHook = nil })
 	_, _, err = l.Allocate(ledger.AllocateRequest{Key: ledgertest.Key("b"), Ranges: r})
 	if !errors.Is(err, ledger.ErrStore) || !strings.Contains(err.Error(), "restart ipledgerd") {
 		t.Fatalf("allocate with a failing fdatasync: %v", err)
@@ -499,7 +499,7 @@ func TestSyncFailureStopsTheStore(t *testing.T) {
 	if err := st.View(func(ledger.ReadTx) error { return nil }); !errors.Is(err, ledger.ErrStore) {
 		t.Fatalf("view after a failed fdatasync: %v", err)
 	}
-	syncFault = nil
+	syncHook = nil
 	st.abandon()
 	l2, err := ledger.Open(open(t, p), ledger.Options{})
 	if err != nil {

@@ -193,13 +193,17 @@ func (sg *segment) truncate() error {
 	return nil
 }
 
-// syncFault, when set (by tests), replaces the log's fdatasync.
-var syncFault func() error
+// syncHook, when set (by tests), replaces the log's fdatasync.
+var syncHook func(f *os.File) error
 
 func fdatasync(f *os.File) error {
-	if syncFault != nil {
-		return syncFault()
+	if syncHook != nil {
+		return syncHook(f)
 	}
+	return fdatasyncFile(f)
+}
+
+func fdatasyncFile(f *os.File) error {
 	for {
 		err := unix.Fdatasync(int(f.Fd()))
 		if err != syscall.EINTR {

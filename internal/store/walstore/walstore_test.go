@@ -369,3 +369,50 @@ func boltFile(t *testing.T, path, bucket string, kv map[string]string) []byte {
 	}
 	return b
 }
+
+// A commit costs one fdatasync, of the log, and writes nothing to ledger.db; a
+// checkpoint then applies every logged commit in one bbolt transaction.
+func TestOneSyncPerCommit(t *testing.T) {
+	st := open(t, filepath.Join(t.TempDir(), "ledger.db"))
+	defer st.Close()
+	l, err := ledger.Open(st, ledger.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	syncs := 0
+	syncHook = func(f *os.File) error { syncs++; return fdatasyncFile(f) }
+	t.Cleanup(func() { syncHook = nil })
+	boltTx := func() int {
+		var id int
+		st.db.View(func(btx *bolt.Tx) error { id = btx.ID(); return nil })
+		return id
+	}
+	before := boltTx()
+	r := ledgertest.Ranges(t, `[[{"subnet":"10.0.0.0/24"}]]`)
+	const n = 50
+	for i := range n {
+		k := ledgertest.Key(fmt.Sprint("c", i))
+		if _, _, err := l.Allocate(ledger.AllocateRequest{Key: k, Ranges: r}); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 1 {
+			if _, _, err := l.Release(k, ledger.ReasonDEL, ""); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	commits := n + n/2
+	if syncs != commits {
+		t.Fatalf("%d commits made %d fdatasyncs of the log, want one each", commits, syncs)
+	}
+	if after := boltTx(); after != before {
+		t.Fatalf("commits wrote %d bbolt transactions to ledger.db, want none before a checkpoint", after-before)
+	}
+	if err := st.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	if after := boltTx(); after != before+1 {
+		t.Fatalf("the checkpoint wrote %d bbolt transactions, want one", after-before)
+	}
+	ledgertest.Audit(t, l)
+}
