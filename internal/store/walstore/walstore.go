@@ -12,12 +12,16 @@
 // start; it was never acknowledged, since its fdatasync had not returned.
 //
 // Files, beside the state file ledger.db: ledger.db-wal.0 and ledger.db-wal.1, used in
-// turn. While one takes appends, the other's records are checkpointed; then the
-// roles swap and the checkpointed file is written over from its start. Open replays
-// the records ledger.db lacks, checkpoints them and empties both files; Close
-// checkpoints everything and empties them, so a cleanly stopped agent leaves
-// ledger.db complete (an older ipledgerd that ignores the log can read it). After a
-// crash, ledger.db alone lacks the newest changes: keep the -wal files beside it.
+// turn. When the file taking appends reaches DefaultSegmentBytes it is sealed and
+// checkpointed in the background while the other one, whose records ledger.db already
+// holds, takes the appends, written over from its start (in place: no metadata for
+// fdatasync to flush). Open replays the records ledger.db lacks, checkpoints them and
+// empties both files (on a full disk it serves them from the log instead, and
+// checkpoints later); Close checkpoints everything and empties them, so a cleanly
+// stopped agent leaves ledger.db complete (an older ipledgerd that ignores the log can
+// read it). After a crash, ledger.db alone lacks the newest changes: keep the -wal
+// files beside it. A View reads a snapshot of the overlay with a bbolt read that holds
+// no record after it.
 package walstore
 
 import (
