@@ -20,7 +20,7 @@ import (
 	"github.com/ipledger/ipledger/internal/agent"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/spool"
-	"github.com/ipledger/ipledger/internal/store/boltstore"
+	"github.com/ipledger/ipledger/internal/store/walstore"
 )
 
 func main() {
@@ -45,7 +45,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	var o options
 	fs := flag.NewFlagSet("ipledgerd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.stateDir, "state-dir", "/var/lib/ipledger", "directory of the ledger's state file (ledger.db) and the DEL spool")
+	fs.StringVar(&o.stateDir, "state-dir", "/var/lib/ipledger", "directory of the ledger's state file (ledger.db, with its write-ahead log ledger.db-wal.0 and .1) and the DEL spool")
 	fs.StringVar(&o.socket, "socket", "/run/ipledger/ipledger.sock", "unix socket the plugins and the CLI call (mode 0600)")
 	fs.StringVar(&o.spoolDir, "spool-dir", "", "directory where plugins spool DELs while the agent is down (default STATE-DIR/spool); published to the plugins as the symlink SOCKET.spool")
 	fs.StringVar(&o.criEndpoint, "cri-endpoint", "", "CRI runtime endpoint, e.g. unix:///run/containerd/containerd.sock (none: no runtime reconciliation)")
@@ -107,7 +107,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 }
 
 func serve(ctx context.Context, o *options, log *slog.Logger) error {
-	st, err := boltstore.Open(filepath.Join(o.stateDir, "ledger.db"))
+	// One fdatasync per commit: the write-ahead log takes each commit, ledger.db is
+	// written at checkpoints (and completely at a clean stop).
+	st, err := walstore.Open(filepath.Join(o.stateDir, "ledger.db"))
 	if err != nil {
 		return err
 	}
@@ -116,7 +118,11 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 		st.Close()
 		return err
 	}
-	defer l.Close()
+	defer func() {
+		if err := l.Close(); err != nil {
+			log.Error("closing the ledger: its write-ahead log keeps what ledger.db lacks, replayed at the next start", "err", err)
+		}
+	}()
 	// Listen before any other goroutine runs: Listen sets the process umask for the
 	// socket's mode. It refuses when another agent serves the socket, and such an
 	// agent owns the spool. Spooled DELs are still applied before any ADD is

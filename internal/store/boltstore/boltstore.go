@@ -141,6 +141,11 @@ func (s *Store) ensureSchema(btx *bolt.Tx) error {
 // Path is the state file.
 func (s *Store) Path() string { return s.path }
 
+// DB is the open bbolt file, for a store layered on this one (walstore applies its
+// log to it at checkpoints). Its buckets are those this package creates; writes
+// through it must keep the record encoding of internal/store.
+func (s *Store) DB() *bolt.DB { return s.db }
+
 // Update implements ledger.Store: one bbolt read-write transaction, fsync'd on commit.
 func (s *Store) Update(fn func(ledger.Tx) error) (err error) {
 	defer func() {

@@ -21,7 +21,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/ledger"
-	"github.com/ipledger/ipledger/internal/store/boltstore"
+	"github.com/ipledger/ipledger/internal/store/walstore"
 )
 
 var (
@@ -256,7 +256,7 @@ func (a *Agent) ctl(tb testing.TB, want int, v any, args ...string) int {
 // invariants, failing the test with every problem.
 func (a *Agent) AuditFile() ledger.AuditReport {
 	a.tb.Helper()
-	st, err := boltstore.Open(filepath.Join(a.StateDir, "ledger.db"))
+	st, err := walstore.Open(filepath.Join(a.StateDir, "ledger.db"))
 	if err != nil {
 		a.tb.Fatalf("audit: %v", err)
 	}
