@@ -22,8 +22,10 @@ const v4 = `[[{"subnet":"10.20.0.0/24"}]]`
 // Allocation claims blocks only when the node's blocks are full: 130 addresses from a
 // /24 in /26 blocks take three blocks (the first has 62 usable: .0 and the gateway
 // .1 are not handed out), and concurrent ADDs do not claim more than they need.
-func TestAllocateClaimsBlocksAsNeeded(t *testing.T) {
-	c := newMemCluster(t)
+func TestAllocateClaimsBlocksAsNeeded(t *testing.T) { forBackends(t, testAllocateClaimsBlocksAsNeeded) }
+
+func testAllocateClaimsBlocksAsNeeded(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
 	a := c.agent("node-a", ranges(t, v4), []int{26})
 	var wg sync.WaitGroup
 	errs := make(chan error, 130)
@@ -69,13 +71,15 @@ func TestAllocateClaimsBlocksAsNeeded(t *testing.T) {
 
 // Claims racing for the last free block: exactly one winner, whether the block was
 // never claimed or was given back (owner "").
-func TestClaimRaceLastBlock(t *testing.T) {
+func TestClaimRaceLastBlock(t *testing.T) { forBackends(t, testClaimRaceLastBlock) }
+
+func testClaimRaceLastBlock(t *testing.T, newC func(*testing.T) *cl) {
 	for _, tc := range []struct {
 		name      string
 		givenBack bool
 	}{{"never claimed", false}, {"given back", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newMemCluster(t)
+			c := newC(t)
 			r := ranges(t, `[[{"subnet":"10.30.0.0/25"}]]`) // two /26 blocks
 			first := c.agent("node-0", r, []int{26})
 			if _, err := first.m.Claim(ctx, "net", 0); err != nil {
@@ -161,8 +165,10 @@ func TestClaimRaceLastBlock(t *testing.T) {
 // Hand-back: a block empty on two observations a grace apart, nothing allocated in
 // between, is given back; one used in between waits a grace more; the node keeps its
 // last block.
-func TestHandBackAfterGrace(t *testing.T) {
-	c := newMemCluster(t)
+func TestHandBackAfterGrace(t *testing.T) { forBackends(t, testHandBackAfterGrace) }
+
+func testHandBackAfterGrace(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
 	a := c.agent("node-a", ranges(t, v4), []int{26})
 	sweep := func() {
 		t.Helper()
@@ -237,8 +243,10 @@ func TestHandBackAfterGrace(t *testing.T) {
 // since the last successful renewal was sent, even from blocks with free addresses;
 // the datastore unreachable but the lease provable, it keeps allocating; STATUS says
 // degraded when it has no free address without a new block.
-func TestFencingStopsAllocation(t *testing.T) {
-	c := newMemCluster(t)
+func TestFencingStopsAllocation(t *testing.T) { forBackends(t, testFencingStopsAllocation) }
+
+func testFencingStopsAllocation(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
 	a := c.agent("node-a", ranges(t, v4), []int{26})
 	for i := 0; i < 60; i++ {
 		a.mustAlloc(t, fmt.Sprint("p", i))
@@ -304,8 +312,10 @@ var datastoreUnavailable = errUnavailable()
 // after the quarantine; when it comes back it allocates nothing from the lost block,
 // and the DEL of its pod there touches only its own ledger, never the new owner's
 // lease on the same address.
-func TestLapseReclaimResume(t *testing.T) {
-	c := newMemCluster(t)
+func TestLapseReclaimResume(t *testing.T) { forBackends(t, testLapseReclaimResume) }
+
+func testLapseReclaimResume(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
 	r := ranges(t, `[[{"subnet":"10.40.0.0/25"}]]`)
 	a := c.agent("node-a", r, []int{26})
 	b := c.agent("node-b", r, []int{26})
@@ -389,8 +399,10 @@ func TestLapseReclaimResume(t *testing.T) {
 
 // A dead node's blocks are reclaimed by exactly one of several live agents sweeping
 // at once, and only after the quarantine.
-func TestReclaimExactlyOne(t *testing.T) {
-	c := newMemCluster(t)
+func TestReclaimExactlyOne(t *testing.T) { forBackends(t, testReclaimExactlyOne) }
+
+func testReclaimExactlyOne(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
 	r := ranges(t, `[[{"subnet":"10.50.0.0/24"}]]`)
 	dead := c.agent("node-dead", r, []int{26})
 	for i := 0; i < 100; i++ { // two blocks
@@ -450,8 +462,10 @@ func TestReclaimExactlyOne(t *testing.T) {
 
 // NodeGone: a deleted Node's blocks are reclaimed once its lease ran out, without the
 // quarantine, and not before.
-func TestNodeGone(t *testing.T) {
-	c := newMemCluster(t)
+func TestNodeGone(t *testing.T) { forBackends(t, testNodeGone) }
+
+func testNodeGone(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
 	r := ranges(t, v4)
 	gone := c.agent("node-gone", r, []int{26})
 	gone.mustAlloc(t, "p")
@@ -476,8 +490,10 @@ func TestNodeGone(t *testing.T) {
 
 // A second node configured with other ranges or another block size for the same
 // network is refused with an error naming both configs.
-func TestPoolConfigConflict(t *testing.T) {
-	c := newMemCluster(t)
+func TestPoolConfigConflict(t *testing.T) { forBackends(t, testPoolConfigConflict) }
+
+func testPoolConfigConflict(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
 	c.agent("node-a", ranges(t, v4), []int{26})
 	b := c.agent("node-b", nil, nil)
 	err := b.m.EnsureNetwork(ctx, "net", ranges(t, `[[{"subnet":"10.21.0.0/24"}]]`), []int{26})
@@ -500,8 +516,10 @@ func TestPoolConfigConflict(t *testing.T) {
 }
 
 // Dual-stack: one block per range set; the first allocation claims both.
-func TestDualStack(t *testing.T) {
-	c := newMemCluster(t)
+func TestDualStack(t *testing.T) { forBackends(t, testDualStack) }
+
+func testDualStack(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
 	r := ranges(t, `[[{"subnet":"10.60.0.0/24"}],[{"subnet":"fd00:60::/64"}]]`)
 	bits, err := cluster.BlockBits(r, 0)
 	if err != nil || fmt.Sprint(bits) != "[26 122]" {
@@ -524,8 +542,10 @@ func TestDualStack(t *testing.T) {
 // A restarted agent (same ledger, new process) resumes the blocks the datastore still
 // gives its node and claims nothing new; blocks the datastore gives the node that its
 // ledger lacks (a crash between claim and ledger write) are adopted.
-func TestRestartResumesAndAdopts(t *testing.T) {
-	c := newMemCluster(t)
+func TestRestartResumesAndAdopts(t *testing.T) { forBackends(t, testRestartResumesAndAdopts) }
+
+func testRestartResumesAndAdopts(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
 	r := ranges(t, v4)
 	st := memstore.New()
 	a := c.agentOn("node-a", st, c.opts("node-a"), r, []int{26})
