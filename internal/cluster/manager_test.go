@@ -635,3 +635,100 @@ func TestAuditFindsDuplicates(t *testing.T) {
 		t.Fatalf("clean books: %+v", rep)
 	}
 }
+
+// An agent restarted while the datastore is unreachable hands out nothing (it cannot
+// prove its lease or its blocks), accepts its network from its ledger, and resumes
+// once the datastore answers.
+func TestStartWhileUnreachable(t *testing.T) { forBackends(t, testStartWhileUnreachable) }
+
+func testStartWhileUnreachable(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
+	r := ranges(t, v4)
+	st := memstore.New()
+	a := c.agentOn("node-a", st, c.opts("node-a"), r, []int{26})
+	a.mustAlloc(t, "p")
+	if err := a.m.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.agents = nil
+	l, err := ledger.Open(st, ledger.Options{Clock: c.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &netDS{Store: c.open()}
+	d.cut.Store(true)
+	m, err := cluster.New(d, l, c.opts("node-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(ctx); !errors.Is(err, datastoreUnavailable) {
+		t.Fatalf("start while unreachable: %v", err)
+	}
+	if err := m.EnsureNetwork(ctx, "net", r, []int{26}); err != nil {
+		t.Fatalf("network the ledger holds, datastore unreachable: %v", err)
+	}
+	a2 := &agent{name: "node-a", m: m, l: l, ds: d, st: st}
+	c.agents = append(c.agents, a2)
+	if _, err := a2.alloc(t, "q"); !errors.Is(err, cluster.ErrFenced) {
+		t.Fatalf("allocation before the lease is proven: %v", err)
+	}
+	if st := m.Status("net"); !st.Degraded || st.Provable {
+		t.Fatalf("status: %+v", st)
+	}
+	a2.release(t, "p") // DEL works offline
+	d.cut.Store(false)
+	if err := m.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a2.mustAlloc(t, "q")
+	if st := m.Status("net"); st.Degraded || !st.Provable || !st.Available {
+		t.Fatalf("status after the renewal: %+v", st)
+	}
+}
+
+// A give-back whose write cannot reach the datastore takes the block out of the
+// ledger only for as long as the datastore is away: the sweep after it comes back
+// sees the block still the node's and adds it back; nothing is lost.
+func TestGiveBackUnreachable(t *testing.T) { forBackends(t, testGiveBackUnreachable) }
+
+func testGiveBackUnreachable(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
+	a := c.agent("node-a", ranges(t, v4), []int{26})
+	for i := 0; i < 63; i++ { // two blocks, the second holding one pod
+		a.mustAlloc(t, fmt.Sprint("p", i))
+	}
+	for i := 0; i < 62; i++ {
+		a.release(t, fmt.Sprint("p", i))
+	}
+	step := func() error {
+		if err := a.m.Renew(ctx); err != nil {
+			return err
+		}
+		return a.m.Sweep(ctx)
+	}
+	if err := step(); err != nil {
+		t.Fatal(err)
+	}
+	c.clk.Advance(time.Minute)
+	if err := a.m.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a.ds.cut.Store(true)
+	if err := a.m.Sweep(ctx); err == nil {
+		t.Fatal("sweep with an unreachable datastore reported nothing")
+	}
+	if n := len(a.l.Blocks("net")); n != 1 {
+		t.Fatalf("%d blocks in the ledger, want the empty one out", n)
+	}
+	if rec := blockRec(t, c.ds, "10.20.0.0/26"); rec.Owner != "node-a" {
+		t.Fatalf("block record %+v changed although the write never arrived", rec)
+	}
+	a.ds.cut.Store(false)
+	if err := step(); err != nil {
+		t.Fatal(err)
+	}
+	bs := a.l.Blocks("net")
+	if len(bs) != 2 || bs[0].Prefix.String() != "10.20.0.0/26" || bs[0].State != ledger.BlockActive {
+		t.Fatalf("blocks after the datastore came back: %+v, want the block added back", bs)
+	}
+}
