@@ -239,3 +239,71 @@ func BenchmarkClaimEtcd(b *testing.B) {
 	b.StopTimer()
 	reportLatency(b, lat)
 }
+
+// BenchmarkHundredNodes: 100 agents (block managers with their own ledgers, on
+// memstore) sharing one real etcd (embedded), each starting 100 pods at once from an
+// empty /16: every agent claims its blocks by compare-and-swap against the others.
+// Reports allocations per second over the whole cluster and the datastore writes.
+func BenchmarkHundredNodes(b *testing.B) {
+	srv := etcdenv.StartEmbedded(b)
+	for i := 0; i < b.N; i++ {
+		clk := clocktest.New()
+		root := fmt.Sprintf("/bench100-%d-%d/", time.Now().UnixNano(), i)
+		var ms []*cluster.Manager
+		var dss []*netDS
+		for n := 0; n < 100; n++ {
+			ds, err := etcdds.New(etcdds.Config{Endpoints: srv.Endpoints(), Root: root})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ds.Close()
+			d := &netDS{Store: ds}
+			l, err := ledger.Open(memstore.New(), ledger.Options{Clock: clk})
+			if err != nil {
+				b.Fatal(err)
+			}
+			m, err := cluster.New(d, l, cluster.Options{Node: fmt.Sprint("node-", n), Clock: clk, LeaseTTL: 60 * time.Second, Manual: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := m.Start(ctx); err != nil {
+				b.Fatal(err)
+			}
+			if err := m.EnsureNetwork(ctx, "net", ledgertest.Ranges(b, benchRanges), []int{26}); err != nil {
+				b.Fatal(err)
+			}
+			ms = append(ms, m)
+			dss = append(dss, d)
+		}
+		b.StartTimer()
+		t0 := time.Now()
+		errs := make(chan error, len(ms))
+		for n, m := range ms {
+			go func() {
+				for p := 0; p < 100; p++ {
+					if _, _, err := m.Allocate(ctx, ledger.AllocateRequest{Key: ledgertest.Key(fmt.Sprintf("n%d-p%d", n, p))}); err != nil {
+						errs <- err
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		for range ms {
+			if err := <-errs; err != nil {
+				b.Fatal(err)
+			}
+		}
+		el := time.Since(t0)
+		b.StopTimer()
+		var writes int64
+		for _, d := range dss {
+			writes += d.writes.Load()
+		}
+		b.ReportMetric(10000/el.Seconds(), "allocs/s")
+		b.ReportMetric(float64(writes)/10, "writes/1000-pods")
+		for _, m := range ms {
+			_ = m.Stop(ctx)
+		}
+	}
+}
