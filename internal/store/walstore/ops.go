@@ -13,10 +13,11 @@ const (
 	bLeases
 	bFree
 	bHistory
+	bBlocks // added with cluster mode; numbered last so that older records read the same
 	numBuckets
 )
 
-var bucketNames = [numBuckets][]byte{[]byte("pools"), []byte("leases"), []byte("free"), []byte("history")}
+var bucketNames = [numBuckets][]byte{[]byte("pools"), []byte("leases"), []byte("free"), []byte("history"), []byte("blocks")}
 
 // op is one change of one key: a put of val, or a delete.
 type op struct {

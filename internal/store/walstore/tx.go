@@ -322,4 +322,14 @@ func (t *tx) AppendHistory(r ledger.Release, keep int) error {
 	return nil
 }
 
+func (t *tx) ForEachBlock(fn func(ledger.BlockRecord) error) error {
+	return forEach(t, bBlocks, nil, fn)
+}
+func (t *tx) PutBlock(b ledger.BlockRecord) error {
+	return t.put(bBlocks, store.BlockKey(b.Network, b.Prefix), b)
+}
+func (t *tx) DeleteBlock(network string, prefix netip.Prefix) error {
+	return t.del(bBlocks, store.BlockKey(network, prefix))
+}
+
 var _ ledger.Tx = (*tx)(nil)
