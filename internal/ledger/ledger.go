@@ -111,19 +111,28 @@ type freeMark struct {
 func (l *Ledger) load(keep map[freeMark]time.Duration) error {
 	now := l.opts.Clock.Mono()
 	pools := map[string]*poolState{}
-	leases := map[Key]*Lease{}
-	byUID := map[string][]Key{}
+	var leases map[Key]*Lease
+	var byUID map[string][]Key
 	err := l.st.View(func(tx ReadTx) error {
+		nLeases := 0
 		if err := tx.ForEachPool(func(p PoolRecord) error {
 			ps, err := newPoolState(p)
 			if err != nil {
 				return fmt.Errorf("%w: pool %q: %v", ErrCorrupt, p.Network, err)
 			}
+			nLeases += ps.presize()
 			pools[p.Network] = ps
 			return nil
 		}); err != nil {
 			return err
 		}
+		// Sized from the pool records' counts: growing these maps lease by lease was
+		// a fifth of ledger.Open's time at 64k leases, and the garbage it left a good
+		// part of the GC's. Each lease of a UID gets its own one-element slice of
+		// uids, so that indexUID's append copies rather than writes into a neighbour.
+		leases = make(map[Key]*Lease, nLeases)
+		byUID = make(map[string][]Key, nLeases)
+		uids := make([]Key, nLeases)
 		if err := tx.ForEachLease(func(ls Lease) error {
 			ps := pools[ls.Key.Network]
 			if ps == nil {
@@ -132,7 +141,12 @@ func (l *Ledger) load(keep map[freeMark]time.Duration) error {
 			c := ls
 			leases[ls.Key] = &c
 			if c.Pod.UID != "" {
-				byUID[c.Pod.UID] = append(byUID[c.Pod.UID], c.Key)
+				if u := byUID[c.Pod.UID]; u != nil || len(uids) == 0 {
+					byUID[c.Pod.UID] = append(u, c.Key)
+				} else {
+					uids[0] = c.Key
+					byUID[c.Pod.UID], uids = uids[:1:1], uids[1:]
+				}
 			}
 			for _, p := range ls.IPs {
 				if other, dup := ps.held[p.Addr()]; dup {
@@ -223,6 +237,33 @@ func newPoolState(p PoolRecord) (*poolState, error) {
 		ps.sets = append(ps.sets, &setState{set: set, size: size, usable: usable, index: map[netip.Addr]*freeItem{}, byUID: map[string][]*freeItem{}})
 	}
 	return ps, nil
+}
+
+// presizeMax bounds the size hints taken from a pool record, so that a damaged count
+// costs a failed Open (ErrCorrupt, from the records themselves), never a huge
+// allocation.
+const presizeMax = 1 << 22
+
+// presize sizes the pool's maps for what its record says it holds (allocations minus
+// releases are its live addresses; every lease holds one address per range set, and
+// below the fresh cursor whatever is not held is free), and returns its lease count.
+// The counts are hints: the records that follow decide.
+func (ps *poolState) presize() int {
+	p := &ps.rec
+	if p.Releases > p.Allocations || len(ps.sets) == 0 {
+		return 0
+	}
+	live := min(p.Allocations-p.Releases, presizeMax)
+	ps.held = make(map[netip.Addr]Key, live)
+	perSet := live / uint64(len(ps.sets))
+	for i, s := range ps.sets {
+		if fresh := p.NextFresh[i]; fresh > perSet {
+			n := int(min(fresh-perSet, s.size, presizeMax))
+			s.index = make(map[netip.Addr]*freeItem, n)
+			s.free = make(freeHeap, 0, n)
+		}
+	}
+	return int(perSet)
 }
 
 func (s *setState) addFree(f Free, mono time.Duration) *freeItem {

@@ -3,11 +3,13 @@ package store
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/pool"
@@ -124,6 +126,54 @@ func checkDecode[T any](t *testing.T, data []byte) {
 	gerr, werr := UnmarshalRecord(data, &got), json.Unmarshal(data, &want)
 	if (gerr == nil) != (werr == nil) || (werr == nil && !reflect.DeepEqual(got, want)) {
 		t.Fatalf("%q:\n got %#v (%v)\nwant %#v (%v)", data, got, gerr, want, werr)
+	}
+	// the same through the interning readers a store's ForEachLease and ForEachFree
+	// use, sharing one Interner across every input of the test
+	var interned any
+	var ierr error
+	switch any(&got).(type) {
+	case *ledger.Lease:
+		var l ledger.Lease
+		ierr, interned = UnmarshalLease(data, &l, &testInterner), l
+	case *ledger.Free:
+		var f ledger.Free
+		ierr, interned = UnmarshalFree(data, &f, &testInterner), f
+	default:
+		return
+	}
+	if (ierr == nil) != (werr == nil) || (werr == nil && !reflect.DeepEqual(interned, any(want))) {
+		t.Fatalf("%q (interned):\n got %#v (%v)\nwant %#v (%v)", data, interned, ierr, want, werr)
+	}
+}
+
+var testInterner Interner
+
+// TestInternerShares: records read through one Interner share their repeated strings
+// (the memory an agent saves at 64k leases) and keep their unique ones apart.
+func TestInternerShares(t *testing.T) {
+	var in Interner
+	var first ledger.Lease
+	for i := 0; i < 3; i++ {
+		data := fmt.Sprintf(`{"key":{"network":"net","containerID":"c%d","ifname":"eth0"},"pod":{"namespace":"default","name":"p%d","uid":"u%d","infraContainerID":"c%d"},"netns":{"path":"/run/netns/x%d"},"ips":["10.20.0.%d/16"],"created":"2026-11-23T11:27:43Z","state":"active"}`, i, i, i, i, i, i+2)
+		var l ledger.Lease
+		if err := UnmarshalLease([]byte(data), &l, &in); err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprint("c", i); l.Key.ContainerID != want || l.Pod.InfraContainerID != want || l.Pod.Name != fmt.Sprint("p", i) {
+			t.Fatalf("record %d read as %+v", i, l)
+		}
+		if i == 0 {
+			first = l
+			continue
+		}
+		for _, p := range [][2]string{{l.Key.Network, first.Key.Network}, {l.Key.IfName, first.Key.IfName}, {l.Pod.Namespace, first.Pod.Namespace}, {l.State, first.State}} {
+			if unsafe.StringData(p[0]) != unsafe.StringData(p[1]) {
+				t.Errorf("record %d: %q is a copy, not shared with the first record's", i, p[0])
+			}
+		}
+		if unsafe.StringData(l.Pod.InfraContainerID) != unsafe.StringData(l.Key.ContainerID) {
+			t.Errorf("record %d: infraContainerID is a copy of the container ID", i)
+		}
 	}
 }
 
