@@ -184,8 +184,12 @@ func UnmarshalLease(data []byte, l *ledger.Lease, in *Interner) error {
 	if d := jsonlite.NewDecoder(data); decodeLease(d, l, in) && d.End() {
 		return nil
 	}
-	*l = ledger.Lease{}
-	return json.Unmarshal(data, l)
+	// into a variable of its own: passing l to encoding/json would put every caller's
+	// lease on the heap, also on the fast path
+	var v ledger.Lease
+	err := json.Unmarshal(data, &v)
+	*l = v
+	return err
 }
 
 func appendFree(b []byte, f *ledger.Free) ([]byte, bool) {
@@ -233,8 +237,10 @@ func UnmarshalFree(data []byte, f *ledger.Free, in *Interner) error {
 	if d := jsonlite.NewDecoder(data); decodeFree(d, f, in) && d.End() {
 		return nil
 	}
-	*f = ledger.Free{}
-	return json.Unmarshal(data, f)
+	var v ledger.Free
+	err := json.Unmarshal(data, &v)
+	*f = v
+	return err
 }
 
 // appendRelease writes an address's history entry, written by every release.
