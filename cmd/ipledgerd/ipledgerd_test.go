@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"os"
 	"os/exec"
@@ -291,4 +292,60 @@ func TestTakeover(t *testing.T) {
 		}
 		exited <- nil // for the cleanup; a's own cleanup audits the file
 	})
+}
+
+// TestReuseDelayAcrossRestart: an address released just before the agent restarts on
+// the same boot becomes free again a reuse delay after its release, not a whole delay
+// after the restart, and never earlier (invariant 9). One address in the pool, so an
+// ADD succeeds exactly when it is free again.
+func TestReuseDelayAcrossRestart(t *testing.T) {
+	const delay = 6 * time.Second
+	a := agentenv.Start(t, agentenv.Options{Args: []string{"--reuse-delay", delay.String()}})
+	sets, err := pool.ParseRangeSets([]byte(`[[{"subnet":"10.90.0.0/24","rangeStart":"10.90.0.7","rangeEnd":"10.90.0.7"}]]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	add := func(cid string) (*api.Response, error) {
+		return a.Call(api.Request{Op: api.OpAdd, Network: "rd", ContainerID: cid, IfName: "eth0", Ranges: sets})
+	}
+	if resp, err := add("old"); err != nil || resp.Error != nil {
+		t.Fatalf("ADD: %v %+v", err, resp)
+	}
+	released := time.Now() // the release happens after this
+	if resp, err := a.Call(api.Request{Op: api.OpDel, Network: "rd", ContainerID: "old", IfName: "eth0"}); err != nil || resp.Error != nil {
+		t.Fatalf("DEL: %v %+v", err, resp)
+	}
+	if err := a.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(delay / 2)
+	restarted := time.Now() // the new agent opens its ledger after this
+	a.Restart()
+	for {
+		resp, err := add("new")
+		var ae *api.Error
+		if errors.As(err, &ae) {
+			resp, err = &api.Response{Error: ae}, nil
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Error == nil {
+			got := time.Now()
+			if got.Sub(released) < delay {
+				t.Fatalf("the address was given again %v after its release, before the reuse delay %v", got.Sub(released), delay)
+			}
+			// a whole delay from the restart would be restarted+6s; the release's
+			// remaining time ends near restarted+3s
+			if got.Sub(restarted) >= delay-time.Second {
+				t.Fatalf("the address came back %v after the restart: the delay restarted instead of going on", got.Sub(restarted))
+			}
+			t.Logf("free again %v after the release, %v after the restart", got.Sub(released).Round(time.Millisecond), got.Sub(restarted).Round(time.Millisecond))
+			return
+		}
+		if resp.Error.Code != api.CodeExhausted {
+			t.Fatalf("ADD: code %q: %s", resp.Error.Code, resp.Error.Msg)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }

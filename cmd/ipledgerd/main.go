@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/agent"
+	"github.com/ipledger/ipledger/internal/clock"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/spool"
 	"github.com/ipledger/ipledger/internal/store/boltstore"
@@ -123,7 +124,7 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	l, err := openLedger(st, ledger.Options{ReuseDelay: o.reuseDelay, Logger: log})
+	l, err := openLedger(st, ledger.Options{ReuseDelay: o.reuseDelay, Logger: log, Boot: clock.NewSystemBoot()})
 	if err != nil {
 		st.Close()
 		return err

@@ -34,9 +34,15 @@ type Options struct {
 	// allocation to another pod (invariant 9). It is measured on the monotonic
 	// clock, so a wall-clock step neither shortens nor stretches it. An address
 	// found released in the store at Open (or at a re-read after a failed commit)
-	// counts as released at that moment: after a restart a freed address waits at
-	// most one reuse delay more than it had to, never less.
+	// counts as released at that moment, unless Boot says how long ago it was: after
+	// a restart a freed address waits at most one reuse delay more than it had to,
+	// never less.
 	ReuseDelay time.Duration
+	// Boot, when set, is read at every release and stored with the free address;
+	// at Open, an address released earlier on the same boot waits only what is left
+	// of its reuse delay (not a whole one again). Another boot, or no reading, counts
+	// from Open as above.
+	Boot clock.Boot
 	// HistoryKeep is how many releases are kept per address; default 32.
 	HistoryKeep int
 	// Logger receives one line per state change; default discards.
@@ -109,6 +115,14 @@ type freeMark struct {
 // from keep when they are there (a re-read after a failed commit), else now's
 // (conservative: the reuse delay starts again).
 func (l *Ledger) load(keep map[freeMark]time.Duration) error {
+	// the boot reading before the monotonic one: the time since a release comes
+	// out short by the gap between them, never long (invariant 9)
+	var bootID string
+	var bootNow time.Duration
+	bootOK := false
+	if l.opts.Boot != nil {
+		bootID, bootNow, bootOK = l.opts.Boot.Boot()
+	}
 	now := l.opts.Clock.Mono()
 	pools := map[string]*poolState{}
 	var leases map[Key]*Lease
@@ -166,6 +180,10 @@ func (l *Ledger) load(keep map[freeMark]time.Duration) error {
 			mono, ok := keep[freeMark{f.Network, f.IP, f.Seq}]
 			if !ok {
 				mono = now
+				if bootOK && f.BootID == bootID && f.SinceBoot > 0 && f.SinceBoot <= bootNow {
+					// released earlier on this boot: as long ago as CLOCK_BOOTTIME says
+					mono = now - (bootNow - f.SinceBoot)
+				}
 			}
 			ps.sets[f.Set].addFree(f, mono)
 			return nil
@@ -710,6 +728,13 @@ func (c *change) release(k Key, reason Reason, detail string, now time.Time, mon
 		}
 		ps.rec.Seq++
 		f := Free{Network: k.Network, IP: a, Set: set, ReleasedAt: now, Seq: ps.rec.Seq, LastUID: ls.Pod.UID}
+		if l.opts.Boot != nil {
+			// read after mono: a reading later than the release's only shortens what
+			// a restart counts as already waited
+			if id, since, ok := l.opts.Boot.Boot(); ok {
+				f.BootID, f.SinceBoot = id, since
+			}
+		}
 		s := ps.sets[set]
 		s.addFree(f, mono)
 		// Undo by address, not by the item added here: a later step of the same

@@ -9,8 +9,10 @@ package store
 
 import (
 	"encoding/json"
+	"math"
 	"net/netip"
 	"strconv"
+	"time"
 
 	"github.com/ipledger/ipledger/internal/jsonlite"
 	"github.com/ipledger/ipledger/internal/ledger"
@@ -205,6 +207,11 @@ func appendFree(b []byte, f *ledger.Free) ([]byte, bool) {
 	e.Time(f.ReleasedAt)
 	e.UintField(&first, "seq", f.Seq, false)
 	e.StrField(&first, "lastUID", f.LastUID, true)
+	e.StrField(&first, "bootID", f.BootID, true)
+	if f.SinceBoot < 0 {
+		return nil, false
+	}
+	e.UintField(&first, "sinceBoot", uint64(f.SinceBoot), true)
 	e.Raw("}")
 	return e.B, e.OK
 }
@@ -225,6 +232,15 @@ func decodeFree(d *jsonlite.Decoder, f *ledger.Free, in *Interner) bool {
 			f.Seq, ok = d.Uint()
 		case "lastUID":
 			ok = d.SetStr(&f.LastUID)
+		case "bootID":
+			ok = in.set(d, &f.BootID)
+		case "sinceBoot":
+			var v uint64
+			if v, ok = d.Uint(); ok && v <= math.MaxInt64 {
+				f.SinceBoot = time.Duration(v)
+			} else {
+				ok = false
+			}
 		}
 		return ok
 	})

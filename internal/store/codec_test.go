@@ -49,7 +49,8 @@ func randLease(r *rand.Rand) ledger.Lease {
 
 func randFree(r *rand.Rand) ledger.Free {
 	return ledger.Free{Network: randStr(r), IP: codecPrefixes[r.IntN(len(codecPrefixes))].Addr(), Set: r.IntN(3) - 1,
-		ReleasedAt: codecTimes[r.IntN(len(codecTimes))], Seq: r.Uint64() >> r.IntN(64), LastUID: randStr(r)}
+		ReleasedAt: codecTimes[r.IntN(len(codecTimes))], Seq: r.Uint64() >> r.IntN(64), LastUID: randStr(r),
+		BootID: randStr(r), SinceBoot: time.Duration(r.Int64()>>r.IntN(64)) * time.Duration(1-2*r.IntN(2))}
 }
 
 func randRelease(r *rand.Rand) ledger.Release {
@@ -204,6 +205,7 @@ var codecCorpus = []string{
 	`{"key":{"network":"n","containerID":"c","ifname":"eth0"},"pod":{"namespace":"ns","name":"p","uid":"u"},"netns":{},"ips":["10.20.0.2/16"],"created":"2026-11-23T11:27:43.594468764Z","state":"active"}`,
 	`{"network":"n","ip":"10.20.0.9","set":0,"releasedAt":"2026-11-23T11:27:43Z","seq":7,"lastUID":"u"}`,
 	`{"key":null}`, `{"ips":null}`, `{"ips":[null]}`, `{"ips":["10.20.0.2"]}`, `{"ips":[""]}`, `{"IPS":[]}`,
+	`{"sinceBoot":-5}`, `{"sinceBoot":9223372036854775808}`, `{"sinceBoot":1.5}`, `{"bootID":"a","sinceBoot":120000000000}`,
 	`{"set":-1}`, `{"set":1.5}`, `{"seq":18446744073709551616}`, `{"ip":""}`, `{"ip":"1.2.3.4.5"}`,
 	`{"created":"2026-11-23"}`, `{"key":{"network":"a","network":"b"}}`, `{"state":"a\u0062"}`, `{"x":1}`, `{}`, ``, `[]`,
 }
