@@ -2,13 +2,16 @@ package main_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,7 +29,7 @@ func runAgent(t *testing.T, socket string) (int, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(agentenv.Bin(t), "ipledgerd"), "--state-dir", t.TempDir(), "--socket", socket)
+	cmd := exec.CommandContext(ctx, filepath.Join(agentenv.Bin(t), "ipledgerd"), "--state-dir", t.TempDir(), "--socket", socket, "--takeover-timeout", "300ms")
 	out, err := cmd.CombinedOutput()
 	if ee, ok := err.(*exec.ExitError); ok {
 		return ee.ExitCode(), string(out)
@@ -163,8 +166,8 @@ func TestRefusedAgentLeavesSpool(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	out, err := exec.CommandContext(ctx, filepath.Join(agentenv.Bin(t), "ipledgerd"), "--state-dir", t.TempDir(), "--spool-dir", a.SpoolDir, "--socket", a.Socket).CombinedOutput()
-	if err == nil || !strings.Contains(string(out), "another ipledgerd") {
+	out, err := exec.CommandContext(ctx, filepath.Join(agentenv.Bin(t), "ipledgerd"), "--state-dir", t.TempDir(), "--spool-dir", a.SpoolDir, "--socket", a.Socket, "--takeover-timeout", "300ms").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "another ipledgerd") || !strings.Contains(string(out), "--takeover-timeout") {
 		t.Fatalf("second agent: %v %s", err, out)
 	}
 	// the running agent applies the spool within its interval (2s)
@@ -174,5 +177,175 @@ func TestRefusedAgentLeavesSpool(t *testing.T) {
 			t.Fatalf("the spooled DEL was not applied by the running agent (spool holds %d): leases %v", spool.Len(a.SpoolDir), a.Leases(t))
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// lockedWriter is a bytes.Buffer safe for the writes of a child's output while the
+// test reads it.
+type lockedWriter struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (w *lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.Write(p)
+}
+
+func (w *lockedWriter) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.b.String()
+}
+
+// TestTakeover: a new ipledgerd started on the state directory and socket of one that
+// still runs (a DaemonSet rollover) waits for it, saying so in its log, instead of
+// exiting; when the old one stops, the new one serves the same ledger. A new agent
+// whose predecessor never stops gives up after --takeover-timeout with an error
+// naming the state file and the flag.
+func TestTakeover(t *testing.T) {
+	a := agentenv.Start(t, agentenv.Options{})
+	sets, err := pool.ParseRangeSets([]byte(`[[{"subnet":"10.89.0.0/24"}]]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := a.Call(api.Request{Op: api.OpAdd, Network: "to", ContainerID: "kept", IfName: "eth0", Ranges: sets})
+	if err != nil || resp.Error != nil || resp.Lease == nil {
+		t.Fatalf("ADD: %v %+v", err, resp)
+	}
+	ip := resp.Lease.IPs[0]
+	bin := filepath.Join(agentenv.Bin(t), "ipledgerd")
+	args := []string{"--state-dir", a.StateDir, "--spool-dir", a.SpoolDir, "--socket", a.Socket}
+
+	t.Run("gives-up", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		out, err := exec.CommandContext(ctx, bin, append(args, "--takeover-timeout", "1s")...).CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+			t.Fatalf("new agent with its predecessor running: %v, want exit status 1; output:\n%s", err, out)
+		}
+		for _, want := range []string{"waiting for another ipledgerd to exit", "locked by another process", "--takeover-timeout"} {
+			if !strings.Contains(string(out), want) {
+				t.Errorf("output lacks %q:\n%s", want, out)
+			}
+		}
+		if _, err := a.Call(api.Request{Op: api.OpPing}); err != nil {
+			t.Fatalf("the running agent stopped answering: %v", err)
+		}
+	})
+
+	t.Run("waits", func(t *testing.T) {
+		var out lockedWriter
+		next := exec.Command(bin, append(args, "--takeover-timeout", "60s")...)
+		next.Stdout, next.Stderr = &out, &out
+		if err := next.Start(); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- next.Wait() }()
+		t.Cleanup(func() {
+			next.Process.Signal(syscall.SIGTERM)
+			<-exited
+			t.Logf("new agent's output:\n%s", out.String())
+		})
+		deadline := time.Now().Add(15 * time.Second)
+		for !strings.Contains(out.String(), "waiting for another ipledgerd to exit") {
+			select {
+			case err := <-exited:
+				t.Fatalf("the new agent exited while its predecessor ran: %v\n%s", err, out.String())
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the new agent does not say it waits:\n%s", out.String())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if err := a.Stop(); err != nil {
+			t.Fatalf("old agent: %v", err)
+		}
+		deadline = time.Now().Add(15 * time.Second)
+		for {
+			resp, err := a.Call(api.Request{Op: api.OpLeases})
+			if err == nil && resp.Error == nil {
+				if len(resp.Leases) != 1 || resp.Leases[0].ContainerID != "kept" || resp.Leases[0].IPs[0] != ip {
+					t.Fatalf("the new agent serves %+v, want the lease kept at %s", resp.Leases, ip)
+				}
+				break
+			}
+			select {
+			case err := <-exited:
+				t.Fatalf("the new agent exited instead of taking over: %v\n%s", err, out.String())
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the new agent did not take over: %v\n%s", err, out.String())
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if !strings.Contains(out.String(), "taking over") {
+			t.Errorf("the new agent's log does not say it took over:\n%s", out.String())
+		}
+		next.Process.Signal(syscall.SIGTERM)
+		if err := <-exited; err != nil {
+			t.Fatalf("new agent after SIGTERM: %v", err)
+		}
+		exited <- nil // for the cleanup; a's own cleanup audits the file
+	})
+}
+
+// TestReuseDelayAcrossRestart: an address released just before the agent restarts on
+// the same boot becomes free again a reuse delay after its release, not a whole delay
+// after the restart, and never earlier (invariant 9). One address in the pool, so an
+// ADD succeeds exactly when it is free again.
+func TestReuseDelayAcrossRestart(t *testing.T) {
+	const delay = 6 * time.Second
+	a := agentenv.Start(t, agentenv.Options{Args: []string{"--reuse-delay", delay.String()}})
+	sets, err := pool.ParseRangeSets([]byte(`[[{"subnet":"10.90.0.0/24","rangeStart":"10.90.0.7","rangeEnd":"10.90.0.7"}]]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	add := func(cid string) (*api.Response, error) {
+		return a.Call(api.Request{Op: api.OpAdd, Network: "rd", ContainerID: cid, IfName: "eth0", Ranges: sets})
+	}
+	if resp, err := add("old"); err != nil || resp.Error != nil {
+		t.Fatalf("ADD: %v %+v", err, resp)
+	}
+	released := time.Now() // the release happens after this
+	if resp, err := a.Call(api.Request{Op: api.OpDel, Network: "rd", ContainerID: "old", IfName: "eth0"}); err != nil || resp.Error != nil {
+		t.Fatalf("DEL: %v %+v", err, resp)
+	}
+	if err := a.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(delay / 2)
+	restarted := time.Now() // the new agent opens its ledger after this
+	a.Restart()
+	for {
+		resp, err := add("new")
+		var ae *api.Error
+		if errors.As(err, &ae) {
+			resp, err = &api.Response{Error: ae}, nil
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Error == nil {
+			got := time.Now()
+			if got.Sub(released) < delay {
+				t.Fatalf("the address was given again %v after its release, before the reuse delay %v", got.Sub(released), delay)
+			}
+			// a whole delay from the restart would be restarted+6s; the release's
+			// remaining time ends near restarted+3s
+			if got.Sub(restarted) >= delay-time.Second {
+				t.Fatalf("the address came back %v after the restart: the delay restarted instead of going on", got.Sub(restarted))
+			}
+			t.Logf("free again %v after the release, %v after the restart", got.Sub(released).Round(time.Millisecond), got.Sub(restarted).Round(time.Millisecond))
+			return
+		}
+		if resp.Error.Code != api.CodeExhausted {
+			t.Fatalf("ADD: code %q: %s", resp.Error.Code, resp.Error.Msg)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

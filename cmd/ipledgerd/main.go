@@ -14,12 +14,15 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
 	"syscall"
 	"time"
 
 	"github.com/ipledger/ipledger/internal/agent"
+	"github.com/ipledger/ipledger/internal/clock"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/spool"
+	"github.com/ipledger/ipledger/internal/store/boltstore"
 	"github.com/ipledger/ipledger/internal/store/walstore"
 )
 
@@ -36,6 +39,7 @@ type options struct {
 	stateDir, socket, spoolDir, criEndpoint, metricsAddr string
 	reconcileInterval, releaseGrace, reuseDelay          time.Duration
 	strandedGrace                                        time.Duration
+	takeoverTimeout                                      time.Duration
 	reclaimStranded                                      bool
 	etcdEndpoints, nodeName                              string
 	logLevel                                             string
@@ -53,6 +57,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.reconcileInterval, "reconcile-interval", 30*time.Second, "how often leases are compared with the runtime's sandboxes")
 	fs.DurationVar(&o.releaseGrace, "release-grace", 60*time.Second, "how long a lease must look abandoned, over at least two observations, before it is released")
 	fs.DurationVar(&o.reuseDelay, "reuse-delay", 30*time.Second, "least time between an address's release and its allocation to another pod")
+	fs.DurationVar(&o.takeoverTimeout, "takeover-timeout", 90*time.Second, "how long to wait, at start, for another ipledgerd holding the state file or the socket to exit (a DaemonSet rollover starts the new agent while the old one drains); 0: give up at once")
 	fs.BoolVar(&o.reclaimStranded, "reclaim-stranded", false, "remove the interface of a NotReady sandbox that still holds its address (identity-checked) and release it after --stranded-grace; off by default because it changes a pod's namespace, and a stranded lease is reported and kept either way")
 	fs.DurationVar(&o.strandedGrace, "stranded-grace", 10*time.Minute, "how long a lease must be stranded before --reclaim-stranded acts; at least --release-grace")
 	fs.StringVar(&o.etcdEndpoints, "etcd-endpoints", "", "cluster mode: etcd endpoints (not available in this release)")
@@ -81,6 +86,9 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	if o.reuseDelay < 0 {
 		return nil, errors.New("--reuse-delay: must not be negative")
 	}
+	if o.takeoverTimeout < 0 {
+		return nil, errors.New("--takeover-timeout: must not be negative")
+	}
 	return &o, nil
 }
 
@@ -99,7 +107,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
-	if err := serve(ctx, o, log); err != nil {
+	if err := serve(ctx, o, log); errors.Is(err, errStopped) {
+		log.Info("stopped while waiting to take over")
+	} else if err != nil {
 		log.Error("exiting", "err", err)
 		return 1
 	}
@@ -109,11 +119,15 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 func serve(ctx context.Context, o *options, log *slog.Logger) error {
 	// One fdatasync per commit: the write-ahead log takes each commit, ledger.db is
 	// written at checkpoints (and completely at a clean stop).
-	st, err := walstore.Open(filepath.Join(o.stateDir, "ledger.db"))
+	var st *walstore.Store
+	err := takeOver(ctx, log, o.takeoverTimeout, "state file", boltstore.ErrLocked, func() (err error) {
+		st, err = walstore.Open(filepath.Join(o.stateDir, "ledger.db"), walstore.WithBolt(boltstore.WithLockTimeout(takeoverPoll)))
+		return err
+	})
 	if err != nil {
 		return err
 	}
-	l, err := ledger.Open(st, ledger.Options{ReuseDelay: o.reuseDelay, Logger: log})
+	l, err := openLedger(st, ledger.Options{ReuseDelay: o.reuseDelay, Logger: log, Boot: clock.NewSystemBoot()})
 	if err != nil {
 		st.Close()
 		return err
@@ -128,7 +142,11 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 	// agent owns the spool. Spooled DELs are still applied before any ADD is
 	// answered: connections wait in the backlog until Serve, which applies the spool
 	// before its first Accept.
-	ln, err := agent.Listen(o.socket)
+	var ln net.Listener
+	err = takeOver(ctx, log, o.takeoverTimeout, "socket", agent.ErrSocketBusy, func() (err error) {
+		ln, err = agent.Listen(o.socket)
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -176,6 +194,71 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 	}
 	return err
 }
+
+// errStopped: SIGTERM came while the agent waited to take over; it exits 0.
+var errStopped = errors.New("stopped before serving")
+
+// takeOver calls try until it succeeds or fails with an error that is not busy, and
+// while it is busy (another ipledgerd holds what is named, as in a DaemonSet rollover
+// where the old agent still drains) for at most timeout, logging the wait. It returns
+// errStopped when ctx ends first.
+func takeOver(ctx context.Context, log *slog.Logger, timeout time.Duration, what string, busy error, try func() error) error {
+	start := time.Now()
+	var logged time.Time
+	for {
+		err := try()
+		if err == nil {
+			if !logged.IsZero() {
+				log.Info("the previous ipledgerd let go; taking over", "what", what, "waited", time.Since(start).Round(time.Millisecond))
+			}
+			return nil
+		}
+		if !errors.Is(err, busy) {
+			return err
+		}
+		waited := time.Since(start)
+		if timeout == 0 {
+			return err
+		}
+		if time.Since(logged) >= 5*time.Second {
+			log.Warn("waiting for another ipledgerd to exit before taking over", "what", what, "err", err, "waited", waited.Round(time.Second), "limit", timeout)
+			logged = time.Now()
+		}
+		if waited >= timeout {
+			return fmt.Errorf("%w (waited %v for it to be free; --takeover-timeout)", err, waited.Round(100*time.Millisecond))
+		}
+		select {
+		case <-ctx.Done():
+			return errStopped
+		case <-time.After(takeoverPoll):
+		}
+	}
+}
+
+// takeoverPoll is how often a waiting agent tries again (and how long one attempt to
+// open the state file waits for its lock).
+const takeoverPoll = 100 * time.Millisecond
+
+// openLedger is ledger.Open with the garbage collector held back while it runs.
+//
+// Why: the load allocates about 60 MB at 64k leases and keeps nearly all of it (the
+// books). With the default GOGC the collector runs four or five times while the heap
+// grows from nothing, each time marking the live set so far, for little garbage: a
+// quarter of the agent's start-up CPU. Nothing else runs yet, so GOGC is raised to
+// loadGCPercent for the load (a load that does make garbage still gets collected, the
+// heap bounded by five times its live data) and set back after, when the first
+// collection marks the books once. A GOGC the operator set higher, or off, is left
+// alone.
+func openLedger(st ledger.Store, opts ledger.Options) (*ledger.Ledger, error) {
+	if prev := debug.SetGCPercent(loadGCPercent); prev < 0 || prev > loadGCPercent {
+		debug.SetGCPercent(prev)
+	} else {
+		defer debug.SetGCPercent(prev)
+	}
+	return ledger.Open(st, opts)
+}
+
+const loadGCPercent = 400
 
 // watchLedger stops the agent (through stop) once the ledger reports it cannot know
 // its state.

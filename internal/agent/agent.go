@@ -138,8 +138,13 @@ func New(cfg Config) (*Server, error) {
 // Stats are the server's counters, for metrics.
 func (s *Server) Stats() *Stats { return s.stats }
 
+// ErrSocketBusy is returned by Listen when another process may be serving the socket
+// (it answered, or could not be ruled out): an ipledgerd being replaced, typically.
+var ErrSocketBusy = errors.New("socket busy")
+
 // Listen removes a stale socket safely (only a socket nobody answers on) and listens
-// with mode 0600.
+// with mode 0600. When another process may own the socket it fails with an error
+// wrapping ErrSocketBusy and leaves the socket alone.
 func Listen(path string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("socket directory %s: %w", filepath.Dir(path), err)
@@ -151,12 +156,12 @@ func Listen(path string) (net.Listener, error) {
 		c, err := net.DialTimeout("unix", path, time.Second)
 		if err == nil {
 			c.Close()
-			return nil, fmt.Errorf("--socket %s: another ipledgerd is serving on it; stop it first", path)
+			return nil, fmt.Errorf("%w: --socket %s: another ipledgerd is serving on it; stop it first", ErrSocketBusy, path)
 		}
 		// Only a refused connection proves nobody listens; a timeout or a full
 		// backlog may be a busy agent, whose socket must not be taken from it.
 		if !errors.Is(err, syscall.ECONNREFUSED) {
-			return nil, fmt.Errorf("--socket %s exists and its owner could not be ruled out (%v); is another ipledgerd running? stop it, or remove the socket yourself", path, err)
+			return nil, fmt.Errorf("%w: --socket %s exists and its owner could not be ruled out (%v); is another ipledgerd running? stop it, or remove the socket yourself", ErrSocketBusy, path, err)
 		}
 		if err := os.Remove(path); err != nil {
 			return nil, fmt.Errorf("removing stale socket %s: %w", path, err)
@@ -555,6 +560,14 @@ func (s *Server) view(ls ledger.Lease) api.LeaseView {
 	if ps, err := s.cfg.Ledger.Pool(ls.Key.Network); err == nil {
 		ranges = ps.Ranges
 	}
+	return s.viewIn(ls, ranges)
+}
+
+// viewIn is view with the ranges of the lease's pool given. ADD knows them: they are
+// its request's, which the ledger allocated from only because they equal the pool's.
+// Asking the ledger instead waits for its lock, which the next group commit holds
+// through its fsync: in a burst, every ADD's answer waited for one more commit.
+func (s *Server) viewIn(ls ledger.Lease, ranges []pool.RangeSet) api.LeaseView {
 	v := api.ViewOf(ls, ranges)
 	if s.cfg.Guard != nil {
 		s.cfg.Guard.Annotate(&v)
@@ -615,7 +628,7 @@ func (s *Server) add(ctx context.Context, req api.Request) *api.Response {
 		return errResp(errorOf(err))
 	}
 	s.countSuperseded(superseding)
-	v := s.view(ls)
+	v := s.viewIn(ls, req.Ranges)
 	return &api.Response{Lease: &v, Existed: existed}
 }
 

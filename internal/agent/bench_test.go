@@ -1,7 +1,9 @@
 package agent_test
 
 import (
+	"errors"
 	"fmt"
+	"sync"
 	"testing"
 
 	"github.com/ipledger/ipledger/internal/api"
@@ -28,5 +30,42 @@ func BenchmarkSocketAddDel(b *testing.B) {
 		if _, err := a.Call(req); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkSocketBurst110: a burst of 110 concurrent ADDs (kubelet's max pods per
+// node, as when a node starts), then 110 concurrent DELs, through the agent's socket
+// without the plugin's exec: the agent's share of the bench's burst row, where
+// requests wait on each other (group commits, the ledger's lock).
+func BenchmarkSocketBurst110(b *testing.B) {
+	a := agentenv.Start(b, agentenv.Options{Args: []string{"--reuse-delay", "0s"}})
+	sets, err := pool.ParseRangeSets([]byte(`[[{"subnet":"10.248.4.0/22"}]]`))
+	if err != nil {
+		b.Fatal(err)
+	}
+	const n = 110
+	run := func(op string, round int) {
+		var wg sync.WaitGroup
+		errs := make([]error, n)
+		for i := 0; i < n; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				resp, err := a.Call(api.Request{Op: op, Network: "burst", ContainerID: fmt.Sprintf("b%d-%d", round, i), IfName: "eth0", Ranges: sets})
+				if err == nil && resp.Error != nil {
+					err = resp.Error
+				}
+				errs[i] = err
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		run(api.OpAdd, i)
+		run(api.OpDel, i)
 	}
 }

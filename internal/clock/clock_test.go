@@ -1,6 +1,8 @@
 package clock_test
 
 import (
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -33,5 +35,23 @@ func TestFakeStepMovesOnlyWall(t *testing.T) {
 	c.Advance(time.Minute)
 	if c.Mono() != m0+time.Minute || !c.Now().Equal(w0.Add(-59*time.Minute)) {
 		t.Fatalf("Advance(1m): wall %v mono %v", c.Now(), c.Mono())
+	}
+}
+
+// TestSystemBoot: the machine's boot clock names this boot (as the kernel does) and
+// its reading grows with time.
+func TestSystemBoot(t *testing.T) {
+	want, err := os.ReadFile(clock.BootIDFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := clock.NewSystemBoot()
+	id, s1, ok := b.Boot()
+	if !ok || id != strings.TrimSpace(string(want)) || s1 <= 0 {
+		t.Fatalf("Boot() = %q %v %v, want %q and a positive reading", id, s1, ok, strings.TrimSpace(string(want)))
+	}
+	time.Sleep(10 * time.Millisecond)
+	if _, s2, _ := b.Boot(); s2-s1 < 10*time.Millisecond {
+		t.Fatalf("readings %v then %v, 10ms apart", s1, s2)
 	}
 }

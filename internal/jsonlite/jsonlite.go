@@ -17,6 +17,7 @@
 package jsonlite
 
 import (
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -181,6 +182,10 @@ func (d *Decoder) Str() (string, bool) {
 	return string(b), ok
 }
 
+// StrBytes is Str without the copy: the bytes alias the input (valid as long as it
+// is), for a caller that compares or interns them.
+func (d *Decoder) StrBytes() ([]byte, bool) { return d.strBytes() }
+
 // strBytes is Str without the copy: the bytes alias the input.
 func (d *Decoder) strBytes() ([]byte, bool) {
 	if !d.eat('"') {
@@ -256,21 +261,29 @@ func (d *Decoder) Bool() (bool, bool) {
 // Object reads {"key": value, ...}, calling field for each key to read its value; a
 // key seen twice is refused.
 func (d *Decoder) Object(field func(key string) bool) bool {
+	return d.Fields(func(k []byte) bool { return field(string(k)) })
+}
+
+// Fields is Object with each key as bytes that alias the input, valid only during the
+// call: it allocates nothing per key (compare with switch string(key), which does not
+// copy). Decoding 64k lease records at agent start, Object's key strings were a third
+// of all allocations.
+func (d *Decoder) Fields(field func(key []byte) bool) bool {
 	if !d.eat('{') {
 		return false
 	}
 	if d.eat('}') {
 		return true
 	}
-	var seen [32]string
+	var seen [32][]byte
 	n := 0
 	for {
-		k, ok := d.Str()
+		k, ok := d.strBytes()
 		if !ok || !d.eat(':') {
 			return false
 		}
 		for _, s := range seen[:n] {
-			if s == k {
+			if string(s) == string(k) {
 				return false
 			}
 		}
@@ -327,6 +340,26 @@ func (d *Decoder) Strings() ([]string, bool) {
 func (d *Decoder) Text(v interface{ UnmarshalText([]byte) error }) bool {
 	s, ok := d.strBytes()
 	return ok && v.UnmarshalText(s) == nil
+}
+
+// Time reads an RFC 3339 time into *t. Text does the same through an interface,
+// which makes *t escape to the heap (and with it the whole record it is a field of);
+// this does not.
+func (d *Decoder) Time(t *time.Time) bool {
+	s, ok := d.strBytes()
+	return ok && t.UnmarshalText(s) == nil
+}
+
+// Prefix reads an address prefix into *p, as Time does.
+func (d *Decoder) Prefix(p *netip.Prefix) bool {
+	s, ok := d.strBytes()
+	return ok && p.UnmarshalText(s) == nil
+}
+
+// Addr reads an address into *a, as Time does.
+func (d *Decoder) Addr(a *netip.Addr) bool {
+	s, ok := d.strBytes()
+	return ok && a.UnmarshalText(s) == nil
 }
 
 // Skippable reports whether encoding/json ignores key when decoding into a struct

@@ -34,9 +34,15 @@ type Options struct {
 	// allocation to another pod (invariant 9). It is measured on the monotonic
 	// clock, so a wall-clock step neither shortens nor stretches it. An address
 	// found released in the store at Open (or at a re-read after a failed commit)
-	// counts as released at that moment: after a restart a freed address waits at
-	// most one reuse delay more than it had to, never less.
+	// counts as released at that moment, unless Boot says how long ago it was: after
+	// a restart a freed address waits at most one reuse delay more than it had to,
+	// never less.
 	ReuseDelay time.Duration
+	// Boot, when set, is read at every release and stored with the free address;
+	// at Open, an address released earlier on the same boot waits only what is left
+	// of its reuse delay (not a whole one again). Another boot, or no reading, counts
+	// from Open as above.
+	Boot clock.Boot
 	// HistoryKeep is how many releases are kept per address; default 32.
 	HistoryKeep int
 	// Logger receives one line per state change; default discards.
@@ -116,16 +122,26 @@ type freeMark struct {
 // from keep when they are there (a re-read after a failed commit), else now's
 // (conservative: the reuse delay starts again).
 func (l *Ledger) load(keep map[freeMark]time.Duration) error {
+	// the boot reading before the monotonic one: the time since a release comes
+	// out short by the gap between them, never long (invariant 9)
+	var bootID string
+	var bootNow time.Duration
+	bootOK := false
+	if l.opts.Boot != nil {
+		bootID, bootNow, bootOK = l.opts.Boot.Boot()
+	}
 	now := l.opts.Clock.Mono()
 	pools := map[string]*poolState{}
-	leases := map[Key]*Lease{}
-	byUID := map[string][]Key{}
+	var leases map[Key]*Lease
+	var byUID map[string][]Key
 	err := l.st.View(func(tx ReadTx) error {
+		nLeases := 0
 		if err := tx.ForEachPool(func(p PoolRecord) error {
 			ps, err := newPoolState(p)
 			if err != nil {
 				return fmt.Errorf("%w: pool %q: %v", ErrCorrupt, p.Network, err)
 			}
+			nLeases += ps.presize()
 			pools[p.Network] = ps
 			return nil
 		}); err != nil {
@@ -149,6 +165,13 @@ func (l *Ledger) load(keep map[freeMark]time.Duration) error {
 		}); err != nil {
 			return err
 		}
+		// Sized from the pool records' counts: growing these maps lease by lease was
+		// a fifth of ledger.Open's time at 64k leases, and the garbage it left a good
+		// part of the GC's. Each lease of a UID gets its own one-element slice of
+		// uids, so that indexUID's append copies rather than writes into a neighbour.
+		leases = make(map[Key]*Lease, nLeases)
+		byUID = make(map[string][]Key, nLeases)
+		uids := make([]Key, nLeases)
 		if err := tx.ForEachLease(func(ls Lease) error {
 			ps := pools[ls.Key.Network]
 			if ps == nil {
@@ -157,7 +180,12 @@ func (l *Ledger) load(keep map[freeMark]time.Duration) error {
 			c := ls
 			leases[ls.Key] = &c
 			if c.Pod.UID != "" {
-				byUID[c.Pod.UID] = append(byUID[c.Pod.UID], c.Key)
+				if u := byUID[c.Pod.UID]; u != nil || len(uids) == 0 {
+					byUID[c.Pod.UID] = append(u, c.Key)
+				} else {
+					uids[0] = c.Key
+					byUID[c.Pod.UID], uids = uids[:1:1], uids[1:]
+				}
 			}
 			for _, p := range ls.IPs {
 				if other, dup := ps.held[p.Addr()]; dup {
@@ -194,6 +222,10 @@ func (l *Ledger) load(keep map[freeMark]time.Duration) error {
 			mono, ok := keep[freeMark{f.Network, f.IP, f.Seq}]
 			if !ok {
 				mono = now
+				if bootOK && f.BootID == bootID && f.SinceBoot > 0 && f.SinceBoot <= bootNow {
+					// released earlier on this boot: as long ago as CLOCK_BOOTTIME says
+					mono = now - (bootNow - f.SinceBoot)
+				}
 			}
 			ps.sets[f.Set].addFree(f, mono)
 			return nil
@@ -283,6 +315,36 @@ func (ps *poolState) blockOf(a netip.Addr) *blockState {
 		}
 	}
 	return nil
+}
+
+// presizeMax bounds the size hints taken from a pool record, so that a damaged count
+// costs a failed Open (ErrCorrupt, from the records themselves), never a huge
+// allocation.
+const presizeMax = 1 << 22
+
+// presize sizes the pool's maps for what its record says it holds (allocations minus
+// releases are its live addresses; every lease holds one address per range set, and
+// below the fresh cursor whatever is not held is free), and returns its lease count.
+// The counts are hints: the records that follow decide.
+func (ps *poolState) presize() int {
+	p := &ps.rec
+	if p.Releases > p.Allocations || len(ps.sets) == 0 {
+		return 0
+	}
+	live := min(p.Allocations-p.Releases, presizeMax)
+	ps.held = make(map[netip.Addr]Key, live)
+	perSet := live / uint64(len(ps.sets))
+	for i, s := range ps.sets {
+		if i >= len(p.NextFresh) { // a cluster-scoped pool keeps its cursors per block
+			break
+		}
+		if fresh := p.NextFresh[i]; fresh > perSet {
+			n := int(min(fresh-perSet, s.size, presizeMax))
+			s.index = make(map[netip.Addr]*freeItem, n)
+			s.free = make(freeHeap, 0, n)
+		}
+	}
+	return int(perSet)
 }
 
 func (s *setState) addFree(f Free, mono time.Duration) *freeItem {
@@ -765,6 +827,13 @@ func (c *change) release(k Key, reason Reason, detail string, now time.Time, mon
 		}
 		ps.rec.Seq++
 		f := Free{Network: k.Network, IP: a, Set: set, ReleasedAt: now, Seq: ps.rec.Seq, LastUID: ls.Pod.UID}
+		if l.opts.Boot != nil {
+			// read after mono: a reading later than the release's only shortens what
+			// a restart counts as already waited
+			if id, since, ok := l.opts.Boot.Boot(); ok {
+				f.BootID, f.SinceBoot = id, since
+			}
+		}
 		s := ps.sets[set]
 		var b *blockState
 		if s.bits != 0 {

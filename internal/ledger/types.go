@@ -207,6 +207,11 @@ type Free struct {
 	ReleasedAt time.Time  `json:"releasedAt"`
 	Seq        uint64     `json:"seq"`
 	LastUID    string     `json:"lastUID,omitempty"`
+	// BootID and SinceBoot are the machine's boot and its CLOCK_BOOTTIME reading at
+	// the release, when known (Options.Boot): a restart on the same boot counts the
+	// reuse delay from the release, not from its start.
+	BootID    string        `json:"bootID,omitempty"`
+	SinceBoot time.Duration `json:"sinceBoot,omitempty"`
 }
 
 // PoolRecord is the durable description of a network's pool.

@@ -9,8 +9,10 @@ package store
 
 import (
 	"encoding/json"
+	"math"
 	"net/netip"
 	"strconv"
+	"time"
 
 	"github.com/ipledger/ipledger/internal/jsonlite"
 	"github.com/ipledger/ipledger/internal/ledger"
@@ -45,17 +47,9 @@ func MarshalRecord(v any) ([]byte, error) {
 func UnmarshalRecord(data []byte, into any) error {
 	switch r := into.(type) {
 	case *ledger.Lease:
-		var l ledger.Lease
-		if d := jsonlite.NewDecoder(data); decodeLease(d, &l) && d.End() {
-			*r = l
-			return nil
-		}
+		return UnmarshalLease(data, r, nil)
 	case *ledger.Free:
-		var f ledger.Free
-		if d := jsonlite.NewDecoder(data); decodeFree(d, &f) && d.End() {
-			*r = f
-			return nil
-		}
+		return UnmarshalFree(data, r, nil)
 	}
 	return json.Unmarshal(data, into)
 }
@@ -90,39 +84,46 @@ func appendLease(b []byte, l *ledger.Lease) ([]byte, bool) {
 	return e.B, e.OK
 }
 
-func decodeLease(d *jsonlite.Decoder, l *ledger.Lease) bool {
-	return d.Object(func(k string) bool {
-		switch k {
+func decodeLease(d *jsonlite.Decoder, l *ledger.Lease, in *Interner) bool {
+	return d.Fields(func(k []byte) bool {
+		switch string(k) {
 		case "key":
-			return d.Object(func(k string) bool {
-				switch k {
+			return d.Fields(func(k []byte) bool {
+				switch string(k) {
 				case "network":
-					return d.SetStr(&l.Key.Network)
+					return in.set(d, &l.Key.Network)
 				case "containerID":
 					return d.SetStr(&l.Key.ContainerID)
 				case "ifname":
-					return d.SetStr(&l.Key.IfName)
+					return in.set(d, &l.Key.IfName)
 				}
 				return false
 			})
 		case "pod":
-			return d.Object(func(k string) bool {
-				switch k {
+			return d.Fields(func(k []byte) bool {
+				switch string(k) {
 				case "namespace":
-					return d.SetStr(&l.Pod.Namespace)
+					return in.set(d, &l.Pod.Namespace)
 				case "name":
 					return d.SetStr(&l.Pod.Name)
 				case "uid":
 					return d.SetStr(&l.Pod.UID)
 				case "infraContainerID":
-					return d.SetStr(&l.Pod.InfraContainerID)
+					// usually the container ID itself (containerd, CRI-O): share it
+					b, ok := d.StrBytes()
+					if ok && string(b) == l.Key.ContainerID {
+						l.Pod.InfraContainerID = l.Key.ContainerID
+					} else {
+						l.Pod.InfraContainerID = string(b)
+					}
+					return ok
 				}
 				return false
 			})
 		case "netns":
-			return d.Object(func(k string) bool {
+			return d.Fields(func(k []byte) bool {
 				var ok bool
-				switch k {
+				switch string(k) {
 				case "path":
 					ok = d.SetStr(&l.NetNS.Path)
 				case "dev":
@@ -136,15 +137,63 @@ func decodeLease(d *jsonlite.Decoder, l *ledger.Lease) bool {
 			l.IPs = make([]netip.Prefix, 0, 1)
 			return d.Array(func() bool {
 				l.IPs = append(l.IPs, netip.Prefix{})
-				return d.Text(&l.IPs[len(l.IPs)-1])
+				return d.Prefix(&l.IPs[len(l.IPs)-1])
 			})
 		case "created":
-			return d.Text(&l.Created)
+			return d.Time(&l.Created)
 		case "state":
-			return d.SetStr(&l.State)
+			return in.set(d, &l.State)
 		}
 		return false
 	})
+}
+
+// Interner shares the strings that repeat across many records (network names,
+// interface names, pod namespaces, lease states) while a store reads them all: with
+// 64k leases, four fewer allocations per lease at agent start and about 4 MiB less
+// heap for as long as the leases live. It holds at most internMax strings; past that
+// it copies as a plain decode does. A nil *Interner interns nothing. Not safe for
+// concurrent use: one per read.
+type Interner struct{ m map[string]string }
+
+const internMax = 4096
+
+func (in *Interner) set(d *jsonlite.Decoder, p *string) bool {
+	if in == nil {
+		return d.SetStr(p)
+	}
+	b, ok := d.StrBytes()
+	if !ok {
+		return false
+	}
+	if s, hit := in.m[string(b)]; hit {
+		*p = s
+		return true
+	}
+	s := string(b)
+	if in.m == nil {
+		in.m = make(map[string]string, 16)
+	}
+	if len(in.m) < internMax {
+		in.m[s] = s
+	}
+	*p = s
+	return true
+}
+
+// UnmarshalLease is UnmarshalRecord for a lease record, sharing repeated strings
+// through in (which may be nil).
+func UnmarshalLease(data []byte, l *ledger.Lease, in *Interner) error {
+	*l = ledger.Lease{}
+	if d := jsonlite.NewDecoder(data); decodeLease(d, l, in) && d.End() {
+		return nil
+	}
+	// into a variable of its own: passing l to encoding/json would put every caller's
+	// lease on the heap, also on the fast path
+	var v ledger.Lease
+	err := json.Unmarshal(data, &v)
+	*l = v
+	return err
 }
 
 func appendFree(b []byte, f *ledger.Free) ([]byte, bool) {
@@ -160,29 +209,56 @@ func appendFree(b []byte, f *ledger.Free) ([]byte, bool) {
 	e.Time(f.ReleasedAt)
 	e.UintField(&first, "seq", f.Seq, false)
 	e.StrField(&first, "lastUID", f.LastUID, true)
+	e.StrField(&first, "bootID", f.BootID, true)
+	if f.SinceBoot < 0 {
+		return nil, false
+	}
+	e.UintField(&first, "sinceBoot", uint64(f.SinceBoot), true)
 	e.Raw("}")
 	return e.B, e.OK
 }
 
-func decodeFree(d *jsonlite.Decoder, f *ledger.Free) bool {
-	return d.Object(func(k string) bool {
+func decodeFree(d *jsonlite.Decoder, f *ledger.Free, in *Interner) bool {
+	return d.Fields(func(k []byte) bool {
 		var ok bool
-		switch k {
+		switch string(k) {
 		case "network":
-			ok = d.SetStr(&f.Network)
+			ok = in.set(d, &f.Network)
 		case "ip":
-			ok = d.Text(&f.IP)
+			ok = d.Addr(&f.IP)
 		case "set":
 			f.Set, ok = d.Int()
 		case "releasedAt":
-			ok = d.Text(&f.ReleasedAt)
+			ok = d.Time(&f.ReleasedAt)
 		case "seq":
 			f.Seq, ok = d.Uint()
 		case "lastUID":
 			ok = d.SetStr(&f.LastUID)
+		case "bootID":
+			ok = in.set(d, &f.BootID)
+		case "sinceBoot":
+			var v uint64
+			if v, ok = d.Uint(); ok && v <= math.MaxInt64 {
+				f.SinceBoot = time.Duration(v)
+			} else {
+				ok = false
+			}
 		}
 		return ok
 	})
+}
+
+// UnmarshalFree is UnmarshalRecord for a free-address record, sharing repeated
+// strings through in (which may be nil).
+func UnmarshalFree(data []byte, f *ledger.Free, in *Interner) error {
+	*f = ledger.Free{}
+	if d := jsonlite.NewDecoder(data); decodeFree(d, f, in) && d.End() {
+		return nil
+	}
+	var v ledger.Free
+	err := json.Unmarshal(data, &v)
+	*f = v
+	return err
 }
 
 // appendRelease writes an address's history entry, written by every release.

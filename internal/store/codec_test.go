@@ -3,11 +3,13 @@ package store
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"reflect"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/pool"
@@ -47,7 +49,8 @@ func randLease(r *rand.Rand) ledger.Lease {
 
 func randFree(r *rand.Rand) ledger.Free {
 	return ledger.Free{Network: randStr(r), IP: codecPrefixes[r.IntN(len(codecPrefixes))].Addr(), Set: r.IntN(3) - 1,
-		ReleasedAt: codecTimes[r.IntN(len(codecTimes))], Seq: r.Uint64() >> r.IntN(64), LastUID: randStr(r)}
+		ReleasedAt: codecTimes[r.IntN(len(codecTimes))], Seq: r.Uint64() >> r.IntN(64), LastUID: randStr(r),
+		BootID: randStr(r), SinceBoot: time.Duration(r.Int64()>>r.IntN(64)) * time.Duration(1-2*r.IntN(2))}
 }
 
 func randRelease(r *rand.Rand) ledger.Release {
@@ -125,6 +128,54 @@ func checkDecode[T any](t *testing.T, data []byte) {
 	if (gerr == nil) != (werr == nil) || (werr == nil && !reflect.DeepEqual(got, want)) {
 		t.Fatalf("%q:\n got %#v (%v)\nwant %#v (%v)", data, got, gerr, want, werr)
 	}
+	// the same through the interning readers a store's ForEachLease and ForEachFree
+	// use, sharing one Interner across every input of the test
+	var interned any
+	var ierr error
+	switch any(&got).(type) {
+	case *ledger.Lease:
+		var l ledger.Lease
+		ierr, interned = UnmarshalLease(data, &l, &testInterner), l
+	case *ledger.Free:
+		var f ledger.Free
+		ierr, interned = UnmarshalFree(data, &f, &testInterner), f
+	default:
+		return
+	}
+	if (ierr == nil) != (werr == nil) || (werr == nil && !reflect.DeepEqual(interned, any(want))) {
+		t.Fatalf("%q (interned):\n got %#v (%v)\nwant %#v (%v)", data, interned, ierr, want, werr)
+	}
+}
+
+var testInterner Interner
+
+// TestInternerShares: records read through one Interner share their repeated strings
+// (the memory an agent saves at 64k leases) and keep their unique ones apart.
+func TestInternerShares(t *testing.T) {
+	var in Interner
+	var first ledger.Lease
+	for i := 0; i < 3; i++ {
+		data := fmt.Sprintf(`{"key":{"network":"net","containerID":"c%d","ifname":"eth0"},"pod":{"namespace":"default","name":"p%d","uid":"u%d","infraContainerID":"c%d"},"netns":{"path":"/run/netns/x%d"},"ips":["10.20.0.%d/16"],"created":"2026-11-23T11:27:43Z","state":"active"}`, i, i, i, i, i, i+2)
+		var l ledger.Lease
+		if err := UnmarshalLease([]byte(data), &l, &in); err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprint("c", i); l.Key.ContainerID != want || l.Pod.InfraContainerID != want || l.Pod.Name != fmt.Sprint("p", i) {
+			t.Fatalf("record %d read as %+v", i, l)
+		}
+		if i == 0 {
+			first = l
+			continue
+		}
+		for _, p := range [][2]string{{l.Key.Network, first.Key.Network}, {l.Key.IfName, first.Key.IfName}, {l.Pod.Namespace, first.Pod.Namespace}, {l.State, first.State}} {
+			if unsafe.StringData(p[0]) != unsafe.StringData(p[1]) {
+				t.Errorf("record %d: %q is a copy, not shared with the first record's", i, p[0])
+			}
+		}
+		if unsafe.StringData(l.Pod.InfraContainerID) != unsafe.StringData(l.Key.ContainerID) {
+			t.Errorf("record %d: infraContainerID is a copy of the container ID", i)
+		}
+	}
 }
 
 // TestRecordCodecMatchesJSON: leases and free addresses are written byte for byte as
@@ -154,6 +205,7 @@ var codecCorpus = []string{
 	`{"key":{"network":"n","containerID":"c","ifname":"eth0"},"pod":{"namespace":"ns","name":"p","uid":"u"},"netns":{},"ips":["10.20.0.2/16"],"created":"2026-11-23T11:27:43.594468764Z","state":"active"}`,
 	`{"network":"n","ip":"10.20.0.9","set":0,"releasedAt":"2026-11-23T11:27:43Z","seq":7,"lastUID":"u"}`,
 	`{"key":null}`, `{"ips":null}`, `{"ips":[null]}`, `{"ips":["10.20.0.2"]}`, `{"ips":[""]}`, `{"IPS":[]}`,
+	`{"sinceBoot":-5}`, `{"sinceBoot":9223372036854775808}`, `{"sinceBoot":1.5}`, `{"bootID":"a","sinceBoot":120000000000}`,
 	`{"set":-1}`, `{"set":1.5}`, `{"seq":18446744073709551616}`, `{"ip":""}`, `{"ip":"1.2.3.4.5"}`,
 	`{"created":"2026-11-23"}`, `{"key":{"network":"a","network":"b"}}`, `{"state":"a\u0062"}`, `{"x":1}`, `{}`, ``, `[]`,
 }

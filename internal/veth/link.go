@@ -84,6 +84,15 @@ func ours(link netlink.Link) (Attachment, bool) {
 // removeHostLink deletes the host routes through link and then the link itself
 // (which removes the pod end too). Already gone is success.
 func removeHostLink(h *netlinksafe.Handle, link netlink.Link) error {
+	if err := removeHostRoutes(h, link); err != nil {
+		return err
+	}
+	return deleteLink(h, link)
+}
+
+// removeHostRoutes deletes the host routes (to single addresses) through link.
+// Already gone is success.
+func removeHostRoutes(h *netlinksafe.Handle, link netlink.Link) error {
 	routes, err := h.RouteList(link, netlink.FAMILY_ALL)
 	if err != nil && !isNotFound(err) {
 		return fmt.Errorf("list routes of %s: %w", link.Attrs().Name, err)
@@ -99,6 +108,12 @@ func removeHostLink(h *netlinksafe.Handle, link netlink.Link) error {
 			return fmt.Errorf("delete route %s dev %s: %w", r.Dst, link.Attrs().Name, err)
 		}
 	}
+	return nil
+}
+
+// deleteLink deletes link (a veth: the pod end goes with it). Already gone is
+// success.
+func deleteLink(h *netlinksafe.Handle, link netlink.Link) error {
 	if err := h.LinkDel(link); err != nil && !isNotFound(err) {
 		return fmt.Errorf("delete %s: %w", link.Attrs().Name, err)
 	}

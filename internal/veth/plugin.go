@@ -271,15 +271,27 @@ func (p *Plugin) del(ctx context.Context, args *skel.CmdArgs) error {
 	case errors.Is(err, ErrNotOurs):
 		// Someone else's interface: leave it, still release our lease.
 		p.Logger.Warn("DEL: not deleting interface that is not ours", "err", err)
+		link = nil
 	case err != nil:
 		return err
-	case link != nil:
-		if err := removeHostLink(h, link); err != nil {
-			return err
-		}
 	}
 	call := ipamCall(conf, args, "")
-	return p.IPAM.Del(ctx, call)
+	if link == nil {
+		return p.IPAM.Del(ctx, call)
+	}
+	// The host routes go first: once they are gone, nothing on the node sends the
+	// pod's addresses to this veth, so the IPAM plugin may release them. Deleting
+	// the veth itself waits in the kernel for RCU grace periods (strace: 16 ms of a
+	// DEL here, its largest part); the IPAM DEL, a process of its own, runs
+	// meanwhile instead of after it. A failure of either fails the DEL, and a
+	// retried DEL finishes the rest (both halves succeed on what is already gone).
+	if err := removeHostRoutes(h, link); err != nil {
+		return err
+	}
+	released := make(chan error, 1)
+	go func() { released <- p.IPAM.Del(ctx, call) }()
+	lerr := deleteLink(h, link)
+	return errors.Join(lerr, <-released)
 }
 
 // findAttachmentLink returns the host-side veth of the attachment: by its

@@ -240,6 +240,37 @@ func TestDelNeverTouchesNetNS(t *testing.T) {
 	}
 }
 
+// TestDelReleasesUnroutedAddress: DEL takes the host route to the pod's address away
+// before the IPAM plugin releases the address (its release runs while the kernel
+// tears the veth down), so a released address is never routed to the old veth; the
+// veth is gone when DEL answers. The IPAM plugin here is a script that records the
+// host's routes at the moment of the release.
+func TestDelReleasesUnroutedAddress(t *testing.T) {
+	network := "iplt-order"
+	cleanupNetwork(t, network)
+	pod := newNetNS(t, "order")
+	conf := confBytes(t, "1.0.0", network, map[string]any{"type": "routecheck-ipam"}, nil)
+	cid := "order-1"
+	hostName := veth.HostVethName(veth.DefaultHostVethPrefix, network, cid, "eth0")
+	execPlugin(t, "ADD", cid, pod, "eth0", conf).ok(t)
+	ip := net.ParseIP("10.250.0.250").To4()
+	if rs := routesTo(t, ip); len(rs) != 1 {
+		t.Fatalf("after ADD, host routes to %s: %v, want one", ip, rs)
+	}
+	logPath := filepath.Join(binDir, "routecheck-ipam.log")
+	os.Remove(logPath)
+	execPlugin(t, "DEL", cid, pod, "eth0", conf).ok(t)
+	if got, want := readFile(t, logPath), "DEL "+cid+"\nEND\n"; got != want {
+		t.Fatalf("at the IPAM release the host still routed the address:\n%s\nwant:\n%s", got, want)
+	}
+	if _, err := netlink.LinkByName(hostName); err == nil {
+		t.Fatalf("host veth %s still there after DEL", hostName)
+	}
+	if rs := routesTo(t, ip); len(rs) != 0 {
+		t.Fatalf("host routes to %s left: %v", ip, rs)
+	}
+}
+
 // TestAddRefusesHostNetNS: ADD into the host's or the plugin's own namespace is
 // refused with ErrInvalidNetNS and leaves no veth and no lease.
 func TestAddRefusesHostNetNS(t *testing.T) {

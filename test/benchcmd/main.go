@@ -1,6 +1,6 @@
 // Command benchcmd runs the side-by-side benchmark (make bench, make bench-smoke):
 //
-//	go run ./test/benchcmd [--smoke] [--out FILE] [--bin DIR] [-v]
+//	go run ./test/benchcmd [--smoke] [--only STEPS] [--out FILE] [--bin DIR] [-v]
 //
 // It lives outside cmd/ so that the binaries operators install (ipledgerctl among
 // them) link neither the benchmark harness nor the test environment it starts.
@@ -15,12 +15,13 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 
 	"github.com/ipledger/ipledger/internal/bench"
 )
 
-const usage = `usage: go run ./test/benchcmd [--smoke] [--out FILE] [--bin DIR] [-v]
+const usage = `usage: go run ./test/benchcmd [--smoke] [--only STEPS] [--out FILE] [--bin DIR] [-v]
 
 Runs the benchmark (as root; needs iproute2, Debian's CNI plugins in /usr/lib/cni and
 a Go toolchain in this source tree) and prints a Markdown table to stdout (and FILE).
@@ -40,6 +41,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	out := fs.String("out", "", "also write the Markdown report to this file")
 	binDir := fs.String("bin", "", "directory of the ipledger and ipledger-veth binaries to measure (default: build them from source)")
 	verbose := fs.Bool("v", false, "progress on stderr")
+	only := fs.String("only", "", "comma-separated steps to run (binaries, ipam-latency, ipam-burst, main-plugin, ledger, agent-rss, reconcile); default all")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -51,7 +53,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if *verbose {
 		level = slog.LevelInfo
 	}
-	rep, err := bench.Run(ctx, bench.Options{Smoke: *smoke, BinDir: *binDir,
+	var steps []string
+	if *only != "" {
+		steps = strings.Split(*only, ",")
+	}
+	rep, err := bench.Run(ctx, bench.Options{Smoke: *smoke, BinDir: *binDir, Steps: steps,
 		Log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))})
 	if err != nil {
 		fmt.Fprintln(stderr, "bench:", err)

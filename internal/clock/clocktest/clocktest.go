@@ -37,3 +37,36 @@ func (c *Clock) Advance(d time.Duration) {
 
 // Step moves the wall clock by d (either sign) without any time passing.
 func (c *Clock) Step(d time.Duration) { c.mu.Lock(); c.wall = c.wall.Add(d); c.mu.Unlock() }
+
+// Boot is a settable clock.Boot, safe for concurrent use.
+type Boot struct {
+	mu    sync.Mutex
+	id    string
+	since time.Duration
+	ok    bool
+}
+
+var _ clock.Boot = (*Boot)(nil)
+
+// NewBoot is a boot called id that started since ago.
+func NewBoot(id string, since time.Duration) *Boot { return &Boot{id: id, since: since, ok: true} }
+
+// Boot implements clock.Boot.
+func (b *Boot) Boot() (string, time.Duration, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.id, b.since, b.ok
+}
+
+// Advance lets d pass.
+func (b *Boot) Advance(d time.Duration) { b.mu.Lock(); b.since += d; b.mu.Unlock() }
+
+// Reboot starts boot id, since ago.
+func (b *Boot) Reboot(id string, since time.Duration) {
+	b.mu.Lock()
+	b.id, b.since, b.ok = id, since, true
+	b.mu.Unlock()
+}
+
+// Unknown makes every reading unknown (no boot ID, or no CLOCK_BOOTTIME).
+func (b *Boot) Unknown() { b.mu.Lock(); b.ok = false; b.mu.Unlock() }

@@ -115,9 +115,58 @@ func Run(t *testing.T, newStore Factory) {
 		{"BlocksLost", testBlocksLost},
 		{"BlocksDualStack", testBlocksDualStack},
 		{"BlocksFailedCommits", testBlocksFailedCommits},
+		{"ReuseDelayAcrossRestart", testReuseDelayAcrossRestart},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore) })
+	}
+}
+
+// testReuseDelayAcrossRestart: an address released before a restart on the same boot
+// waits only what is left of its reuse delay (the release's CLOCK_BOOTTIME reading is
+// stored with it), to the nanosecond and never less; after another boot, or when the
+// boot clock cannot be read, it waits a whole delay from Open, as before.
+func testReuseDelayAcrossRestart(t *testing.T, newStore Factory) {
+	const delay = time.Minute
+	for _, c := range []struct {
+		name    string
+		restart func(b *clocktest.Boot)
+		wait    time.Duration // after the restart
+	}{
+		{"same-boot", func(b *clocktest.Boot) { b.Advance(40 * time.Second) }, 20 * time.Second},
+		{"same-boot-delay-over", func(b *clocktest.Boot) { b.Advance(2 * delay) }, 0},
+		{"other-boot", func(b *clocktest.Boot) { b.Reboot("boot-2", 3*delay) }, delay},
+		{"boot-unknown", func(b *clocktest.Boot) { b.Advance(40 * time.Second); b.Unknown() }, delay},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			st, reopen := newStore(t)
+			boot := clocktest.NewBoot("boot-1", time.Hour)
+			l, err := ledger.Open(st, ledger.Options{Clock: NewClock(), ReuseDelay: delay, Boot: boot})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := Ranges(t, `[[{"subnet":"10.9.0.0/24","rangeStart":"10.9.0.5","rangeEnd":"10.9.0.5"}]]`)
+			if _, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("old"), Ranges: r}); err != nil {
+				t.Fatal(err)
+			}
+			if _, _, err := l.Release(Key("old"), ledger.ReasonDEL, ""); err != nil {
+				t.Fatal(err)
+			}
+			c.restart(boot)
+			clk := NewClock() // a new process: its monotonic clock starts again
+			l2 := Open(t, reopen(), ledger.Options{Clock: clk, ReuseDelay: delay, Boot: boot})
+			if c.wait > 0 {
+				clk.Advance(c.wait - time.Nanosecond)
+				if ls, _, err := l2.Allocate(ledger.AllocateRequest{Key: Key("early"), Ranges: r}); !errors.Is(err, ledger.ErrPoolExhausted) {
+					t.Fatalf("1ns before the delay is over: %v %v, want the pool exhausted", ls.IPs, err)
+				}
+				clk.Advance(time.Nanosecond)
+			}
+			ls, _, err := l2.Allocate(ledger.AllocateRequest{Key: Key("new"), Ranges: r})
+			if err != nil || ls.IPs[0].Addr().String() != "10.9.0.5" {
+				t.Fatalf("once the delay is over: %v %v, want 10.9.0.5", ls.IPs, err)
+			}
+		})
 	}
 }
 

@@ -270,11 +270,28 @@ func (t *tx) Lease(k ledger.Key) (ledger.Lease, bool, error) {
 	ok, err := t.get(bLeases, store.LeaseKey(k), &l)
 	return l, ok, err
 }
+// ForEachLease and ForEachFree decode with the store's record decoders and one
+// Interner per walk, as boltstore does: they are most of ledger.Open's work at 64k
+// leases, and the shared strings are most of the books' memory.
 func (t *tx) ForEachLease(fn func(ledger.Lease) error) error {
-	return forEach(t, bLeases, nil, fn)
+	var in store.Interner
+	return t.each(bLeases, nil, func(k, v []byte) error {
+		var rec ledger.Lease
+		if err := store.UnmarshalLease(v, &rec, &in); err != nil {
+			return t.s.corrupt(fmt.Errorf("record %q in bucket %s: %v", k, bucketNames[bLeases], err))
+		}
+		return fn(rec)
+	})
 }
 func (t *tx) ForEachFree(fn func(ledger.Free) error) error {
-	return forEach(t, bFree, nil, fn)
+	var in store.Interner
+	return t.each(bFree, nil, func(k, v []byte) error {
+		var rec ledger.Free
+		if err := store.UnmarshalFree(v, &rec, &in); err != nil {
+			return t.s.corrupt(fmt.Errorf("record %q in bucket %s: %v", k, bucketNames[bFree], err))
+		}
+		return fn(rec)
+	})
 }
 func (t *tx) History(network string, ip netip.Addr) ([]ledger.Release, error) {
 	var out []ledger.Release

@@ -51,11 +51,12 @@ const DefaultSegmentBytes = 1 << 20
 
 // Store is a ledger.Store: a write-ahead log in front of a boltstore file.
 type Store struct {
-	bs      *boltstore.Store
-	db      *bolt.DB
-	path    string
-	logID   uint64
-	segSize int64
+	bs       *boltstore.Store
+	db       *bolt.DB
+	path     string
+	logID    uint64
+	segSize  int64
+	boltOpts []boltstore.Option
 
 	// wmu serializes writers: Update, and a checkpoint's swap and prune. Under it the
 	// fields below and the overlay are stable.
@@ -96,6 +97,12 @@ type Option func(*Store)
 // (tests use a small one to checkpoint often).
 func WithSegmentBytes(n int64) Option { return func(s *Store) { s.segSize = n } }
 
+// WithBolt passes options to the bbolt state file's Open (boltstore.WithLockTimeout:
+// how long to wait for another agent to let go of the file).
+func WithBolt(opts ...boltstore.Option) Option {
+	return func(s *Store) { s.boltOpts = append(s.boltOpts, opts...) }
+}
+
 // crashPoint, when set (by tests), is called at the steps of a commit and of a
 // checkpoint that a crash could interrupt.
 var crashPoint func(step string)
@@ -113,15 +120,16 @@ func LogPaths(path string) [2]string { return [2]string{path + "-wal.0", path + 
 // into the state file the records it lacks. Errors are those of boltstore.Open, or
 // wrap ledger.ErrCorrupt naming the log file and what to do, or ledger.ErrStore.
 func Open(path string, opts ...Option) (s *Store, err error) {
-	bs, err := boltstore.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	s = &Store{bs: bs, db: bs.DB(), path: path, segSize: DefaultSegmentBytes, sealed: -1, ov: newOverlay(),
+	s = &Store{path: path, segSize: DefaultSegmentBytes, sealed: -1, ov: newOverlay(),
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	for _, o := range opts {
 		o(s)
 	}
+	bs, err := boltstore.Open(path, s.boltOpts...)
+	if err != nil {
+		return nil, err
+	}
+	s.bs, s.db = bs, bs.DB()
 	st := s
 	defer func() {
 		if err != nil {

@@ -1,0 +1,33 @@
+package main
+
+import (
+	"path/filepath"
+	"runtime/debug"
+	"testing"
+
+	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/store/boltstore"
+)
+
+// TestOpenLedgerRestoresGC: the collector setting held back during the load is set
+// back afterwards, and a GOGC the operator chose higher (or off) is never lowered;
+// the ledger opens on a real state file either way.
+func TestOpenLedgerRestoresGC(t *testing.T) {
+	orig := debug.SetGCPercent(100)
+	t.Cleanup(func() { debug.SetGCPercent(orig) })
+	for _, gogc := range []int{50, 100, loadGCPercent, 1000, -1} {
+		debug.SetGCPercent(gogc)
+		st, err := boltstore.Open(filepath.Join(t.TempDir(), "ledger.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		l, err := openLedger(st, ledger.Options{})
+		if err != nil {
+			t.Fatalf("GOGC=%d: %v", gogc, err)
+		}
+		l.Close()
+		if got := debug.SetGCPercent(100); got != gogc {
+			t.Errorf("GOGC=%d: after the load it is %d", gogc, got)
+		}
+	}
+}
