@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/agent"
+	"github.com/ipledger/ipledger/internal/clusterconf"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/spool"
 	"github.com/ipledger/ipledger/internal/store/boltstore"
@@ -29,7 +30,7 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "install-cni" {
 		os.Exit(installCNI(os.Args[2:], os.Stdout, os.Stderr))
 	}
-	os.Exit(run(ctx, os.Args[1:], os.Stderr))
+	os.Exit(run(ctx, os.Args[1:], os.Getenv, os.Stderr))
 }
 
 type options struct {
@@ -37,11 +38,12 @@ type options struct {
 	reconcileInterval, releaseGrace, reuseDelay          time.Duration
 	strandedGrace                                        time.Duration
 	reclaimStranded                                      bool
-	etcdEndpoints, nodeName                              string
 	logLevel                                             string
+	cluster                                              clusterconf.Config
 }
 
-func parse(args []string, stderr io.Writer) (*options, error) {
+// parse reads the flags; getenv supplies the environment's defaults (NODE_NAME).
+func parse(args []string, getenv func(string) string, stderr io.Writer) (*options, error) {
 	var o options
 	fs := flag.NewFlagSet("ipledgerd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -55,8 +57,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.reuseDelay, "reuse-delay", 30*time.Second, "least time between an address's release and its allocation to another pod")
 	fs.BoolVar(&o.reclaimStranded, "reclaim-stranded", false, "remove the interface of a NotReady sandbox that still holds its address (identity-checked) and release it after --stranded-grace; off by default because it changes a pod's namespace, and a stranded lease is reported and kept either way")
 	fs.DurationVar(&o.strandedGrace, "stranded-grace", 10*time.Minute, "how long a lease must be stranded before --reclaim-stranded acts; at least --release-grace")
-	fs.StringVar(&o.etcdEndpoints, "etcd-endpoints", "", "cluster mode: etcd endpoints (not available in this release)")
-	fs.StringVar(&o.nodeName, "node-name", "", "cluster mode: this node's name")
+	o.cluster.Register(fs, getenv)
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -67,8 +68,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	if o.spoolDir == "" {
 		o.spoolDir = filepath.Join(o.stateDir, "spool")
 	}
-	if o.etcdEndpoints != "" {
-		return nil, errors.New("--etcd-endpoints: cluster mode is not available in this release; run without it for node-local pools")
+	if err := o.cluster.Check(fs); err != nil {
+		return nil, err
 	}
 	for name, d := range map[string]time.Duration{"--reconcile-interval": o.reconcileInterval, "--release-grace": o.releaseGrace, "--stranded-grace": o.strandedGrace} {
 		if d <= 0 {
@@ -84,8 +85,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	return &o, nil
 }
 
-func run(ctx context.Context, args []string, stderr io.Writer) int {
-	o, err := parse(args, stderr)
+func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) int {
+	o, err := parse(args, getenv, stderr)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -107,6 +108,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 }
 
 func serve(ctx context.Context, o *options, log *slog.Logger) error {
+	if o.cluster.Cluster() {
+		return errors.New("--datastore: cluster mode is being wired (block manager pending); run without --datastore for node-local pools")
+	}
 	st, err := boltstore.Open(filepath.Join(o.stateDir, "ledger.db"))
 	if err != nil {
 		return err
