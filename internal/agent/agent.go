@@ -53,6 +53,8 @@ type Config struct {
 	// Runtime answers the operator's questions about the container runtime (doctor,
 	// release, readiness); nil when no runtime is configured.
 	Runtime RuntimeInfo
+	// Cluster is the block manager in cluster mode; nil in node mode.
+	Cluster Cluster
 	Logger  *slog.Logger
 	// Clock gives the monotonic time for how-long-ago decisions; default the system's.
 	Clock clock.Clock
@@ -131,6 +133,9 @@ func New(cfg Config) (*Server, error) {
 		sem: make(chan struct{}, cfg.MaxConns), conns: connSet{m: map[*trackedConn]struct{}{}}, clock: &clockWatch{}}
 	if cfg.SpoolDir != "" {
 		s.spool = spool.Open(cfg.SpoolDir, cfg.Clock.Mono)
+	}
+	if cfg.Cluster != nil {
+		s.stats.registerCluster(cfg.Cluster.Counts)
 	}
 	return s, nil
 }
@@ -489,6 +494,8 @@ func errorOf(err error) *api.Error {
 		code = api.CodeInvalid
 	case errors.Is(err, ledger.ErrStore), errors.Is(err, ledger.ErrCorrupt):
 		code = api.CodeStore
+	case errors.Is(err, ErrDegraded), errors.Is(err, context.DeadlineExceeded):
+		code = api.CodeUnavailable
 	}
 	return &api.Error{Code: code, Msg: err.Error()}
 }
@@ -523,8 +530,10 @@ func (s *Server) Handle(ctx context.Context, req api.Request) *api.Response {
 		resp = &api.Response{}
 	case api.OpDoctor:
 		resp = s.doctor(ctx)
+	case api.OpBlocks:
+		resp = s.blocks(ctx)
 	default:
-		resp = errResp(&api.Error{Code: api.CodeInvalid, Msg: fmt.Sprintf("op %q is not one of add, del, check, gc, status, leases, audit, history, release, ping", clip(req.Op))})
+		resp = errResp(&api.Error{Code: api.CodeInvalid, Msg: fmt.Sprintf("op %q is not one of add, del, check, gc, status, leases, audit, history, release, ping, doctor, blocks", clip(req.Op))})
 	}
 	s.stats.observe(opLabel(req.Op), time.Since(start), resp)
 	return resp
@@ -536,7 +545,7 @@ const opUnknown = "unknown"
 
 func opLabel(op string) string {
 	switch op {
-	case api.OpAdd, api.OpDel, api.OpCheck, api.OpGC, api.OpStatus, api.OpLeases, api.OpAudit, api.OpHistory, api.OpRelease, api.OpPing:
+	case api.OpAdd, api.OpDel, api.OpCheck, api.OpGC, api.OpStatus, api.OpLeases, api.OpAudit, api.OpHistory, api.OpRelease, api.OpPing, api.OpDoctor, api.OpBlocks:
 		return op
 	}
 	return opUnknown
@@ -556,6 +565,7 @@ func (s *Server) view(ls ledger.Lease) api.LeaseView {
 		ranges = ps.Ranges
 	}
 	v := api.ViewOf(ls, ranges)
+	s.annotateBlock(&v, ls)
 	if s.cfg.Guard != nil {
 		s.cfg.Guard.Annotate(&v)
 		s.annotateVerdict(&v)
@@ -610,7 +620,7 @@ func (s *Server) add(ctx context.Context, req api.Request) *api.Response {
 		superseding = append(superseding, h.Key)
 	}
 	superseding = s.held(superseding)
-	ls, existed, err := s.cfg.Ledger.Allocate(areq)
+	ls, existed, err := s.allocate(ctx, areq)
 	if err != nil {
 		return errResp(errorOf(err))
 	}
@@ -742,6 +752,9 @@ func gcError(released int, failed []error) *api.Error {
 }
 
 func (s *Server) status(req api.Request) *api.Response {
+	if s.cfg.Cluster != nil {
+		return s.clusterStatus(req)
+	}
 	if req.Network == "" {
 		return &api.Response{}
 	}
