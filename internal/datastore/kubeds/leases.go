@@ -1,0 +1,209 @@
+package kubeds
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strconv"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/dynamic"
+
+	"github.com/ipledger/ipledger/internal/datastore"
+)
+
+// leases are node Leases (coordination.k8s.io/v1) named ipledger-<node> in the
+// store's namespace. Kubernetes never expires a Lease: observers judge expiry by the
+// revision not changing for the TTL (the datastore.Leases contract).
+type leases struct{ s *Store }
+
+var _ datastore.Leases = (*leases)(nil)
+
+func (l *leases) res() dynamic.ResourceInterface {
+	return l.s.client.Resource(leaseGVR).Namespace(l.s.ns)
+}
+
+// ttlSeconds is ttl in whole seconds, rounded up: observers read leaseDurationSeconds,
+// and waiting longer than the holder's own TTL is the safe side.
+func ttlSeconds(node string, ttl time.Duration) (int64, error) {
+	if ttl < time.Second || ttl > 24*time.Hour {
+		return 0, fmt.Errorf("kubeds: lease of node %s: %w: ttl %v must be between 1s and 24h (a Lease counts whole seconds)", node, datastore.ErrInvalid, ttl)
+	}
+	return int64((ttl + time.Second - 1) / time.Second), nil
+}
+
+func (l *leases) now() string { return l.s.clock.Now().UTC().Format(metav1.RFC3339Micro) }
+
+// Acquire creates node's Lease for holder, or takes it over (whoever held it).
+func (l *leases) Acquire(ctx context.Context, node, holder string, ttl time.Duration) (datastore.NodeLease, error) {
+	if err := checkName(node); err != nil {
+		return datastore.NodeLease{}, fmt.Errorf("kubeds: lease: node: %w", err)
+	}
+	if holder == "" {
+		return datastore.NodeLease{}, fmt.Errorf("kubeds: lease of node %s: %w: empty holder (give the agent's identity)", node, datastore.ErrInvalid)
+	}
+	secs, err := ttlSeconds(node, ttl)
+	if err != nil {
+		return datastore.NodeLease{}, err
+	}
+	name := leaseName(node)
+	what := "acquire lease " + name
+	// A takeover is a read and a CAS write; retried while other writers race it.
+	var last error
+	for attempt := 0; attempt < 8; attempt++ {
+		now := l.now()
+		cur, err := l.res().Get(ctx, name, metav1.GetOptions{})
+		switch {
+		case err == nil:
+			spec, _, _ := unstructured.NestedMap(cur.Object, "spec")
+			if spec == nil {
+				spec = map[string]any{}
+			}
+			transitions, _, _ := unstructured.NestedInt64(cur.Object, "spec", "leaseTransitions")
+			if h, _, _ := unstructured.NestedString(cur.Object, "spec", "holderIdentity"); h != holder {
+				transitions++
+			}
+			spec["holderIdentity"] = holder
+			spec["leaseDurationSeconds"] = secs
+			spec["acquireTime"] = now
+			spec["renewTime"] = now
+			spec["leaseTransitions"] = transitions
+			cur.Object["spec"] = spec
+			setLeaseMeta(cur, node)
+			out, err := l.res().Update(ctx, cur, metav1.UpdateOptions{})
+			if err == nil {
+				return toNodeLease(out)
+			}
+			last = mapErr(ctx, what, "", err)
+		case errors.Is(mapErr(ctx, what, "", err), datastore.ErrNotFound):
+			obj := &unstructured.Unstructured{Object: map[string]any{
+				"apiVersion": "coordination.k8s.io/v1",
+				"kind":       "Lease",
+				"spec": map[string]any{
+					"holderIdentity": holder, "leaseDurationSeconds": secs,
+					"acquireTime": now, "renewTime": now, "leaseTransitions": int64(0),
+				},
+			}}
+			obj.SetName(name)
+			obj.SetNamespace(l.s.ns)
+			setLeaseMeta(obj, node)
+			out, err := l.res().Create(ctx, obj, metav1.CreateOptions{})
+			if err == nil {
+				return toNodeLease(out)
+			}
+			last = mapErr(ctx, what, "", err)
+		default:
+			return datastore.NodeLease{}, mapErr(ctx, what, "", err)
+		}
+		if !errors.Is(last, datastore.ErrConflict) && !errors.Is(last, datastore.ErrExists) && !errors.Is(last, datastore.ErrNotFound) {
+			return datastore.NodeLease{}, last
+		}
+	}
+	return datastore.NodeLease{}, fmt.Errorf("kubeds: %s: still racing other writers after 8 attempts: %w", what, last)
+}
+
+func setLeaseMeta(obj *unstructured.Unstructured, node string) {
+	labels := obj.GetLabels()
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	labels[LabelNode] = labelValue(node)
+	obj.SetLabels(labels)
+	ann := obj.GetAnnotations()
+	if ann == nil {
+		ann = map[string]string{}
+	}
+	ann[AnnotationNode] = node
+	obj.SetAnnotations(ann)
+}
+
+// Renew rewrites the lease if nobody wrote it since lease was read: a merge patch
+// carrying the resourceVersion and UID (the apiserver refuses it with a conflict
+// otherwise).
+func (l *leases) Renew(ctx context.Context, lease datastore.NodeLease) (datastore.NodeLease, error) {
+	if err := checkName(lease.Node); err != nil {
+		return datastore.NodeLease{}, fmt.Errorf("kubeds: renew lease: node: %w", err)
+	}
+	secs, err := ttlSeconds(lease.Node, lease.TTL)
+	if err != nil {
+		return datastore.NodeLease{}, err
+	}
+	if lease.Revision <= 0 || lease.ID == "" {
+		return datastore.NodeLease{}, fmt.Errorf("kubeds: renew lease of node %s: %w: no revision or ID (renew what Acquire returned)", lease.Node, datastore.ErrInvalid)
+	}
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{
+			"resourceVersion": strconv.FormatInt(lease.Revision, 10),
+			"uid":             lease.ID,
+			// A patch that changes nothing keeps the resourceVersion; this always changes.
+			"annotations": map[string]string{AnnotationSeq: strconv.FormatInt(lease.Revision, 10)},
+		},
+		"spec": map[string]any{
+			"holderIdentity":       lease.Holder,
+			"leaseDurationSeconds": secs,
+			"renewTime":            l.now(),
+		},
+	})
+	if err != nil {
+		return datastore.NodeLease{}, err
+	}
+	name := leaseName(lease.Node)
+	out, err := l.res().Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
+		return datastore.NodeLease{}, mapErr(ctx, "renew lease", name, err)
+	}
+	return toNodeLease(out)
+}
+
+// Release deletes the lease if it is still the one given (revision and UID).
+func (l *leases) Release(ctx context.Context, lease datastore.NodeLease) error {
+	if err := checkName(lease.Node); err != nil {
+		return fmt.Errorf("kubeds: release lease: node: %w", err)
+	}
+	rv := strconv.FormatInt(lease.Revision, 10)
+	pre := &metav1.Preconditions{ResourceVersion: &rv}
+	if lease.ID != "" {
+		uid := types.UID(lease.ID)
+		pre.UID = &uid
+	}
+	name := leaseName(lease.Node)
+	err := l.res().Delete(ctx, name, metav1.DeleteOptions{Preconditions: pre})
+	return mapErr(ctx, "release lease", name, err)
+}
+
+// List returns every node's Lease (those labelled ipledger.io/node), by node.
+func (l *leases) List(ctx context.Context) ([]datastore.NodeLease, error) {
+	list, err := l.res().List(ctx, metav1.ListOptions{LabelSelector: LabelNode})
+	if err != nil {
+		return nil, mapErr(ctx, "list leases in", l.s.ns, err)
+	}
+	out := make([]datastore.NodeLease, 0, len(list.Items))
+	for i := range list.Items {
+		nl, err := toNodeLease(&list.Items[i])
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, nl)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Node < out[j].Node })
+	return out, nil
+}
+
+func toNodeLease(obj *unstructured.Unstructured) (datastore.NodeLease, error) {
+	node, ok := obj.GetAnnotations()[AnnotationNode]
+	if !ok {
+		return datastore.NodeLease{}, fmt.Errorf("kubeds: Lease %s/%s has no %s annotation: not written by ipledger", obj.GetNamespace(), obj.GetName(), AnnotationNode)
+	}
+	rev, err := revision(obj)
+	if err != nil {
+		return datastore.NodeLease{}, err
+	}
+	holder, _, _ := unstructured.NestedString(obj.Object, "spec", "holderIdentity")
+	secs, _, _ := unstructured.NestedInt64(obj.Object, "spec", "leaseDurationSeconds")
+	return datastore.NodeLease{Node: node, Holder: holder, TTL: time.Duration(secs) * time.Second, Revision: rev, ID: string(obj.GetUID())}, nil
+}
