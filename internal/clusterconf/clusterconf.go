@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/datastore"
+	"github.com/ipledger/ipledger/internal/datastore/kubeds"
 )
 
 // Datastore kinds (--datastore).
@@ -51,6 +52,7 @@ type Config struct {
 	EtcdKey       string
 	EtcdCA        string // CA bundle that signed the servers' certificates
 	Kubeconfig    string // empty: in-cluster credentials
+	KubeNamespace string // namespace of the node Leases
 	LeaseTTL      time.Duration
 	BlockGrace    time.Duration
 	Quarantine    time.Duration
@@ -79,6 +81,11 @@ func (c *Config) Register(fs *flag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&c.EtcdKey, "etcd-key", "", "--datastore etcd: client key file (PEM), with --etcd-cert")
 	fs.StringVar(&c.EtcdCA, "etcd-ca", "", "--datastore etcd: CA bundle file (PEM) that verifies the etcd servers")
 	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "--datastore kubernetes: kubeconfig file (empty: the pod's in-cluster credentials)")
+	ns := getenv("POD_NAMESPACE")
+	if ns == "" {
+		ns = kubeds.DefaultNamespace
+	}
+	fs.StringVar(&c.KubeNamespace, "kube-namespace", ns, "--datastore kubernetes: namespace of the node Leases (default $POD_NAMESPACE, else ipledger)")
 	fs.DurationVar(&c.LeaseTTL, "node-lease-ttl", DefaultLeaseTTL, "cluster mode: TTL of this node's lease in the datastore; the agent stops allocating from its blocks when it cannot prove the lease alive")
 	fs.DurationVar(&c.BlockGrace, "block-grace", DefaultBlockGrace, "cluster mode: how long a block must stay empty (over two observations) before the node hands it back")
 	fs.DurationVar(&c.Quarantine, "reclaim-quarantine", DefaultQuarantine, "cluster mode: how long another node's lease must stay expired before its blocks are reclaimed; at least --node-lease-ttl")
@@ -95,8 +102,10 @@ func (c *Config) Check(fs *flag.FlagSet) error {
 			etcdFlags = append(etcdFlags, "--"+n)
 		}
 	}
-	if c.set["kubeconfig"] {
-		kubeFlags = append(kubeFlags, "--kubeconfig")
+	for _, n := range []string{"kubeconfig", "kube-namespace"} {
+		if c.set[n] {
+			kubeFlags = append(kubeFlags, "--"+n)
+		}
 	}
 	for _, n := range []string{"node-lease-ttl", "block-grace", "reclaim-quarantine"} {
 		if c.set[n] {
@@ -114,7 +123,7 @@ func (c *Config) Check(fs *flag.FlagSet) error {
 		return nil
 	case Etcd:
 		if len(kubeFlags) > 0 {
-			return errors.New("--kubeconfig: only for --datastore kubernetes; drop it, or use --datastore kubernetes")
+			return fmt.Errorf("%s: only for --datastore kubernetes; drop it, or use --datastore kubernetes", kubeFlags[0])
 		}
 		if len(c.EtcdEndpoints) == 0 {
 			return errors.New("--datastore etcd: needs --etcd-endpoints URL[,URL...], the etcd cluster's client URLs")
