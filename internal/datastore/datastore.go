@@ -16,11 +16,28 @@
 // MaxName bytes of [a-z0-9.-] (Kubernetes object names), so the callers encode
 // addresses (10-0-0-64-26, fd00--40-122) before they use them as names.
 // Values are JSON objects of at most MaxValue bytes.
+//
+// Exactly (CheckKey, CheckPrefix, CheckValue and CheckNode say so in code, and every
+// implementation calls them before it sends anything):
+//   - kind: 1 to 63 bytes of [a-z0-9-], starting with a letter; "nodes" is reserved
+//     for Leases.
+//   - name: one or more segments separated by "/", each non-empty and of [a-z0-9.-];
+//     the whole name (segments and separators) at most MaxName bytes.
+//   - key: kind "/" name. A prefix (List, Watch): kind "/" followed by zero or more
+//     whole segments each ending in "/" ("blocks/", "blocks/net1/"), so a prefix
+//     never matches part of a segment ("blocks/net1/" excludes "blocks/net10/x").
+//   - value: a JSON object of at most MaxValue bytes. A store may re-encode it
+//     (whitespace, key order) but never changes its meaning.
+//   - node (Leases): a name segment; holder: 1 to MaxName bytes of printable
+//     ASCII; ttl: a whole number of seconds, at least one.
 package datastore
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 )
 
@@ -91,6 +108,18 @@ type Event struct {
 //     closed. If the stream breaks (server restart, compaction), the channel is closed
 //     after an Event-less error reported by Err on the returned Watch; the caller lists
 //     again.
+//   - Keys, prefixes and values that break the rules in the package comment are
+//     refused with ErrInvalid, before anything is sent; the message names the key.
+//   - Watch's events have strictly increasing revisions (each operation changes one
+//     key, so no two events share one). A Deleted event's KV has no Value. If from is
+//     older than the server keeps, Watch fails with ErrCompacted: either at once or
+//     as the returned Watch's Err after its channel closes (etcd reports it only on
+//     the stream). A stream the implementation can resume by itself (etcd's client
+//     reconnects and resumes from the last revision it delivered) need not break on
+//     a server restart; it must still deliver every change, once.
+//   - When ctx ends before the answer, the error wraps ctx.Err(); when that is a
+//     deadline the server did not meet, it wraps ErrUnavailable as well. A write
+//     whose ctx was done before the call is not applied.
 //   - A returned error wraps one of the sentinels above when one applies.
 type Store interface {
 	Get(ctx context.Context, key string) (KV, error)
@@ -129,12 +158,19 @@ type Watch interface {
 //   - Others judge expiry on their own monotonic clock: a lease whose Revision has not
 //     changed for TTL since they first saw that revision, or that is gone, has expired
 //     (Kubernetes has no server-side expiry; etcd's lease TTL gives the same bound).
+//   - Renew and Release are compare-and-swap on l.Revision: a holder renewing from a
+//     stale NodeLease (even its own older one) gets ErrConflict, and of two Renews
+//     of the same NodeLease at most one succeeds.
+//   - A node, holder or ttl that breaks the package comment's rules: ErrInvalid.
 type Leases interface {
 	Acquire(ctx context.Context, node, holder string, ttl time.Duration) (NodeLease, error)
 	Renew(ctx context.Context, l NodeLease) (NodeLease, error)
-	// Release deletes the lease if l is still current (a clean shutdown).
+	// Release deletes the lease if l is still current (a clean shutdown):
+	// ErrConflict if somebody wrote it since, ErrNotFound if it is gone.
 	Release(ctx context.Context, l NodeLease) error
-	// List returns every node's lease as stored now.
+	// List returns every node's lease as stored now, in node order. A lease the
+	// server expired (etcd) is not listed; one that only observers judge expired
+	// (Kubernetes) is.
 	List(ctx context.Context) ([]NodeLease, error)
 }
 
@@ -146,4 +182,119 @@ type NodeLease struct {
 	Revision int64 // changes on every Acquire and Renew
 	// ID is the implementation's handle (etcd lease ID, Kubernetes Lease UID).
 	ID string
+}
+
+// LeaseKind is the kind reserved for Leases: Store methods refuse keys under it.
+const LeaseKind = "nodes"
+
+// CheckKey returns nil if key is kind "/" name by the package comment's rules, else
+// an error wrapping ErrInvalid that names the key and the rule it breaks.
+func CheckKey(key string) error {
+	kind, name, ok := strings.Cut(key, "/")
+	if !ok {
+		return fmt.Errorf("%w: key %q: want kind/name, such as pools/net1 or blocks/net1/10-0-0-64-26", ErrInvalid, key)
+	}
+	if err := checkKind(key, kind); err != nil {
+		return err
+	}
+	if len(name) > MaxName {
+		return fmt.Errorf("%w: key %q: name is %d bytes, at most %d allowed", ErrInvalid, key, len(name), MaxName)
+	}
+	for _, seg := range strings.Split(name, "/") {
+		if err := checkSegment(key, seg); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CheckPrefix returns nil if prefix is kind "/" followed by zero or more whole name
+// segments each ending in "/", else an error wrapping ErrInvalid that names it.
+func CheckPrefix(prefix string) error {
+	kind, rest, ok := strings.Cut(prefix, "/")
+	if !ok {
+		return fmt.Errorf("%w: prefix %q: want kind/ or kind/segment/..., such as blocks/ or blocks/net1/", ErrInvalid, prefix)
+	}
+	if err := checkKind(prefix, kind); err != nil {
+		return err
+	}
+	if rest == "" {
+		return nil
+	}
+	if !strings.HasSuffix(rest, "/") {
+		return fmt.Errorf("%w: prefix %q: must end in \"/\" (whole segments only)", ErrInvalid, prefix)
+	}
+	rest = strings.TrimSuffix(rest, "/")
+	if len(rest) >= MaxName {
+		return fmt.Errorf("%w: prefix %q: longer than any name (at most %d bytes)", ErrInvalid, prefix, MaxName)
+	}
+	for _, seg := range strings.Split(rest, "/") {
+		if err := checkSegment(prefix, seg); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// CheckValue returns nil if value is a JSON object of at most MaxValue bytes, else
+// an error wrapping ErrInvalid that names key.
+func CheckValue(key string, value []byte) error {
+	if len(value) > MaxValue {
+		return fmt.Errorf("%w: value of key %q is %d bytes, at most %d allowed", ErrInvalid, key, len(value), MaxValue)
+	}
+	trimmed := strings.TrimLeft(string(value), " \t\r\n")
+	if !strings.HasPrefix(trimmed, "{") || !json.Valid(value) {
+		return fmt.Errorf("%w: value of key %q is not a JSON object", ErrInvalid, key)
+	}
+	return nil
+}
+
+// CheckNode returns nil if node, holder and ttl may make a lease (the package
+// comment's rules), else an error wrapping ErrInvalid that names the bad one.
+func CheckNode(node, holder string, ttl time.Duration) error {
+	if len(node) > MaxName {
+		return fmt.Errorf("%w: lease node %q: %d bytes, at most %d allowed", ErrInvalid, node, len(node), MaxName)
+	}
+	if err := checkSegment("lease node "+node, node); err != nil {
+		return err
+	}
+	if holder == "" || len(holder) > MaxName {
+		return fmt.Errorf("%w: lease of node %q: holder must be 1 to %d bytes, got %d", ErrInvalid, node, MaxName, len(holder))
+	}
+	for _, c := range []byte(holder) {
+		if c < 0x21 || c > 0x7e {
+			return fmt.Errorf("%w: lease of node %q: holder %q: only printable ASCII without spaces", ErrInvalid, node, holder)
+		}
+	}
+	if ttl < time.Second || ttl%time.Second != 0 {
+		return fmt.Errorf("%w: lease of node %q: ttl %v: must be a whole number of seconds, at least 1s", ErrInvalid, node, ttl)
+	}
+	return nil
+}
+
+func checkKind(what, kind string) error {
+	if kind == "" || len(kind) > 63 || kind[0] < 'a' || kind[0] > 'z' {
+		return fmt.Errorf("%w: %q: kind %q must be 1 to 63 bytes of [a-z0-9-] starting with a letter", ErrInvalid, what, kind)
+	}
+	for _, c := range []byte(kind) {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
+			return fmt.Errorf("%w: %q: kind %q must be 1 to 63 bytes of [a-z0-9-] starting with a letter", ErrInvalid, what, kind)
+		}
+	}
+	if kind == LeaseKind {
+		return fmt.Errorf("%w: %q: kind %q is reserved for node leases (use Leases)", ErrInvalid, what, kind)
+	}
+	return nil
+}
+
+func checkSegment(what, seg string) error {
+	if seg == "" {
+		return fmt.Errorf("%w: %q: empty name segment (a leading, trailing or doubled \"/\")", ErrInvalid, what)
+	}
+	for _, c := range []byte(seg) {
+		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '-') {
+			return fmt.Errorf("%w: %q: name segment %q: only lowercase letters, digits, '.' and '-' (encode addresses such as 10-0-0-64-26)", ErrInvalid, what, seg)
+		}
+	}
+	return nil
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 	"sort"
+
+	"github.com/ipledger/ipledger/internal/pool"
 )
 
 // AuditReport is the result of checking the ledger's books.
@@ -57,6 +59,7 @@ func (l *Ledger) Audit() (AuditReport, error) {
 	storedLeases := map[Key]bool{}
 	accounted := map[poolSet]uint64{} // addresses below the fresh cursor, held or free
 	lastRel := map[addrKey]Release{}
+	blocks := map[blockKey]*blockAudit{}
 	snapshot := make(chan struct{})
 	viewed := make(chan error, 1)
 	l.mu.Lock()
@@ -64,7 +67,7 @@ func (l *Ledger) Audit() (AuditReport, error) {
 	go func() {
 		viewed <- l.st.View(func(tx ReadTx) error {
 			close(snapshot) // the read transaction is open: the lock may go
-			return l.auditScan(tx, &rep, bad, holders, free, pools, liveByPool, storedLeases, accounted, lastRel)
+			return l.auditScan(tx, &rep, bad, holders, free, pools, liveByPool, storedLeases, accounted, lastRel, blocks)
 		})
 	}()
 	var err error
@@ -78,7 +81,7 @@ func (l *Ledger) Audit() (AuditReport, error) {
 	if err != nil {
 		return rep, err
 	}
-	auditCheck(&rep, bad, mem, holders, free, pools, liveByPool, storedLeases, accounted, lastRel)
+	auditCheck(&rep, bad, mem, holders, free, pools, liveByPool, storedLeases, accounted, lastRel, blocks)
 	return rep, nil
 }
 
@@ -87,10 +90,11 @@ type memIndex struct {
 	leases map[Key]bool
 	held   map[string]map[netip.Addr]Key
 	free   map[string][]netip.Addr
+	blocks map[blockKey]BlockRecord
 }
 
 func (l *Ledger) memIndex() memIndex {
-	m := memIndex{leases: make(map[Key]bool, len(l.leases)), held: map[string]map[netip.Addr]Key{}, free: map[string][]netip.Addr{}}
+	m := memIndex{leases: make(map[Key]bool, len(l.leases)), held: map[string]map[netip.Addr]Key{}, free: map[string][]netip.Addr{}, blocks: map[blockKey]BlockRecord{}}
 	for k := range l.leases {
 		m.leases[k] = true
 	}
@@ -104,6 +108,9 @@ func (l *Ledger) memIndex() memIndex {
 			for ip := range s.index {
 				m.free[n] = append(m.free[n], ip)
 			}
+			for _, b := range s.order {
+				m.blocks[blockKey{n, b.rec.Prefix}] = b.rec
+			}
 		}
 	}
 	return m
@@ -114,13 +121,55 @@ type poolSet struct {
 	set     int
 }
 
+// blockAudit is what the audit reads of one block of a cluster-scoped pool.
+type blockAudit struct {
+	rec       BlockRecord
+	clip      pool.RangeSet
+	accounted uint64 // held or free addresses at offsets below its fresh cursor
+	held      int
+}
+
+type blockKey struct {
+	network string
+	prefix  netip.Prefix
+}
+
 // auditScan reads one snapshot of the store into Audit's maps.
 func (l *Ledger) auditScan(tx ReadTx, rep *AuditReport, bad func(string, ...any), holders map[addrKey][]Key,
 	free map[addrKey]Free, pools map[string]PoolRecord, liveByPool map[string]uint64, storedLeases map[Key]bool,
-	accounted map[poolSet]uint64, lastRel map[addrKey]Release) error {
+	accounted map[poolSet]uint64, lastRel map[addrKey]Release, blocks map[blockKey]*blockAudit) error {
 	{
 		if err := tx.ForEachPool(func(p PoolRecord) error { pools[p.Network] = p; return nil }); err != nil {
 			return err
+		}
+		if err := tx.ForEachBlock(func(b BlockRecord) error {
+			p, ok := pools[b.Network]
+			switch {
+			case !ok || p.BlockBits == nil:
+				bad("block %s of %q: the network has no cluster-scoped pool", b.Prefix, b.Network)
+			case b.Set < 0 || b.Set >= len(p.Ranges) || b.Prefix.Bits() != p.BlockBits[b.Set] || b.Prefix.Masked() != b.Prefix:
+				bad("block %s of %q: not an aligned /%v block of range set %d", b.Prefix, b.Network, p.BlockBits, b.Set)
+			case !b.State.Valid():
+				bad("block %s of %q: state %q", b.Prefix, b.Network, b.State)
+			default:
+				clip := p.Ranges[b.Set].Clip(b.Prefix)
+				if b.NextFresh > clip.Size() {
+					bad("block %s of %q: fresh cursor %d past its %d addresses", b.Prefix, b.Network, b.NextFresh, clip.Size())
+				}
+				blocks[blockKey{b.Network, b.Prefix}] = &blockAudit{rec: b, clip: clip}
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		// blockOf finds the block of a cluster-scoped pool holding ip.
+		blockOf := func(network string, set int, ip netip.Addr) *blockAudit {
+			p := pools[network]
+			pf, err := ip.Prefix(p.BlockBits[set])
+			if err != nil {
+				return nil
+			}
+			return blocks[blockKey{network, pf}]
 		}
 		inSet := func(network string, ip netip.Addr) int {
 			for i, set := range pools[network].Ranges {
@@ -154,6 +203,17 @@ func (l *Ledger) auditScan(tx ReadTx, rep *AuditReport, bad func(string, ...any)
 					bad("lease %s: %s is outside the pool of %q", ls.Key, p.Addr(), ls.Key.Network)
 				} else if seen[set] {
 					bad("lease %s: two addresses from range set %d", ls.Key, set)
+				} else if pools[ls.Key.Network].BlockBits != nil {
+					seen[set] = true
+					b := blockOf(ls.Key.Network, set, p.Addr())
+					if b == nil {
+						bad("lease %s: %s is outside the node's blocks", ls.Key, p.Addr())
+					} else {
+						b.held++
+						if off, _ := b.clip.Offset(p.Addr()); off < b.rec.NextFresh {
+							b.accounted++
+						}
+					}
 				} else {
 					seen[set] = true
 					accounted[poolSet{ls.Key.Network, set}]++
@@ -174,6 +234,18 @@ func (l *Ledger) auditScan(tx ReadTx, rep *AuditReport, bad func(string, ...any)
 			}
 			if s := inSet(f.Network, f.IP); s != f.Set {
 				bad("free %s/%s: recorded in range set %d, belongs to %d", f.Network, f.IP, f.Set, s)
+			} else if pools[f.Network].BlockBits != nil {
+				b := blockOf(f.Network, s, f.IP)
+				switch {
+				case b == nil:
+					bad("free %s/%s is outside the node's blocks", f.Network, f.IP)
+				case b.rec.State == BlockLost:
+					bad("free %s/%s is in block %s, lost to another node", f.Network, f.IP, b.rec.Prefix)
+				default:
+					if off, _ := b.clip.Offset(f.IP); off < b.rec.NextFresh {
+						b.accounted++
+					}
+				}
 			} else if off, _ := pools[f.Network].Ranges[s].Offset(f.IP); off >= pools[f.Network].NextFresh[s] {
 				bad("free %s/%s is past the pool's fresh cursor", f.Network, f.IP)
 			} else {
@@ -209,7 +281,7 @@ func (l *Ledger) auditScan(tx ReadTx, rep *AuditReport, bad func(string, ...any)
 // in-memory indexes taken at the same point.
 func auditCheck(rep *AuditReport, bad func(string, ...any), mem memIndex, holders map[addrKey][]Key,
 	free map[addrKey]Free, pools map[string]PoolRecord, liveByPool map[string]uint64, storedLeases map[Key]bool,
-	accounted map[poolSet]uint64, lastRel map[addrKey]Release) {
+	accounted map[poolSet]uint64, lastRel map[addrKey]Release, blocks map[blockKey]*blockAudit) {
 	// last history entry per address against its free record
 	for ak, r := range lastRel {
 		if f, ok := free[ak]; ok && (f.Seq != r.Seq || !f.ReleasedAt.Equal(r.To)) {
@@ -243,6 +315,9 @@ func auditCheck(rep *AuditReport, bad func(string, ...any), mem memIndex, holder
 		if p.Allocations != p.Releases+liveByPool[n] {
 			bad("pool %q does not balance: %d allocations != %d releases + %d live", n, p.Allocations, p.Releases, liveByPool[n])
 		}
+		if p.BlockBits != nil {
+			continue // accounted per block below
+		}
 		// Every address the pool has handed out (offsets below its fresh cursor, but
 		// gateways) is now either held or free; one that is neither is leaked for good.
 		for i, set := range p.Ranges {
@@ -257,6 +332,36 @@ func auditCheck(rep *AuditReport, bad func(string, ...any), mem memIndex, holder
 			if got := accounted[poolSet{n, i}]; got != want {
 				bad("pool %q range set %d: %d addresses handed out, but %d are held or free; %d are neither (leaked)", n, i, want, got, int64(want)-int64(got))
 			}
+		}
+	}
+	// Every address a block handed out since it was added (offsets below its cursor,
+	// but gateways) is held or free, as in a node-mode pool; a lost block keeps only
+	// its leases and goes with the last of them.
+	for bk, b := range blocks {
+		if b.rec.State == BlockLost {
+			if b.held == 0 {
+				bad("block %s of %q is lost and holds no lease, yet is still recorded", bk.prefix, bk.network)
+			}
+			continue
+		}
+		want := b.rec.NextFresh
+		gws := map[netip.Addr]bool{}
+		for _, r := range b.clip {
+			if off, ok := b.clip.Offset(r.Gateway); r.Gateway.IsValid() && ok && off < b.rec.NextFresh && !gws[r.Gateway] {
+				gws[r.Gateway] = true
+				want--
+			}
+		}
+		if b.accounted != want {
+			bad("block %s of %q: %d addresses handed out, but %d are held or free; %d are neither (leaked)", bk.prefix, bk.network, want, b.accounted, int64(want)-int64(b.accounted))
+		}
+		if mb, ok := mem.blocks[bk]; !ok || mb != b.rec {
+			bad("block %s of %q: memory has %+v, store %+v", bk.prefix, bk.network, mb, b.rec)
+		}
+	}
+	for bk := range mem.blocks {
+		if blocks[bk] == nil {
+			bad("block %s of %q in memory but not stored", bk.prefix, bk.network)
 		}
 	}
 	// memory against store

@@ -29,4 +29,16 @@ var (
 	ErrStateUnknown = errors.New("ledger state unknown after a failed commit")
 	// ErrCorrupt: the state file cannot be read as a ledger.
 	ErrCorrupt = errors.New("state file corrupt")
+	// ErrNoBlockCapacity: an allocation in a cluster-scoped pool found no address it
+	// may hand out in the blocks the node owns and can prove (wrapped together with
+	// ErrPoolExhausted, in a *BlockCapacityError naming the range set): the block
+	// manager claims another block for that range set and retries.
+	ErrNoBlockCapacity = errors.New("no free address in the node's blocks")
+	// ErrBlockInUse: a block cannot be removed while a lease holds one of its addresses.
+	ErrBlockInUse = errors.New("block in use")
+	// ErrUnknownBlock: the pool has no such block (or it is not cluster-scoped), or
+	// the block is not one of the pool's aligned blocks.
+	ErrUnknownBlock = errors.New("unknown block")
+	// ErrBlockEpoch: a block operation named an epoch other than the block's.
+	ErrBlockEpoch = errors.New("block epoch mismatch")
 )

@@ -14,6 +14,9 @@ type freeItem struct {
 	f     Free
 	mono  time.Duration // monotonic reading of the release (or of the load that found it)
 	index int
+	// parked: the address belongs to a block that does not hand out addresses now
+	// (suspended); it is in the set's index but not in the heap.
+	parked bool
 }
 
 func (h freeHeap) Len() int           { return len(h) }

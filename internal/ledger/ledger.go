@@ -60,6 +60,8 @@ type Ledger struct {
 	// broken is set when a commit failed and the books could not be read back from
 	// the store: every later change is refused with it (wrapping ErrStateUnknown).
 	broken error
+	// guard, when set, is asked before every allocation in a cluster-scoped pool.
+	guard func(network string) error
 }
 
 type poolState struct {
@@ -75,6 +77,11 @@ type setState struct {
 	free   freeHeap
 	index  map[netip.Addr]*freeItem
 	byUID  map[string][]*freeItem // free addresses by the UID that last held them
+	// cluster-scoped pools only: the block prefix length (0 in node mode) and the
+	// node's blocks, by prefix and in address order.
+	bits   int
+	blocks map[netip.Prefix]*blockState
+	order  []*blockState
 }
 
 // Open loads the ledger kept in st.
@@ -124,6 +131,24 @@ func (l *Ledger) load(keep map[freeMark]time.Duration) error {
 		}); err != nil {
 			return err
 		}
+		if err := tx.ForEachBlock(func(b BlockRecord) error {
+			ps := pools[b.Network]
+			if ps == nil || ps.rec.BlockBits == nil || b.Set < 0 || b.Set >= len(ps.sets) {
+				return fmt.Errorf("%w: block %s of %q has no cluster-scoped pool", ErrCorrupt, b.Prefix, b.Network)
+			}
+			s := ps.sets[b.Set]
+			if b.Prefix.Bits() != s.bits || b.Prefix.Masked() != b.Prefix || !b.State.Valid() || s.blocks[b.Prefix] != nil {
+				return fmt.Errorf("%w: block %s of %q: not a /%d block of range set %d, or state %q", ErrCorrupt, b.Prefix, b.Network, s.bits, b.Set, b.State)
+			}
+			bs, err := newBlockState(s.set, b)
+			if err != nil {
+				return fmt.Errorf("%w: %v", ErrCorrupt, err)
+			}
+			s.insertBlock(bs)
+			return nil
+		}); err != nil {
+			return err
+		}
 		if err := tx.ForEachLease(func(ls Lease) error {
 			ps := pools[ls.Key.Network]
 			if ps == nil {
@@ -139,6 +164,13 @@ func (l *Ledger) load(keep map[freeMark]time.Duration) error {
 					return fmt.Errorf("%w: %s is held by both %s and %s", ErrCorrupt, p.Addr(), other, ls.Key)
 				}
 				ps.held[p.Addr()] = ls.Key
+				if ps.rec.BlockBits != nil {
+					b := ps.blockOf(p.Addr())
+					if b == nil {
+						return fmt.Errorf("%w: lease %s holds %s outside the node's blocks", ErrCorrupt, ls.Key, p.Addr())
+					}
+					b.held++
+				}
 			}
 			return nil
 		}); err != nil {
@@ -148,6 +180,11 @@ func (l *Ledger) load(keep map[freeMark]time.Duration) error {
 			ps := pools[f.Network]
 			if ps == nil || f.Set < 0 || f.Set >= len(ps.sets) {
 				return fmt.Errorf("%w: free address %s of %q has no pool", ErrCorrupt, f.IP, f.Network)
+			}
+			if s := ps.sets[f.Set]; s.bits != 0 {
+				if b := s.blockOf(f.IP); b == nil || b.rec.State == BlockLost {
+					return fmt.Errorf("%w: free address %s of %q is outside the node's blocks", ErrCorrupt, f.IP, f.Network)
+				}
 			}
 			mono, ok := keep[freeMark{f.Network, f.IP, f.Seq}]
 			if !ok {
@@ -211,8 +248,11 @@ func newPoolState(p PoolRecord) (*poolState, error) {
 	if len(p.NextFresh) != len(p.Ranges) {
 		return nil, fmt.Errorf("nextFresh has %d entries for %d range sets", len(p.NextFresh), len(p.Ranges))
 	}
+	if p.BlockBits != nil && len(p.BlockBits) != len(p.Ranges) {
+		return nil, fmt.Errorf("blockBits has %d entries for %d range sets", len(p.BlockBits), len(p.Ranges))
+	}
 	ps := &poolState{rec: p, held: map[netip.Addr]Key{}}
-	for _, set := range p.Ranges {
+	for i, set := range p.Ranges {
 		size := set.Size()
 		usable := size
 		for _, r := range set {
@@ -220,14 +260,35 @@ func newPoolState(p PoolRecord) (*poolState, error) {
 				usable--
 			}
 		}
-		ps.sets = append(ps.sets, &setState{set: set, size: size, usable: usable, index: map[netip.Addr]*freeItem{}, byUID: map[string][]*freeItem{}})
+		s := &setState{set: set, size: size, usable: usable, index: map[netip.Addr]*freeItem{}, byUID: map[string][]*freeItem{}}
+		if p.BlockBits != nil {
+			s.bits = p.BlockBits[i]
+			s.blocks = map[netip.Prefix]*blockState{}
+		}
+		ps.sets = append(ps.sets, s)
 	}
 	return ps, nil
 }
 
+// blockOf returns the block of the pool holding a, or nil.
+func (ps *poolState) blockOf(a netip.Addr) *blockState {
+	for _, s := range ps.sets {
+		if b := s.blockOf(a); b != nil {
+			return b
+		}
+	}
+	return nil
+}
+
 func (s *setState) addFree(f Free, mono time.Duration) *freeItem {
 	it := &freeItem{f: f, mono: mono}
-	s.free.add(it)
+	if b := s.blockOf(f.IP); b != nil {
+		b.items[f.IP] = it
+		it.parked = b.rec.State != BlockActive
+	}
+	if !it.parked {
+		s.free.add(it)
+	}
 	s.index[f.IP] = it
 	if f.LastUID != "" {
 		s.byUID[f.LastUID] = append(s.byUID[f.LastUID], it)
@@ -236,7 +297,12 @@ func (s *setState) addFree(f Free, mono time.Duration) *freeItem {
 }
 
 func (s *setState) removeFree(it *freeItem) {
-	s.free.remove(it)
+	if b := s.blockOf(it.f.IP); b != nil {
+		delete(b.items, it.f.IP)
+	}
+	if !it.parked {
+		s.free.remove(it)
+	}
 	delete(s.index, it.f.IP)
 	if it.f.LastUID != "" {
 		s.byUID[it.f.LastUID] = removeItem(s.byUID[it.f.LastUID], it)
@@ -283,10 +349,14 @@ type change struct {
 	after   []func() // run once the change is durable (log lines)
 	pools   map[*poolState]bool
 	opPools map[*poolState]bool // pools whose record the current operation saved
+	// blocks whose record is written at commit (after the writes: a block removed
+	// and added again within the change is a new blockState)
+	blocks   map[*blockState]bool
+	opBlocks map[*blockState]bool
 }
 
 func (l *Ledger) begin() *change {
-	return &change{l: l, pools: map[*poolState]bool{}, opPools: map[*poolState]bool{}}
+	return &change{l: l, pools: map[*poolState]bool{}, opPools: map[*poolState]bool{}, blocks: map[*blockState]bool{}, opBlocks: map[*blockState]bool{}}
 }
 
 func (c *change) write(fn func(Tx) error) { c.writes = append(c.writes, fn) }
@@ -298,6 +368,7 @@ type mark struct{ w, u, a int }
 // mark starts an operation within the change.
 func (c *change) mark() mark {
 	c.opPools = map[*poolState]bool{}
+	c.opBlocks = map[*blockState]bool{}
 	return mark{len(c.writes), len(c.undo), len(c.after)}
 }
 
@@ -328,7 +399,7 @@ func (c *change) touchPool(ps *poolState) {
 // commit writes the change in one durable transaction. When the commit fails the
 // books are re-read from the store (see reread), not undone step by step.
 func (c *change) commit() error {
-	if len(c.writes) == 0 && len(c.pools) == 0 {
+	if len(c.writes) == 0 && len(c.pools) == 0 && len(c.blocks) == 0 {
 		return nil
 	}
 	err := c.l.st.Update(func(tx Tx) error {
@@ -340,6 +411,13 @@ func (c *change) commit() error {
 		for _, w := range c.writes {
 			if err := w(tx); err != nil {
 				return err
+			}
+		}
+		for b := range c.blocks {
+			if !b.removed {
+				if err := tx.PutBlock(b.rec); err != nil {
+					return err
+				}
 			}
 		}
 		return nil
@@ -566,6 +644,11 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 				return err
 			}
 		}
+		if ps.rec.BlockBits != nil && l.guard != nil {
+			if err := l.guard(req.Key.Network); err != nil {
+				return fmt.Errorf("network %q: allocation refused: %w", req.Key.Network, err)
+			}
+		}
 		ls := &Lease{Key: req.Key, Pod: req.Pod, NetNS: req.NetNS, Created: now, State: StateActive}
 		for i := range ps.sets {
 			a, err := c.pick(ps, i, req.Pod.UID, mono)
@@ -576,6 +659,11 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 			ls.IPs = append(ls.IPs, netip.PrefixFrom(a, r.Subnet.Bits()))
 			ps.held[a] = req.Key
 			c.onUndo(func() { delete(ps.held, a) })
+			if b := ps.sets[i].blockOf(a); b != nil {
+				b.held++
+				b.gen++
+				c.onUndo(func() { b.held--; b.gen-- })
+			}
 		}
 		c.touchPool(ps)
 		ps.rec.Allocations += uint64(len(ls.IPs))
@@ -601,6 +689,9 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 // (measured on the monotonic clock: mono is now's reading).
 func (c *change) pick(ps *poolState, i int, uid string, mono time.Duration) (netip.Addr, error) {
 	s := ps.sets[i]
+	if s.bits != 0 {
+		return c.pickBlock(ps, i, uid, mono)
+	}
 	take := func(it *freeItem) netip.Addr {
 		s.removeFree(it)
 		f, m := it.f, it.mono
@@ -670,22 +761,40 @@ func (c *change) release(k Key, reason Reason, detail string, now time.Time, mon
 		ps.rec.Seq++
 		f := Free{Network: k.Network, IP: a, Set: set, ReleasedAt: now, Seq: ps.rec.Seq, LastUID: ls.Pod.UID}
 		s := ps.sets[set]
-		s.addFree(f, mono)
-		// Undo by address, not by the item added here: a later step of the same
-		// operation (a supersede ADD given the pod's old address) may have taken
-		// that item and its own undo put back another one in its place.
-		c.onUndo(func() { s.removeFree(s.index[a]) })
+		var b *blockState
+		if s.bits != 0 {
+			if b = s.blockOf(a); b == nil {
+				return fmt.Errorf("%w: lease %s holds %s outside the node's blocks", ErrCorrupt, k, a)
+			}
+			b.held--
+			c.onUndo(func() { b.held++ })
+		}
+		// An address of a lost block is another node's now: its release is recorded
+		// here (history, counters) but the address is not kept free.
+		keepFree := b == nil || b.rec.State != BlockLost
+		if keepFree {
+			s.addFree(f, mono)
+			// Undo by address, not by the item added here: a later step of the same
+			// operation (a supersede ADD given the pod's old address) may have taken
+			// that item and its own undo put back another one in its place.
+			c.onUndo(func() { s.removeFree(s.index[a]) })
+		}
 		delete(ps.held, a)
 		c.onUndo(func() { ps.held[a] = k })
 		ps.rec.Releases++
 		r := Release{Network: k.Network, IP: a, Key: k, Pod: ls.Pod, From: ls.Created, To: now, Reason: reason, Detail: detail, Seq: f.Seq}
 		keep := l.opts.HistoryKeep
 		c.write(func(tx Tx) error {
-			if err := tx.PutFree(f); err != nil {
-				return err
+			if keepFree {
+				if err := tx.PutFree(f); err != nil {
+					return err
+				}
 			}
 			return tx.AppendHistory(r, keep)
 		})
+		if b != nil && b.rec.State == BlockLost && b.held == 0 {
+			c.dropBlock(s, b)
+		}
 	}
 	delete(l.leases, k)
 	l.unindexUID(ls)
@@ -832,6 +941,24 @@ func (l *Ledger) poolStatus(ps *poolState) PoolStatus {
 	st := PoolStatus{Network: ps.rec.Network, Ranges: ps.rec.Ranges, InUse: len(ps.held), Available: true, Allocs: ps.rec.Allocations, Releases: ps.rec.Releases}
 	mono := l.opts.Clock.Mono()
 	for i, s := range ps.sets {
+		if s.bits != 0 {
+			// the node's share: its blocks that are not lost
+			var usable uint64
+			ok := false
+			for _, b := range s.order {
+				if b.rec.State != BlockLost {
+					usable += b.usable
+				}
+				ok = ok || b.rec.State == BlockActive && b.rec.NextFresh < b.size
+			}
+			st.Usable = append(st.Usable, usable)
+			st.Free += len(s.index)
+			if top := s.free.top(); top != nil && mono-top.mono >= l.opts.ReuseDelay {
+				ok = true
+			}
+			st.Available = st.Available && ok
+			continue
+		}
 		st.Usable = append(st.Usable, s.usable)
 		st.Free += s.free.Len()
 		ok := ps.rec.NextFresh[i] < s.size

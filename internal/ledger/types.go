@@ -218,6 +218,48 @@ type PoolRecord struct {
 	Seq         uint64          `json:"seq"`       // release sequence
 	Allocations uint64          `json:"allocations"`
 	Releases    uint64          `json:"releases"` // addresses, not leases
+	// BlockBits makes the pool cluster-scoped: its ranges are cluster-wide and this
+	// node allocates only inside the blocks it owns (see BlockRecord), blocks of
+	// BlockBits[i] prefix length in range set i. Nil for a node-mode pool (the whole
+	// of its ranges is this node's, NextFresh counts through them).
+	BlockBits []int `json:"blockBits,omitempty"`
+}
+
+// BlockState says whether a block's addresses may be handed out.
+type BlockState string
+
+// The block states.
+const (
+	// BlockActive: the node owns the block and can prove it; its addresses are
+	// handed out.
+	BlockActive BlockState = "active"
+	// BlockSuspended: the node cannot prove it still owns the block (its node lease
+	// may have expired); nothing is handed out from it, releases are recorded and its
+	// free addresses wait for ResumeBlock.
+	BlockSuspended BlockState = "suspended"
+	// BlockLost: another node owns the block now. Nothing is handed out from it; the
+	// leases still in it are released locally only (their addresses are not kept as
+	// free here), and the block record goes with its last lease.
+	BlockLost BlockState = "lost"
+)
+
+// Valid reports whether s is one of the block states.
+func (s BlockState) Valid() bool {
+	return s == BlockActive || s == BlockSuspended || s == BlockLost
+}
+
+// BlockRecord is one block of a cluster-scoped pool as this node holds it.
+type BlockRecord struct {
+	Network string       `json:"network"`
+	Prefix  netip.Prefix `json:"prefix"`
+	Set     int          `json:"set"`   // the range set the block belongs to
+	Epoch   uint64       `json:"epoch"` // the datastore epoch the node claimed it at
+	State   BlockState   `json:"state"`
+	// NextFresh counts the block's addresses (offsets of the range set clipped to the
+	// block) handed out at least once since the block was added: those at offsets
+	// below it are held or free, those above have never been used here.
+	NextFresh uint64    `json:"nextFresh"`
+	Added     time.Time `json:"added"`
 }
 
 // Store persists the ledger. It is owned by the ledger; implementations live in
@@ -245,6 +287,8 @@ type ReadTx interface {
 	History(network string, ip netip.Addr) ([]Release, error)
 	// ForEachHistory visits every release, grouped by network and address, oldest first.
 	ForEachHistory(fn func(Release) error) error
+	// ForEachBlock visits the blocks of cluster-scoped pools, by network and address.
+	ForEachBlock(fn func(BlockRecord) error) error
 }
 
 // Tx changes the stored ledger inside Update.
@@ -257,4 +301,6 @@ type Tx interface {
 	DeleteFree(network string, ip netip.Addr) error
 	// AppendHistory adds r and drops the oldest entries of its address beyond keep.
 	AppendHistory(r Release, keep int) error
+	PutBlock(BlockRecord) error
+	DeleteBlock(network string, prefix netip.Prefix) error
 }

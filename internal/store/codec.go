@@ -31,6 +31,8 @@ func MarshalRecord(v any) ([]byte, error) {
 		b, ok = appendRelease(make([]byte, 0, 256), &r)
 	case ledger.PoolRecord:
 		b, ok = appendPool(make([]byte, 0, 256), &r)
+	case ledger.BlockRecord:
+		b, ok = appendBlock(make([]byte, 0, 160), &r)
 	}
 	if ok {
 		return b, nil
@@ -236,6 +238,37 @@ func appendPool(b []byte, p *ledger.PoolRecord) ([]byte, bool) {
 	e.UintField(&first, "seq", p.Seq, false)
 	e.UintField(&first, "allocations", p.Allocations, false)
 	e.UintField(&first, "releases", p.Releases, false)
+	if p.BlockBits != nil && len(p.BlockBits) > 0 { // omitempty
+		e.Field(&first, "blockBits")
+		e.Raw("[")
+		for i, n := range p.BlockBits {
+			if i > 0 {
+				e.Raw(",")
+			}
+			e.Int(int64(n))
+		}
+		e.Raw("]")
+	}
+	e.Raw("}")
+	return e.B, e.OK
+}
+
+// appendBlock writes a block record, written by every allocation that takes a
+// never-used address of a block.
+func appendBlock(b []byte, r *ledger.BlockRecord) ([]byte, bool) {
+	e := jsonlite.NewEncoder(b)
+	first := true
+	e.Raw("{")
+	e.StrField(&first, "network", r.Network, false)
+	e.Field(&first, "prefix")
+	e.Text(r.Prefix)
+	e.Field(&first, "set")
+	e.Int(int64(r.Set))
+	e.UintField(&first, "epoch", r.Epoch, false)
+	e.StrField(&first, "state", string(r.State), false)
+	e.UintField(&first, "nextFresh", r.NextFresh, false)
+	e.Field(&first, "added")
+	e.Time(r.Added)
 	e.Raw("}")
 	return e.B, e.OK
 }

@@ -28,4 +28,7 @@ func TestRecordCodecEveryField(t *testing.T) {
 	fieldtest.Fill(t, reflect.ValueOf(&p))
 	p.Ranges = ranges
 	checkRecord(t, p)
+	var b ledger.BlockRecord
+	fieldtest.Fill(t, reflect.ValueOf(&b))
+	checkRecord(t, b)
 }

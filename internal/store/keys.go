@@ -30,6 +30,11 @@ func AddrKey(network string, ip netip.Addr) []byte {
 	return append(b, a[:]...)
 }
 
+// BlockKey is AddrKey of the block's first address followed by its prefix length.
+func BlockKey(network string, p netip.Prefix) []byte {
+	return append(AddrKey(network, p.Addr()), byte(p.Bits()))
+}
+
 // HistoryKey is AddrKey followed by the big-endian release sequence, so one address's
 // releases are adjacent and in order.
 func HistoryKey(network string, ip netip.Addr, seq uint64) []byte {

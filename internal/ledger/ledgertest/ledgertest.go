@@ -107,6 +107,13 @@ func Run(t *testing.T, newStore Factory) {
 		{"ReuseDelayIgnoresWallSteps", testReuseDelayIgnoresWallSteps},
 		{"OverlappingNetworks", testOverlappingNetworks},
 		{"SupersedeJudgedHolder", testSupersedeJudgedHolder},
+		{"BlocksAllocate", testBlocksAllocate},
+		{"BlocksGatewayAndRanges", testBlocksGatewayAndRanges},
+		{"BlocksConfigConflicts", testBlocksConfigConflicts},
+		{"BlocksRemove", testBlocksRemove},
+		{"BlocksFencing", testBlocksFencing},
+		{"BlocksLost", testBlocksLost},
+		{"BlocksDualStack", testBlocksDualStack},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore) })

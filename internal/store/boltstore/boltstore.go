@@ -30,7 +30,10 @@ var (
 	bucketLeases  = []byte("leases")
 	bucketFree    = []byte("free")
 	bucketHistory = []byte("history")
-	keySchema     = []byte("schema")
+	// bucketBlocks holds the node's blocks of cluster-scoped pools. It was added
+	// without a schema change: a file written before it gets it at its next Open.
+	bucketBlocks = []byte("blocks")
+	keySchema    = []byte("schema")
 )
 
 // Store is a ledger.Store on a bbolt file.
@@ -119,7 +122,7 @@ func (s *Store) ensureSchema(btx *bolt.Tx) error {
 		if err := meta.Put(keySchema, []byte(strconv.Itoa(SchemaVersion))); err != nil {
 			return err
 		}
-		for _, b := range [][]byte{bucketPools, bucketLeases, bucketFree, bucketHistory} {
+		for _, b := range [][]byte{bucketPools, bucketLeases, bucketFree, bucketHistory, bucketBlocks} {
 			if _, err := btx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -133,6 +136,11 @@ func (s *Store) ensureSchema(btx *bolt.Tx) error {
 	for _, b := range [][]byte{bucketPools, bucketLeases, bucketFree, bucketHistory} {
 		if btx.Bucket(b) == nil {
 			return corrupt(s.path, fmt.Errorf("bucket %s missing", b))
+		}
+	}
+	if btx.Bucket(bucketBlocks) == nil && btx.Writable() {
+		if _, err := btx.CreateBucket(bucketBlocks); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -302,4 +310,16 @@ func (t *tx) AppendHistory(r ledger.Release, keep int) error {
 		}
 	}
 	return nil
+}
+func (t *tx) ForEachBlock(fn func(ledger.BlockRecord) error) error {
+	if t.btx.Bucket(bucketBlocks) == nil { // a file from before blocks, opened read-only
+		return nil
+	}
+	return forEach(t, bucketBlocks, nil, fn)
+}
+func (t *tx) PutBlock(b ledger.BlockRecord) error {
+	return t.put(bucketBlocks, store.BlockKey(b.Network, b.Prefix), b)
+}
+func (t *tx) DeleteBlock(network string, prefix netip.Prefix) error {
+	return t.btx.Bucket(bucketBlocks).Delete(store.BlockKey(network, prefix))
 }

@@ -244,3 +244,15 @@ func (t *failingTx) AppendHistory(r ledger.Release, keep int) error {
 	}
 	return t.Tx.AppendHistory(r, keep)
 }
+func (t *failingTx) PutBlock(b ledger.BlockRecord) error {
+	if t.fail() {
+		return injected(DuringWrite)
+	}
+	return t.Tx.PutBlock(b)
+}
+func (t *failingTx) DeleteBlock(network string, prefix netip.Prefix) error {
+	if t.fail() {
+		return injected(DuringWrite)
+	}
+	return t.Tx.DeleteBlock(network, prefix)
+}

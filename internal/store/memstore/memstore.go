@@ -32,7 +32,7 @@ var _ ledger.Store = (*Store)(nil)
 func New() *Store { return &Store{data: newData()} }
 
 func newData() map[string]map[string][]byte {
-	return map[string]map[string][]byte{"pools": {}, "leases": {}, "free": {}, "history": {}}
+	return map[string]map[string][]byte{"pools": {}, "leases": {}, "free": {}, "history": {}, "blocks": {}}
 }
 
 var errClosed = errors.New("memstore: closed")
@@ -181,4 +181,13 @@ func (t *tx) AppendHistory(r ledger.Release, keep int) error {
 		keys = keys[1:]
 	}
 	return nil
+}
+func (t *tx) ForEachBlock(fn func(ledger.BlockRecord) error) error {
+	return forEach(t, "blocks", nil, fn)
+}
+func (t *tx) PutBlock(b ledger.BlockRecord) error {
+	return t.put("blocks", store.BlockKey(b.Network, b.Prefix), b)
+}
+func (t *tx) DeleteBlock(network string, prefix netip.Prefix) error {
+	return t.del("blocks", store.BlockKey(network, prefix))
 }

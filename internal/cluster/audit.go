@@ -1,0 +1,150 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sort"
+
+	"github.com/ipledger/ipledger/internal/datastore"
+	"github.com/ipledger/ipledger/internal/ledger"
+)
+
+// NodeBooks is what the cluster audit reads of one node: its live leases and the
+// blocks its ledger holds (ipledgerctl leases and blocks of that node's agent).
+type NodeBooks struct {
+	Node   string               `json:"node"`
+	Leases []ledger.Lease       `json:"leases"`
+	Blocks []ledger.BlockStatus `json:"blocks"`
+}
+
+// Holding is one address held by one attachment on one node.
+type Holding struct {
+	Node string     `json:"node"`
+	Key  ledger.Key `json:"key"`
+}
+
+// DoubleHeld is an address held by more than one attachment in the cluster.
+type DoubleHeld struct {
+	Network string     `json:"network"`
+	IP      netip.Addr `json:"ip"`
+	Holders []Holding  `json:"holders"`
+}
+
+// Outside is an address a node holds outside the blocks it owns at the current
+// epoch: no block of the datastore holds it, another node owns the block, or the
+// node's ledger has the block at another epoch (it lost it meanwhile).
+type Outside struct {
+	Holding
+	Network string     `json:"network"`
+	IP      netip.Addr `json:"ip"`
+	Why     string     `json:"why"`
+}
+
+// AuditReport is the cluster audit's verdict: OK when no address is held twice and
+// every held address lies in a block its node owns at the datastore's epoch.
+type AuditReport struct {
+	OK         bool         `json:"ok"`
+	Nodes      int          `json:"nodes"`
+	Leases     int          `json:"leases"`
+	Addresses  int          `json:"addresses"`
+	Blocks     int          `json:"blocks"`
+	DoubleHeld []DoubleHeld `json:"doubleHeld"`
+	Outside    []Outside    `json:"outside"`
+}
+
+// ReadBlocks returns every block record in the datastore.
+func ReadBlocks(ctx context.Context, ds datastore.Store) ([]BlockRecord, error) {
+	kvs, _, err := ds.List(ctx, BlocksPrefix(""))
+	if err != nil {
+		return nil, fmt.Errorf("listing blocks: %w", err)
+	}
+	out := make([]BlockRecord, 0, len(kvs))
+	for _, kv := range kvs {
+		rec, err := decodeBlock(kv)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, rec)
+	}
+	return out, nil
+}
+
+// Audit checks every node's books against each other and the datastore's blocks.
+// The caller reads the books of all nodes and then the blocks (ReadBlocks), with no
+// node allocating in between for an exact answer.
+func Audit(blocks []BlockRecord, nodes []NodeBooks) AuditReport {
+	rep := AuditReport{Nodes: len(nodes), Blocks: len(blocks), DoubleHeld: []DoubleHeld{}, Outside: []Outside{}}
+	type bk struct {
+		network string
+		prefix  netip.Prefix
+	}
+	// block sizes per network and family, from the records
+	bits := map[string]map[int]bool{}
+	byKey := map[bk]BlockRecord{}
+	for _, b := range blocks {
+		byKey[bk{b.Network, b.CIDR}] = b
+		if bits[b.Network] == nil {
+			bits[b.Network] = map[int]bool{}
+		}
+		bits[b.Network][b.CIDR.Bits()] = true
+	}
+	find := func(network string, ip netip.Addr) (BlockRecord, bool) {
+		for n := range bits[network] {
+			p, err := ip.Prefix(n)
+			if err != nil {
+				continue
+			}
+			if b, ok := byKey[bk{network, p}]; ok {
+				return b, true
+			}
+		}
+		return BlockRecord{}, false
+	}
+	type ak struct {
+		network string
+		ip      netip.Addr
+	}
+	holders := map[ak][]Holding{}
+	for _, n := range nodes {
+		epochs := map[bk]ledger.BlockStatus{}
+		for _, b := range n.Blocks {
+			epochs[bk{b.Network, b.Prefix}] = b
+		}
+		for _, ls := range n.Leases {
+			rep.Leases++
+			for _, p := range ls.IPs {
+				rep.Addresses++
+				a := ak{ls.Key.Network, p.Addr()}
+				h := Holding{Node: n.Node, Key: ls.Key}
+				holders[a] = append(holders[a], h)
+				b, ok := find(ls.Key.Network, p.Addr())
+				out := func(why string) {
+					rep.Outside = append(rep.Outside, Outside{Holding: h, Network: ls.Key.Network, IP: p.Addr(), Why: why})
+				}
+				switch {
+				case !ok:
+					out("no block of the datastore holds it")
+				case b.Owner != n.Node:
+					out(fmt.Sprintf("block %s is owned by %q at epoch %d", b.CIDR, b.Owner, b.Epoch))
+				default:
+					lb, ok := epochs[bk{b.Network, b.CIDR}]
+					if !ok {
+						out(fmt.Sprintf("block %s is the node's at epoch %d but its ledger does not hold it", b.CIDR, b.Epoch))
+					} else if lb.Epoch != b.Epoch || lb.State == ledger.BlockLost {
+						out(fmt.Sprintf("block %s is at epoch %d; the node's ledger has it %s at epoch %d", b.CIDR, b.Epoch, lb.State, lb.Epoch))
+					}
+				}
+			}
+		}
+	}
+	for a, hs := range holders {
+		if len(hs) > 1 {
+			rep.DoubleHeld = append(rep.DoubleHeld, DoubleHeld{Network: a.network, IP: a.ip, Holders: hs})
+		}
+	}
+	sort.Slice(rep.DoubleHeld, func(i, j int) bool { return rep.DoubleHeld[i].IP.Less(rep.DoubleHeld[j].IP) })
+	sort.Slice(rep.Outside, func(i, j int) bool { return rep.Outside[i].IP.Less(rep.Outside[j].IP) })
+	rep.OK = len(rep.DoubleHeld) == 0 && len(rep.Outside) == 0
+	return rep
+}

@@ -1,0 +1,133 @@
+package cluster
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/ipledger/ipledger/internal/datastore"
+	"github.com/ipledger/ipledger/internal/pool"
+)
+
+// Default block sizes: 64 addresses per block in either family.
+const (
+	DefaultBlockBits4 = 26
+	DefaultBlockBits6 = 122
+)
+
+// BlockBits returns the block prefix length of every range set of ranges for the
+// IPAM config key blockSize: 0 takes the defaults (/26 for IPv4, /122 for IPv6); a
+// value up to 32 is the IPv4 prefix length and gives IPv6 range sets blocks of as
+// many addresses (blockSize+96); a value above 32 is an IPv6 prefix length (the pool
+// must then have no IPv4 range set). Each size is checked against its range set.
+func BlockBits(ranges []pool.RangeSet, blockSize int) ([]int, error) {
+	if blockSize < 0 || blockSize > 128 {
+		return nil, fmt.Errorf("%w: blockSize: %d is not a prefix length; give e.g. 26 (IPv4 /26, IPv6 /122) or leave it out", pool.ErrInvalidRange, blockSize)
+	}
+	out := make([]int, len(ranges))
+	for i, set := range ranges {
+		if len(set) == 0 {
+			return nil, fmt.Errorf("%w: ranges[%d]: empty range set", pool.ErrInvalidRange, i)
+		}
+		v4 := set[0].Subnet.Addr().Is4()
+		switch {
+		case blockSize == 0 && v4:
+			out[i] = DefaultBlockBits4
+		case blockSize == 0:
+			out[i] = DefaultBlockBits6
+		case blockSize <= 32 && v4:
+			out[i] = blockSize
+		case blockSize <= 32:
+			out[i] = blockSize + 96
+		case v4:
+			return nil, fmt.Errorf("%w: blockSize: %d is an IPv6 prefix length but ranges[%d] is IPv4; give the IPv4 prefix length (IPv6 blocks get as many addresses)", pool.ErrInvalidRange, blockSize, i)
+		default:
+			out[i] = blockSize
+		}
+		if err := set.CheckBlockBits(out[i], "blockSize"); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// PoolRecord is the datastore record "pools/<network>": a network's cluster-wide
+// ranges and block sizes, created once by the first node; every node must use the
+// same.
+type PoolRecord struct {
+	Network   string          `json:"network"`
+	Ranges    []pool.RangeSet `json:"ranges"`
+	BlockBits []int           `json:"blockBits"`
+}
+
+func (p PoolRecord) equal(o PoolRecord) bool {
+	return p.Network == o.Network && pool.Equal(p.Ranges, o.Ranges) && slices.Equal(p.BlockBits, o.BlockBits)
+}
+
+// BlockRecord is the datastore record "blocks/<network>/<block>": who owns a block
+// of a network's pool, at which epoch. Owner "" is a free block. Every change of
+// owner bumps the epoch (by compare-and-swap), so an agent that lost a block while it
+// could not prove its lease sees that the epoch moved.
+type BlockRecord struct {
+	Network string       `json:"network"`
+	CIDR    netip.Prefix `json:"cidr"`
+	Set     int          `json:"set"`
+	Owner   string       `json:"owner"`            // node name, "" when free
+	Holder  string       `json:"holder,omitempty"` // the owner's agent that last wrote it
+	Epoch   uint64       `json:"epoch"`
+	Lease   string       `json:"lease,omitempty"` // the owner's node lease (its ID) when it wrote it
+}
+
+// Keys of the records.
+const (
+	poolsKind  = "pools/"
+	blocksKind = "blocks/"
+)
+
+// EncodeName makes s a datastore name part: bytes of [a-z0-9-] stay, every other
+// byte becomes '.' and two hex digits (so names stay distinct and reversible).
+func EncodeName(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-' {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, ".%02x", c)
+		}
+	}
+	return b.String()
+}
+
+// BlockName is a block's name part: its CIDR with '.', ':' and '/' written as '-'
+// (10.0.0.64/26 is 10-0-0-64-26, fd00::40/122 is fd00--40-122).
+func BlockName(p netip.Prefix) string {
+	return strings.NewReplacer(".", "-", ":", "-", "/", "-").Replace(p.String())
+}
+
+// PoolKey is the key of network's pool record.
+func PoolKey(network string) string { return poolsKind + EncodeName(network) }
+
+// BlocksPrefix is the key prefix of network's blocks ("" lists every network's).
+func BlocksPrefix(network string) string {
+	if network == "" {
+		return blocksKind
+	}
+	return blocksKind + EncodeName(network) + "/"
+}
+
+// BlockKey is the key of a block record.
+func BlockKey(network string, p netip.Prefix) string { return BlocksPrefix(network) + BlockName(p) }
+
+func decodeBlock(kv datastore.KV) (BlockRecord, error) {
+	var b BlockRecord
+	if err := json.Unmarshal(kv.Value, &b); err != nil {
+		return b, fmt.Errorf("datastore record %s: %v", kv.Key, err)
+	}
+	if !b.CIDR.IsValid() || BlockKey(b.Network, b.CIDR) != kv.Key {
+		return b, fmt.Errorf("datastore record %s: holds block %q of %q, not the key's", kv.Key, b.CIDR, b.Network)
+	}
+	return b, nil
+}
