@@ -314,3 +314,6 @@ func mapErr(ctx context.Context, op, key string, err error) error {
 	}
 	return fmt.Errorf("%s: %w: %w", what, sentinel, err)
 }
+
+// Namespace is where the store keeps node Leases.
+func (s *Store) Namespace() string { return s.ns }

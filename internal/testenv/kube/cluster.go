@@ -7,12 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -53,17 +51,8 @@ type Cluster struct {
 	// (a shared mount, as the runtime requires for HostToContainer).
 	CNIBinDir, CNIConfDir, NetnsDir string
 
-	host  *hostState
-	mu    sync.Mutex
-	procs map[string]*proc
-}
-
-type proc struct {
-	name string
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
-	log  string
+	host *hostState
+	*runner
 }
 
 // Start builds (or takes from the cache) the Kubernetes binaries, starts a
@@ -91,7 +80,7 @@ func Start(tb testing.TB, opts Options) *Cluster {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	c := &Cluster{tb: tb, opts: opts, Dir: dir, Bin: bin, NodeName: opts.NodeName, procs: map[string]*proc{},
+	c := &Cluster{tb: tb, opts: opts, Dir: dir, Bin: bin, NodeName: opts.NodeName, runner: newRunner(tb, dir, bin, opts.StartTimeout),
 		Kubeconfig: filepath.Join(dir, "admin.kubeconfig"),
 		CNIBinDir:  filepath.Join(dir, "cni-bin"), CNIConfDir: filepath.Join(dir, "net.d")}
 	c.NodeIP, err = nodeIP()
@@ -216,18 +205,12 @@ func (c *Cluster) ImportImage(path string) error {
 	return nil
 }
 
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
 func (c *Cluster) startControlPlane() error {
 	p, err := newPKI(filepath.Join(c.Dir, "pki"))
 	if err != nil {
+		return err
+	}
+	if err := apiserverCerts(p, c.NodeIP); err != nil {
 		return err
 	}
 	lo := []net.IP{net.ParseIP("127.0.0.1")}
@@ -238,8 +221,6 @@ func (c *Cluster) startControlPlane() error {
 		ips      []net.IP
 		dns      []string
 	}{
-		{"apiserver", "kube-apiserver", nil, true, append(lo, net.ParseIP("10.96.0.1"), net.ParseIP(c.NodeIP)), []string{"localhost", "kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"}},
-		{"admin", "kubernetes-admin", []string{"system:masters"}, false, nil, nil},
 		{"apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}, false, nil, nil},
 		{"node", "system:node:" + c.NodeName, []string{"system:nodes"}, false, nil, nil},
 		{"kubelet-serving", c.NodeName, nil, true, append(lo, net.ParseIP(c.NodeIP)), []string{c.NodeName}},
@@ -248,16 +229,10 @@ func (c *Cluster) startControlPlane() error {
 			return err
 		}
 	}
-	if err := p.serviceAccountKey(); err != nil {
+	apiPort, err := freePort()
+	if err != nil {
 		return err
 	}
-	ports := make([]int, 3)
-	for i := range ports {
-		if ports[i], err = freePort(); err != nil {
-			return err
-		}
-	}
-	etcdClient, etcdPeer, apiPort := ports[0], ports[1], ports[2]
 	server := fmt.Sprintf("https://127.0.0.1:%d", apiPort)
 	if err := p.kubeconfig(c.Kubeconfig, server, "admin"); err != nil {
 		return err
@@ -265,29 +240,14 @@ func (c *Cluster) startControlPlane() error {
 	if err := p.kubeconfig(filepath.Join(c.Dir, "kubelet.kubeconfig"), server, "node"); err != nil {
 		return err
 	}
-	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", etcdClient)
-	peerURL := fmt.Sprintf("http://127.0.0.1:%d", etcdPeer)
-	if err := c.spawn("etcd", "--name", "node", "--data-dir", filepath.Join(c.Dir, "etcd"),
-		"--listen-client-urls", etcdURL, "--advertise-client-urls", etcdURL,
-		"--listen-peer-urls", peerURL, "--initial-advertise-peer-urls", peerURL,
-		"--initial-cluster", "node="+peerURL, "--unsafe-no-fsync", "--log-level", "warn"); err != nil {
+	etcdURL, err := c.startEtcd(filepath.Join(c.Dir, "etcd"))
+	if err != nil {
 		return err
 	}
-	if err := c.waitHTTP("etcd", etcdURL+"/health"); err != nil {
-		return err
-	}
-	if err := c.spawn("kube-apiserver",
-		"--etcd-servers", etcdURL, "--bind-address", "127.0.0.1", "--advertise-address", c.NodeIP,
-		"--secure-port", fmt.Sprint(apiPort),
-		"--tls-cert-file", p.path("apiserver.crt"), "--tls-private-key-file", p.path("apiserver.key"),
-		"--client-ca-file", p.path("ca.crt"),
+	if err := c.spawn("kube-apiserver", append(apiserverArgs(p, etcdURL, c.NodeIP, apiPort),
 		"--kubelet-client-certificate", p.path("apiserver-kubelet-client.crt"), "--kubelet-client-key", p.path("apiserver-kubelet-client.key"),
 		"--kubelet-certificate-authority", p.path("ca.crt"), "--kubelet-preferred-address-types", "InternalIP",
-		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
-		"--service-account-key-file", p.path("sa.pub"), "--service-account-signing-key-file", p.path("sa.key"),
-		"--service-cluster-ip-range", "10.96.0.0/24", "--authorization-mode", "Node,RBAC",
-		"--enable-admission-plugins", "NodeRestriction", "--endpoint-reconciler-type", "none",
-		"--profiling=false", "--v", "0"); err != nil {
+		"--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction")...); err != nil {
 		return err
 	}
 	if err := c.waitAPI(); err != nil {
@@ -369,95 +329,6 @@ kubeAPIBurst: 200
 	return fmt.Errorf("kubeenv: node %s not registered after %v", c.NodeName, c.opts.StartTimeout)
 }
 
-// spawn starts a component by PID in its own process group, log in logs/NAME.log.
-func (c *Cluster) spawn(name string, args ...string) error {
-	logPath := filepath.Join(c.Dir, "logs", name+".log")
-	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	cmd := exec.Command(filepath.Join(c.Bin, name), args...)
-	cmd.Stdout, cmd.Stderr = lf, lf
-	cmd.Env = append(os.Environ(), "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		lf.Close()
-		return fmt.Errorf("kubeenv: start %s: %w", name, err)
-	}
-	p := &proc{name: name, cmd: cmd, done: make(chan struct{}), log: logPath}
-	go func() {
-		p.err = cmd.Wait()
-		lf.Close()
-		close(p.done)
-	}()
-	c.mu.Lock()
-	c.procs[name] = p
-	c.mu.Unlock()
-	c.tb.Logf("kubeenv: %s started, pid %d", name, cmd.Process.Pid)
-	return nil
-}
-
-// procErr is non-nil when the named component has exited.
-func (c *Cluster) procErr(name string) error {
-	c.mu.Lock()
-	p := c.procs[name]
-	c.mu.Unlock()
-	if p == nil {
-		return fmt.Errorf("kubeenv: %s not started", name)
-	}
-	select {
-	case <-p.done:
-		return fmt.Errorf("kubeenv: %s exited: %v\n%s", name, p.err, logTail(p.log, 30))
-	default:
-		return nil
-	}
-}
-
-// Stop stops one component by PID (SIGTERM, SIGKILL after 20 s).
-func (c *Cluster) stopProc(name string) {
-	c.mu.Lock()
-	p := c.procs[name]
-	c.mu.Unlock()
-	if p == nil {
-		return
-	}
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(20 * time.Second):
-		_ = p.cmd.Process.Signal(syscall.SIGKILL)
-		<-p.done
-		c.tb.Logf("kubeenv: %s (pid %d) ignored SIGTERM for 20s, killed", name, p.cmd.Process.Pid)
-	}
-}
-
-func (c *Cluster) waitHTTP(name, url string) error {
-	deadline := time.Now().Add(c.opts.StartTimeout)
-	var last error
-	for time.Now().Before(deadline) {
-		if err := c.procErr(name); err != nil {
-			return err
-		}
-		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return nil
-			}
-			last = fmt.Errorf("status %s", resp.Status)
-		} else {
-			last = err
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("kubeenv: %s not healthy at %s after %v: %v", name, url, c.opts.StartTimeout, last)
-}
-
 func (c *Cluster) waitAPI() error {
 	deadline := time.Now().Add(c.opts.StartTimeout)
 	var last error
@@ -483,9 +354,14 @@ func (c *Cluster) Kubectl(args ...string) (string, error) {
 
 // KubectlIn is Kubectl with stdin.
 func (c *Cluster) KubectlIn(stdin []byte, args ...string) (string, error) {
+	return kubectl(c.Bin, c.Kubeconfig, stdin, args...)
+}
+
+// kubectl runs bin/kubectl with kubeconfig (2 minutes at most).
+func kubectl(bin, kubeconfig string, stdin []byte, args ...string) (string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(c.Bin, "kubectl"), append([]string{"--kubeconfig", c.Kubeconfig}, args...)...)
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "kubectl"), append([]string{"--kubeconfig", kubeconfig}, args...)...)
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -43,5 +44,39 @@ func TestClusterComesUpAndLeavesTheHostAsItWas(t *testing.T) {
 	out = c.MustKubectl(t, "get", "node", c.NodeName, "-o", "jsonpath={.status.conditions[?(@.type==\"Ready\")].status}")
 	if out != "False" && out != "Unknown" {
 		t.Fatalf("node Ready=%q without a CNI config", out)
+	}
+}
+
+// TestAPIServerOnlyRestartsByPIDAndKeepsItsData: the apiserver-only mode serves
+// the API on loopback; Restart replaces the kube-apiserver process (a new PID)
+// on the same address with etcd's data kept; at cleanup both processes are
+// stopped by PID (the runner checks they exited) and the directory removed.
+func TestAPIServerOnlyRestartsByPIDAndKeepsItsData(t *testing.T) {
+	t0 := time.Now()
+	a := kubeenv.StartAPIServer(t, kubeenv.APIServerOptions{})
+	t.Logf("apiserver up in %v at %s", time.Since(t0).Round(time.Millisecond), a.URL)
+	if !strings.HasPrefix(a.URL, "https://127.0.0.1:") || !strings.HasPrefix(a.EtcdURL, "http://127.0.0.1:") {
+		t.Fatalf("not on loopback: %s, %s", a.URL, a.EtcdURL)
+	}
+	if out, err := a.Kubectl("create", "namespace", "kept"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	pid := a.PID()
+	t1 := time.Now()
+	if err := a.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("apiserver restarted in %v", time.Since(t1).Round(time.Millisecond))
+	if a.PID() == pid || a.PID() == 0 {
+		t.Fatalf("pid %d after restart, was %d", a.PID(), pid)
+	}
+	if err := syscall.Kill(pid, 0); err == nil {
+		t.Fatalf("the old kube-apiserver (pid %d) still runs", pid)
+	}
+	if out, err := a.Kubectl("get", "namespace", "kept", "-o", "name"); err != nil || strings.TrimSpace(out) != "namespace/kept" {
+		t.Fatalf("namespace after restart: %q, %v", out, err)
+	}
+	if err := a.Start(); err == nil {
+		t.Fatal("Start of a running apiserver succeeded")
 	}
 }
