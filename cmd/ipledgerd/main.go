@@ -108,9 +108,6 @@ func run(ctx context.Context, args []string, getenv func(string) string, stderr 
 }
 
 func serve(ctx context.Context, o *options, log *slog.Logger) error {
-	if o.cluster.Cluster() {
-		return errors.New("--datastore: cluster mode is being wired (block manager pending); run without --datastore for node-local pools")
-	}
 	st, err := boltstore.Open(filepath.Join(o.stateDir, "ledger.db"))
 	if err != nil {
 		return err
@@ -139,6 +136,15 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 	}
 	if rp != nil {
 		cfg.Guard, cfg.Runtime = rp.rec, rp.rt
+	}
+	if o.cluster.Cluster() {
+		m, stop, err := startCluster(ctx, &o.cluster, l, log)
+		if err != nil {
+			return err
+		}
+		// after Serve has drained (defers run last-in first-out): the ledger closes after
+		defer stop()
+		cfg.Cluster, cfg.Datastore = m, o.cluster.Datastore
 	}
 	srv, err := agent.New(cfg)
 	if err != nil {

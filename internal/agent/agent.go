@@ -20,6 +20,8 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/clock"
+	"github.com/ipledger/ipledger/internal/cluster"
+	"github.com/ipledger/ipledger/internal/datastore"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/spool"
@@ -53,8 +55,10 @@ type Config struct {
 	// Runtime answers the operator's questions about the container runtime (doctor,
 	// release, readiness); nil when no runtime is configured.
 	Runtime RuntimeInfo
-	// Cluster is the block manager in cluster mode; nil in node mode.
-	Cluster Cluster
+	// Cluster is the block manager in cluster mode; nil in node mode. Datastore
+	// names its datastore (kubernetes, etcd) for the operator.
+	Cluster   Cluster
+	Datastore string
 	Logger  *slog.Logger
 	// Clock gives the monotonic time for how-long-ago decisions; default the system's.
 	Clock clock.Clock
@@ -486,6 +490,11 @@ func errResp(e *api.Error) *api.Response { return &api.Response{Error: e} }
 func errorOf(err error) *api.Error {
 	code := api.CodeInternal
 	switch {
+	// first: a full block whose successor could not be claimed wraps both
+	case errors.Is(err, cluster.ErrFenced), errors.Is(err, cluster.ErrNotStarted), errors.Is(err, datastore.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
+		// the node cannot serve this now (datastore away, lease not provable); the
+		// runtime retries
+		code = api.CodeUnavailable
 	case errors.Is(err, ledger.ErrPoolExhausted):
 		code = api.CodeExhausted
 	case errors.Is(err, ledger.ErrPoolConflict):
@@ -494,8 +503,8 @@ func errorOf(err error) *api.Error {
 		code = api.CodeInvalid
 	case errors.Is(err, ledger.ErrStore), errors.Is(err, ledger.ErrCorrupt):
 		code = api.CodeStore
-	case errors.Is(err, ErrDegraded), errors.Is(err, context.DeadlineExceeded):
-		code = api.CodeUnavailable
+	case errors.Is(err, cluster.ErrPoolMismatch):
+		code = api.CodeConflict
 	}
 	return &api.Error{Code: code, Msg: err.Error()}
 }
@@ -620,7 +629,7 @@ func (s *Server) add(ctx context.Context, req api.Request) *api.Response {
 		superseding = append(superseding, h.Key)
 	}
 	superseding = s.held(superseding)
-	ls, existed, err := s.allocate(ctx, areq)
+	ls, existed, err := s.allocate(ctx, areq, req.BlockSize)
 	if err != nil {
 		return errResp(errorOf(err))
 	}

@@ -4,63 +4,58 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/pool"
 )
 
-// ErrDegraded: in cluster mode, the node cannot give an address now without a new
-// block and cannot get one (the datastore is unreachable, or the node cannot prove
-// its lease). Cluster implementations wrap it; the agent answers it as
-// api.CodeUnavailable (the runtime tries again later) and STATUS reports it.
-var ErrDegraded = errors.New("cluster mode degraded")
-
 // Cluster is cluster mode as the agent uses it: the block manager that owns the
-// node's address blocks in the datastore. A nil Cluster is node mode.
+// node's address blocks in the datastore (cluster.Manager). A nil Cluster is node
+// mode.
 //
-// Contract:
-//   - Allocate serves an ADD from the node's own blocks, claiming a block first when
-//     none has a free address. It never allocates from a block the node cannot prove
-//     it owns (lease not provably alive, or the block's epoch moved). Its errors wrap
-//     ledger.ErrPoolExhausted (no address in the whole cluster-wide pool),
-//     ErrDegraded (no address without a new block, and none can be claimed now), or
-//     the ledger's errors.
+// The agent relies on:
+//   - EnsureNetwork sets a network up (its pool record, the ledger's cluster-scoped
+//     pool) and returns at once when it is set up with the same config.
+//   - Allocate serves an ADD from the node's own blocks, claiming a block when none
+//     has a free address; it never allocates from a block the node cannot prove it
+//     owns. Errors wrap cluster.ErrFenced (lease not provable),
+//     ledger.ErrPoolExhausted (no block left to claim), or the ledger's errors.
 //   - DEL does not go through Cluster: a release only touches the node's ledger, so a
 //     lease in a block the node lost is released locally and never touches the new
 //     owner's leases.
-//   - Status reports, for one network (every network when empty), whether an ADD
-//     could be served: nil, or an error wrapping ErrDegraded or
-//     ledger.ErrPoolExhausted.
-//   - View lists the datastore's blocks as this node sees them, with the node's
-//     degraded state; an unreachable datastore is an error.
-//   - Locate names the block of an address the node's ledger holds and whether the
-//     node has lost that block.
-//   - Counts are the manager's counters and gauges, for metrics.
+//   - Status says whether an ADD of a set-up network can be served; Provable whether
+//     the node's lease is provable now.
+//   - Blocks lists the datastore's blocks (an unreachable datastore is an error).
+//   - Counts are the manager's figures, for metrics.
 type Cluster interface {
 	Node() string
+	EnsureNetwork(ctx context.Context, network string, ranges []pool.RangeSet, blockBits []int) error
 	Allocate(ctx context.Context, req ledger.AllocateRequest) (ledger.Lease, bool, error)
-	Status(network string) error
-	View(ctx context.Context) (api.Cluster, error)
-	Locate(network string, ip netip.Addr) (block netip.Prefix, lost bool, ok bool)
-	Counts() ClusterCounts
+	Status(network string) cluster.Status
+	Provable() bool
+	Blocks(ctx context.Context) ([]cluster.BlockView, error)
+	Counts() cluster.Counts
 }
 
-// ClusterCounts are the block manager's figures since the agent started.
-type ClusterCounts struct {
-	BlocksOwned int    // blocks this node owns now (gauge)
-	Claims      uint64 // blocks claimed (compare-and-swap won)
-	HandBacks   uint64 // empty blocks given back after the grace
-	Reclaims    uint64 // blocks of dead nodes reclaimed by this node
-	Suspensions uint64 // times the node stopped allocating because it could not prove its lease
-}
+var _ Cluster = (*cluster.Manager)(nil)
 
-// allocate serves an ADD's allocation: through the block manager in cluster mode.
-func (s *Server) allocate(ctx context.Context, areq ledger.AllocateRequest) (ledger.Lease, bool, error) {
-	if s.cfg.Cluster != nil {
-		return s.cfg.Cluster.Allocate(ctx, areq)
+// allocate serves an ADD's allocation: in cluster mode through the block manager,
+// after setting the network up with the request's ranges and blockSize.
+func (s *Server) allocate(ctx context.Context, areq ledger.AllocateRequest, blockSize int) (ledger.Lease, bool, error) {
+	c := s.cfg.Cluster
+	if c == nil {
+		return s.cfg.Ledger.Allocate(areq)
 	}
-	return s.cfg.Ledger.Allocate(areq)
+	bits, err := cluster.BlockBits(areq.Ranges, blockSize)
+	if err != nil {
+		return ledger.Lease{}, false, err
+	}
+	if err := c.EnsureNetwork(ctx, areq.Key.Network, areq.Ranges, bits); err != nil {
+		return ledger.Lease{}, false, fmt.Errorf("network %q: %w", areq.Key.Network, err)
+	}
+	return c.Allocate(ctx, areq)
 }
 
 // annotateBlock fills in a lease view's block and whether the node lost it.
@@ -68,41 +63,74 @@ func (s *Server) annotateBlock(v *api.LeaseView, ls ledger.Lease) {
 	if s.cfg.Cluster == nil {
 		return
 	}
+	bs := s.cfg.Ledger.Blocks(ls.Key.Network)
 	for _, p := range ls.IPs {
-		if b, lost, ok := s.cfg.Cluster.Locate(ls.Key.Network, p.Addr()); ok {
-			if v.Block == "" {
-				v.Block = b.String()
+		for _, b := range bs {
+			if b.Prefix.Contains(p.Addr()) {
+				if v.Block == "" {
+					v.Block = b.Prefix.String()
+				}
+				v.Lost = v.Lost || b.State == ledger.BlockLost
 			}
-			v.Lost = v.Lost || lost
 		}
 	}
 }
 
-// clusterStatus answers STATUS in cluster mode: the node's own free addresses are not
-// the pool's end, the manager says whether an ADD can be served.
+// clusterStatus answers STATUS in cluster mode: the node's own free addresses are
+// not the pool's end; the manager says whether an ADD can be served. A network not
+// set up on this node yet is served by its first ADD, which needs a provable lease.
 func (s *Server) clusterStatus(req api.Request) *api.Response {
-	err := s.cfg.Cluster.Status(req.Network)
-	if err == nil {
+	c := s.cfg.Cluster
+	var reason string
+	if _, err := s.cfg.Ledger.Pool(req.Network); req.Network == "" || errors.Is(err, ledger.ErrUnknownNetwork) {
+		if !c.Provable() {
+			reason = "node lease not provable (datastore unreachable?): no block can be claimed"
+		}
+	} else if st := c.Status(req.Network); st.Degraded {
+		reason = st.Reason
+	}
+	if reason == "" {
 		return &api.Response{}
 	}
 	// STATUS's answer to "cannot serve ADD" is the exhausted code, which the plugin
 	// turns into CNI error 50 (plugin not available); the message says why.
-	if errors.Is(err, ErrDegraded) || errors.Is(err, ledger.ErrPoolExhausted) {
-		return errResp(&api.Error{Code: api.CodeExhausted, Msg: fmt.Sprintf("node %s: %v", s.cfg.Cluster.Node(), err)})
-	}
-	return errResp(errorOf(err))
+	return errResp(&api.Error{Code: api.CodeExhausted, Msg: fmt.Sprintf("cluster mode degraded on node %s: %s", c.Node(), reason)})
 }
 
+// blocks answers OpBlocks: the datastore's blocks as this node sees them.
 func (s *Server) blocks(ctx context.Context) *api.Response {
-	if s.cfg.Cluster == nil {
+	c := s.cfg.Cluster
+	if c == nil {
 		return errResp(&api.Error{Code: api.CodeInvalid, Msg: "blocks: this agent runs in node mode (no --datastore); blocks exist only in cluster mode"})
 	}
-	v, err := s.cfg.Cluster.View(ctx)
+	bs, err := c.Blocks(ctx)
 	if err != nil {
 		return errResp(errorOf(err))
 	}
-	if v.Blocks == nil {
-		v.Blocks = []api.BlockView{}
+	v := api.Cluster{Node: c.Node(), Datastore: s.cfg.Datastore, Blocks: []api.BlockView{}}
+	if !c.Provable() {
+		v.Degraded, v.Reason = true, "node lease not provable: the node allocates nothing until it renews"
+	}
+	for _, b := range bs {
+		bv := api.BlockView{Network: b.Network, Block: b.CIDR.String(), Owner: b.Owner, Epoch: int64(b.Epoch)}
+		switch {
+		case b.Local && b.State == ledger.BlockLost:
+			bv.State, bv.Owner = api.BlockLost, c.Node() // the ledger's copy; the datastore's record is listed too
+		case b.Local:
+			bv.State = api.BlockOwned
+			if b.State == ledger.BlockSuspended {
+				bv.State = api.BlockSuspended
+			}
+		case b.Owner == "":
+			bv.State = api.BlockFree
+		default:
+			bv.State = api.BlockOther
+		}
+		if b.Local {
+			used, free := b.Used, int(b.Usable)-b.Used
+			bv.Used, bv.Free = &used, &free
+		}
+		v.Blocks = append(v.Blocks, bv)
 	}
 	return &api.Response{Cluster: &v}
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/ledger"
 )
 
@@ -172,11 +173,11 @@ func (s *Stats) Counter(name string) uint64 {
 
 // registerCluster adds cluster mode's metrics, read from the block manager's counts
 // at each scrape.
-func (s *Stats) registerCluster(counts func() ClusterCounts) {
+func (s *Stats) registerCluster(counts func() cluster.Counts) {
 	s.reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ipledger_blocks_owned",
 			Help: "Address blocks this node owns in the datastore now."},
-			func() float64 { return float64(counts().BlocksOwned) }),
+			func() float64 { return float64(counts().Owned) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ipledger_block_claims_total",
 			Help: "Address blocks this node claimed (compare-and-swap won)."},
 			func() float64 { return float64(counts().Claims) }),

@@ -80,8 +80,10 @@ type Request struct {
 	ContainerID string          `json:"containerID,omitempty"`
 	IfName      string          `json:"ifname,omitempty"`
 	Ranges      []pool.RangeSet `json:"ranges,omitempty"`
-	Pod         ledger.Pod      `json:"pod,omitzero"`
-	NetNS       ledger.NetNS    `json:"netns,omitzero"`
+	// BlockSize: ADD in cluster mode, the ipam config's blockSize (0: the defaults).
+	BlockSize int          `json:"blockSize,omitempty"`
+	Pod       ledger.Pod   `json:"pod,omitzero"`
+	NetNS     ledger.NetNS `json:"netns,omitzero"`
 	// GC: the attachments of Network that are still valid.
 	Valid []Attachment `json:"valid,omitempty"`
 	// CHECK: the addresses the runtime believes the attachment has.
@@ -150,10 +152,11 @@ type LeaseView struct {
 
 // Block states in BlockView.State, as the answering node sees them.
 const (
-	BlockOwned = "owned" // owned by the answering node, which allocates from it
-	BlockOther = "other" // owned by another node
-	BlockFree  = "free"  // owned by nobody (handed back or never claimed)
-	BlockLost  = "lost"  // the answering node's ledger uses it, but another node owns it now
+	BlockOwned     = "owned"     // owned by the answering node, which allocates from it
+	BlockSuspended = "suspended" // owned by the answering node, which cannot prove its lease now
+	BlockOther     = "other"     // owned by another node
+	BlockFree      = "free"      // owned by nobody (handed back or never claimed)
+	BlockLost      = "lost"      // the answering node's ledger uses it, but another node owns it now
 )
 
 // BlockView is one address block of a cluster-wide pool, `ipledgerctl blocks`.

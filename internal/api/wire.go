@@ -72,6 +72,10 @@ func appendRequest(b []byte, r *Request) ([]byte, bool) {
 		e.Field(&first, "ranges")
 		pool.AppendRangeSets(&e, r.Ranges)
 	}
+	if r.BlockSize != 0 {
+		e.Raw(`,"blockSize":`)
+		e.Int(int64(r.BlockSize))
+	}
 	if r.Pod != (ledger.Pod{}) {
 		e.Field(&first, "pod")
 		r.Pod.AppendJSON(&e)
@@ -241,6 +245,8 @@ func decodeRequest(d *jsonlite.Decoder, r *Request) bool {
 			ok = d.SetStr(&r.IfName)
 		case "ranges":
 			r.Ranges, ok = decodeRanges(d)
+		case "blockSize":
+			r.BlockSize, ok = d.Int()
 		case "pod":
 			ok = decodePod(d, &r.Pod)
 		case "netns":

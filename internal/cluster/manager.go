@@ -117,6 +117,7 @@ type Manager struct {
 
 	cancel context.CancelFunc
 	done   chan struct{}
+	counts counters // for metrics (counts.go)
 }
 
 type ownedBlock struct {
@@ -352,6 +353,9 @@ func (m *Manager) fence() {
 
 func (m *Manager) suspend() {
 	m.mu.Lock()
+	if !m.lapsed {
+		m.counts.suspensions.Add(1)
+	}
 	m.lapsed = true
 	m.mu.Unlock()
 	if err := m.l.SuspendAll(); err != nil {
@@ -622,6 +626,7 @@ func (m *Manager) Allocate(ctx context.Context, req ledger.AllocateRequest) (led
 		if cerr := m.claim(ctx, ce.Network, ce.Set); cerr != nil {
 			return ledger.Lease{}, false, fmt.Errorf("%w (claiming a block: %w)", err, cerr)
 		}
+		m.counts.claims.Add(1)
 	}
 	return ls, existed, err
 }
@@ -634,6 +639,7 @@ func (m *Manager) Claim(ctx context.Context, network string, set int) (netip.Pre
 	if err := m.claim(ctx, network, set); err != nil {
 		return netip.Prefix{}, err
 	}
+	m.counts.claims.Add(1)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var newest ownedBlock
@@ -856,9 +862,11 @@ func (m *Manager) giveBack(ctx context.Context, key string, b ledger.BlockStatus
 	m.mu.Unlock()
 	if err == nil {
 		m.log.Info("empty block given back", "network", b.Network, "block", b.Prefix.String(), "epoch", rec.Epoch)
+		m.counts.handBacks.Add(1)
 		return nil
 	}
 	if _, _, ok := m.settle(ctx, key, rec); ok {
+		m.counts.handBacks.Add(1)
 		return nil
 	}
 	// Still ours (the write failed) or changed meanwhile: re-adopt it when the
@@ -961,6 +969,7 @@ func (m *Manager) reclaim(ctx context.Context) error {
 		m.note(err)
 		switch {
 		case err == nil:
+			m.counts.reclaims.Add(1)
 			m.log.Warn("dead node's block reclaimed", "network", rec.Network, "block", rec.CIDR.String(), "owner", prev.Owner, "epoch", rec.Epoch)
 		case errors.Is(err, datastore.ErrConflict), errors.Is(err, datastore.ErrNotFound):
 			// another agent reclaimed it first, or the owner re-affirmed it
