@@ -59,7 +59,7 @@ type Config struct {
 	// names its datastore (kubernetes, etcd) for the operator.
 	Cluster   Cluster
 	Datastore string
-	Logger  *slog.Logger
+	Logger    *slog.Logger
 	// Clock gives the monotonic time for how-long-ago decisions; default the system's.
 	Clock clock.Clock
 	// DrainTimeout is how long shutdown waits for requests in flight before it warns
