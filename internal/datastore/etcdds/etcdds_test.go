@@ -1,0 +1,369 @@
+package etcdds_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/ipledger/ipledger/internal/datastore"
+	"github.com/ipledger/ipledger/internal/datastore/datastoretest"
+	"github.com/ipledger/ipledger/internal/datastore/etcdds"
+	etcdenv "github.com/ipledger/ipledger/internal/testenv/etcd"
+)
+
+// open returns a store on endpoints under root, closed when t ends.
+func open(t *testing.T, endpoints []string, root string) *etcdds.Store {
+	t.Helper()
+	s, err := etcdds.New(etcdds.Config{Endpoints: endpoints, Root: root})
+	if err != nil {
+		t.Fatalf("etcdds.New(%v): %v", endpoints, err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// TestConformanceEmbedded runs the conformance suite against an etcd server
+// embedded in the test process (go.etcd.io/etcd/server/v3/embed).
+func TestConformanceEmbedded(t *testing.T) {
+	srv := etcdenv.StartEmbedded(t)
+	datastoretest.Run(t, func(t *testing.T) datastore.Store {
+		s, err := etcdds.New(etcdds.Config{Endpoints: srv.Endpoints()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}, datastoretest.Options{
+		Compact: func(t *testing.T, rev int64) { srv.Compact(t, rev) },
+		Stop: func(t *testing.T) func() {
+			srv.Stop()
+			return srv.Start
+		},
+	})
+}
+
+// TestConformanceDebianEtcd runs the conformance suite against Debian's etcd-server
+// (3.4) as a separate process, one member, SIGKILLed and restarted for the
+// unavailability test.
+func TestConformanceDebianEtcd(t *testing.T) {
+	cl := etcdenv.StartCluster(t, 1)
+	datastoretest.Run(t, func(t *testing.T) datastore.Store {
+		s, err := etcdds.New(etcdds.Config{Endpoints: cl.Endpoints(), Root: "/ipledger-conformance/"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}, datastoretest.Options{
+		Compact: func(t *testing.T, rev int64) { cl.Compact(t, rev) },
+		Stop: func(t *testing.T) func() {
+			cl.Kill(0)
+			return func() { cl.Restart(0) }
+		},
+	})
+}
+
+// TestRootsAreSeparate: two stores with different roots on one server never see
+// each other's keys.
+func TestRootsAreSeparate(t *testing.T) {
+	srv := etcdenv.StartEmbedded(t)
+	a := open(t, srv.Endpoints(), "/a/")
+	b := open(t, srv.Endpoints(), "/b/")
+	ctx := context.Background()
+	if _, err := a.Create(ctx, "pools/net1", []byte(`{"by":"a"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Get(ctx, "pools/net1"); !errors.Is(err, datastore.ErrNotFound) {
+		t.Fatalf("root /b/ sees root /a/'s key: %v", err)
+	}
+	if _, err := b.Create(ctx, "pools/net1", []byte(`{"by":"b"}`)); err != nil {
+		t.Fatalf("Create of the same key under another root: %v", err)
+	}
+	kvs, _, err := a.List(ctx, "pools/")
+	if err != nil || len(kvs) != 1 || string(kvs[0].Value) != `{"by":"a"}` {
+		t.Fatalf("List under /a/: %v %v", kvs, err)
+	}
+	// The raw etcd keys are root + key.
+	resp, err := srv.Client().Get(ctx, "/b/pools/net1")
+	if err != nil || len(resp.Kvs) != 1 {
+		t.Fatalf("etcd key /b/pools/net1: %v %v", resp, err)
+	}
+}
+
+// TestListPages: a List larger than the page size is one consistent snapshot, in
+// key order, even while keys are written meanwhile.
+func TestListPages(t *testing.T) {
+	srv := etcdenv.StartEmbedded(t)
+	s, err := etcdds.New(etcdds.Config{Endpoints: srv.Endpoints(), PageSize: 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	for i := range 50 {
+		if _, err := s.Create(ctx, fmt.Sprintf("blocks/net1/b%03d", i), []byte(`{}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // writes during the lists, after the keys already there
+		defer wg.Done()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := s.Create(ctx, fmt.Sprintf("blocks/net1/c%05d", i), []byte(`{}`)); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	for range 10 {
+		kvs, rev, err := s.List(ctx, "blocks/net1/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The snapshot holds exactly the keys that existed at rev.
+		resp, err := srv.Client().Get(ctx, "/ipledger/blocks/net1/", clientv3.WithPrefix(), clientv3.WithRev(rev))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(kvs) != len(resp.Kvs) || len(kvs) < 50 {
+			t.Fatalf("paged List at revision %d: %d keys, etcd has %d then", rev, len(kvs), len(resp.Kvs))
+		}
+		for i, kv := range kvs {
+			if kv.Key != strings.TrimPrefix(string(resp.Kvs[i].Key), "/ipledger/") || kv.Revision != resp.Kvs[i].ModRevision {
+				t.Fatalf("paged List entry %d: %q rev %d, etcd %q rev %d", i, kv.Key, kv.Revision, resp.Kvs[i].Key, resp.Kvs[i].ModRevision)
+			}
+		}
+	}
+	close(stop)
+	wg.Wait()
+}
+
+// TestNewRefusesBadConfig: each bad setting is refused with ErrInvalid naming it.
+func TestNewRefusesBadConfig(t *testing.T) {
+	cases := []struct {
+		name string
+		cfg  etcdds.Config
+		want string
+	}{
+		{"no endpoints", etcdds.Config{}, "Endpoints"},
+		{"endpoint without scheme", etcdds.Config{Endpoints: []string{"127.0.0.1:2379"}}, "127.0.0.1:2379"},
+		{"cert without key", etcdds.Config{Endpoints: []string{"https://127.0.0.1:2379"}, CertFile: "/c.pem"}, "KeyFile"},
+		{"root without slashes", etcdds.Config{Endpoints: []string{"http://127.0.0.1:2379"}, Root: "ipledger"}, "Root"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			s, err := etcdds.New(c.cfg)
+			if err == nil {
+				s.Close()
+				t.Fatalf("New(%+v) accepted", c.cfg)
+			}
+			if !errors.Is(err, datastore.ErrInvalid) || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("New(%+v): %v; want ErrInvalid naming %s", c.cfg, err, c.want)
+			}
+		})
+	}
+	// A CA file that does not exist is an error naming it, not a silent plaintext.
+	_, err := etcdds.New(etcdds.Config{Endpoints: []string{"https://127.0.0.1:2379"}, CAFile: "/nonexistent/ca.pem"})
+	if err == nil || !strings.Contains(err.Error(), "/nonexistent/ca.pem") {
+		t.Fatalf("New with a missing CA file: %v", err)
+	}
+}
+
+// counter is the value of the key the member-kill test increments by CAS: the
+// count, and per writer the sequence number of its last applied increment (carried
+// along by every writer), so an ambiguous write can be resolved by re-reading.
+type counter struct {
+	N   int            `json:"n"`
+	Seq map[string]int `json:"seq"`
+}
+
+// TestClusterMemberKilled: with one member of a three-member etcd cluster (the
+// leader) SIGKILLed mid-run and restarted later, the store keeps serving after
+// retries, and no compare-and-swap is applied twice or lost: the counter's final
+// value is exactly the number of increments each writer saw applied, and a watch
+// running throughout saw every increment once, in order.
+func TestClusterMemberKilled(t *testing.T) {
+	cl := etcdenv.StartCluster(t, 3)
+	s := open(t, cl.Endpoints(), "/ipledger/")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	const key = "pools/counter"
+	init, _ := json.Marshal(counter{Seq: map[string]int{}})
+	rev0, err := s.Create(ctx, key, init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := s.Watch(ctx, "pools/", rev0)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	const writers, per = 4, 60
+	var mu sync.Mutex
+	total := 0
+	restarted := make(chan struct{})
+	unavailable, resolved := 0, 0
+	var wg sync.WaitGroup
+	errs := make(chan error, writers)
+	for wi := range writers {
+		name := fmt.Sprintf("w%d", wi)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for seq := 1; seq <= per; {
+				op, cancelOp := context.WithTimeout(ctx, 5*time.Second)
+				kv, err := s.Get(op, key)
+				if err == nil {
+					var c counter
+					if err = json.Unmarshal(kv.Value, &c); err != nil {
+						cancelOp()
+						errs <- err
+						return
+					}
+					if c.Seq[name] >= seq {
+						// Our increment seq was applied (an earlier ambiguous write).
+						mu.Lock()
+						resolved++
+						total++
+						mu.Unlock()
+						cancelOp()
+						seq++
+						continue
+					}
+					c.N++
+					c.Seq[name] = seq
+					v, _ := json.Marshal(c)
+					_, err = s.Update(op, key, v, kv.Revision)
+					if err == nil {
+						mu.Lock()
+						total++
+						mu.Unlock()
+						seq++
+					}
+				}
+				cancelOp()
+				switch {
+				case err == nil, errors.Is(err, datastore.ErrConflict):
+				case errors.Is(err, datastore.ErrUnavailable):
+					// Applied or not: the next Get decides.
+					mu.Lock()
+					unavailable++
+					mu.Unlock()
+					time.Sleep(50 * time.Millisecond)
+				default:
+					errs <- fmt.Errorf("writer %s seq %d: %w", name, seq, err)
+					return
+				}
+			}
+		}()
+	}
+	// The chaos: kill the leader after a third of the increments, restart it after
+	// two thirds.
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		waitFor := func(n int) {
+			for {
+				mu.Lock()
+				done := total >= n
+				mu.Unlock()
+				if done || ctx.Err() != nil {
+					return
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+		waitFor(writers * per / 3)
+		leader := leaderOf(t, cl)
+		t.Logf("killing member %d (the leader, pid %d) at %d increments", leader, cl.PID(leader), writers*per/3)
+		cl.Kill(leader)
+		waitFor(2 * writers * per / 3)
+		t.Logf("restarting member %d", leader)
+		cl.Restart(leader)
+		close(restarted)
+	}()
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	select {
+	case <-restarted:
+	default:
+		t.Fatal("the run ended before the member was killed and restarted")
+	}
+
+	kv, err := s.Get(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var final counter
+	if err := json.Unmarshal(kv.Value, &final); err != nil {
+		t.Fatal(err)
+	}
+	sum := 0
+	for wi := range writers {
+		name := fmt.Sprintf("w%d", wi)
+		if final.Seq[name] != per {
+			t.Errorf("writer %s: last applied increment %d, want %d", name, final.Seq[name], per)
+		}
+		sum += final.Seq[name]
+	}
+	if final.N != writers*per || final.N != sum {
+		t.Fatalf("counter %d after %d increments (per-writer sum %d): a CAS was applied twice or lost", final.N, writers*per, sum)
+	}
+	t.Logf("%d increments by %d writers across a leader kill: %d ErrUnavailable answers, %d of them found applied on re-read", final.N, writers, unavailable, resolved)
+
+	// The watch saw every increment once, in order, across the kill.
+	last := rev0
+	for n := 1; n <= final.N; n++ {
+		var ev datastore.Event
+		select {
+		case e, ok := <-w.Events():
+			if !ok {
+				t.Fatalf("watch ended after %d of %d increments: %v", n-1, final.N, w.Err())
+			}
+			ev = e
+		case <-time.After(datastoretest.Timeout):
+			t.Fatalf("watch delivered %d of %d increments", n-1, final.N)
+		}
+		var c counter
+		if err := json.Unmarshal(ev.KV.Value, &c); err != nil || c.N != n || ev.KV.Revision <= last {
+			t.Fatalf("watch event %d: n=%d rev %d (previous %d), err %v", n, c.N, ev.KV.Revision, last, err)
+		}
+		last = ev.KV.Revision
+	}
+	if last != kv.Revision {
+		t.Fatalf("watch's last revision %d, the key's %d", last, kv.Revision)
+	}
+}
+
+// leaderOf returns the index of the cluster's leader.
+func leaderOf(t *testing.T, cl *etcdenv.Cluster) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for i, ep := range cl.Endpoints() {
+		st, err := cl.Client().Status(ctx, ep)
+		if err != nil {
+			continue
+		}
+		if st.Leader == st.Header.MemberId {
+			return i
+		}
+	}
+	t.Fatal("no member says it is the leader")
+	return -1
+}
