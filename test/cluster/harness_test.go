@@ -173,9 +173,13 @@ type churnOpts struct {
 	Retry time.Duration
 }
 
-// churnStats counts what a churn run did.
+// churnStats counts what a churn run did; live is what it left allocated, by node.
 type churnStats struct {
 	adds, dels, viaPlugin, retries atomic.Int64
+	mu                             sync.Mutex
+	live                           map[*node][]attachment
+	h                              *holders
+	opts                           churnOpts
 }
 
 type attachment struct {
@@ -183,14 +187,16 @@ type attachment struct {
 	ips []netip.Addr
 }
 
-// churn runs opts.Allocations ADDs and as many DELs over nodes, concurrently, and
-// calls during (if any) once a third of the ADDs are done. Every ADD is checked
-// against the test's holders record; the function fails the test on a double
-// assignment or an operation that keeps failing.
+// churn runs opts.Allocations ADDs over nodes, concurrently, each worker releasing
+// its oldest lease once it holds more than opts.Live, and calls during (if any) once
+// a third of the ADDs are done. It leaves the last opts.Live leases of every worker
+// allocated (releaseAll releases them), so that the cluster audit that follows sees
+// a full cluster. Every ADD is checked against the test's holders record; the
+// function fails the test on a double assignment or an operation that keeps failing.
 func churn(t *testing.T, nodes []*node, opts churnOpts, during func()) *churnStats {
 	t.Helper()
-	st := &churnStats{}
 	h := &holders{m: map[netip.Addr]string{}}
+	st := &churnStats{live: map[*node][]attachment{}, h: h, opts: opts}
 	var plugin *pluginRunner
 	if opts.PluginEvery > 0 {
 		plugin = newPluginRunner(t)
@@ -282,12 +288,9 @@ func churn(t *testing.T, nodes []*node, opts churnOpts, during func()) *churnSta
 						live = live[1:]
 					}
 				}
-				for _, a := range live {
-					if err := release(a); err != nil {
-						errs <- err
-						return
-					}
-				}
+				st.mu.Lock()
+				st.live[n] = append(st.live[n], live...)
+				st.mu.Unlock()
 			}()
 		}
 	}
@@ -307,6 +310,33 @@ func churn(t *testing.T, nodes []*node, opts churnOpts, during func()) *churnSta
 		t.FailNow()
 	}
 	return st
+}
+
+// releaseAll releases every lease churn left allocated, concurrently per node.
+func (st *churnStats) releaseAll(t *testing.T) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for n, live := range st.live {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, a := range live {
+				for _, ip := range a.ips {
+					st.h.drop(ip)
+				}
+				if err := retry(context.Background(), st.opts.Retry, st, func() error {
+					_, err := n.Call(api.Request{Op: api.OpDel, Network: network, ContainerID: a.cid, IfName: "eth0"})
+					return err
+				}); err != nil {
+					t.Errorf("%s: DEL %s: %v", n.name, a.cid, err)
+					return
+				}
+				st.dels.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	st.live = map[*node][]attachment{}
 }
 
 // retry runs op until it succeeds, fails with an error other than "unavailable"
