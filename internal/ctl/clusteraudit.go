@@ -52,7 +52,7 @@ type ClusterAudit struct {
 // inside a block of its network, owned by its node unless its agent flags the lease
 // lost; two agents claiming one node name is a problem too.
 func AuditCluster(nodes []NodeLeases, blocks []api.BlockView) ClusterAudit {
-	rep := ClusterAudit{Blocks: len(blocks), Problems: []string{}}
+	rep := ClusterAudit{Problems: []string{}}
 	bad := func(format string, a ...any) { rep.Problems = append(rep.Problems, fmt.Sprintf(format, a...)) }
 	type block struct {
 		p     netip.Prefix
@@ -60,6 +60,10 @@ func AuditCluster(nodes []NodeLeases, blocks []api.BlockView) ClusterAudit {
 	}
 	byNet := map[string][]block{}
 	for _, b := range blocks {
+		if b.State == api.BlockLost {
+			continue // the answering node's ledger copy of a block it lost, not the datastore's record
+		}
+		rep.Blocks++
 		p, err := netip.ParsePrefix(b.Block)
 		if err != nil {
 			bad("block %q of network %s: not a CIDR", b.Block, b.Network)

@@ -39,7 +39,12 @@ var rangesJSON = fmt.Sprintf(`[[{"subnet":%q}]]`, subnet)
 
 func ranges(t testing.TB) []pool.RangeSet {
 	t.Helper()
-	sets, err := pool.ParseRangeSets([]byte(rangesJSON))
+	return rangesOf(t, rangesJSON)
+}
+
+func rangesOf(t testing.TB, js string) []pool.RangeSet {
+	t.Helper()
+	sets, err := pool.ParseRangeSets([]byte(js))
 	if err != nil {
 		t.Fatal(err)
 	}
