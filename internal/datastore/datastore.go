@@ -100,7 +100,9 @@ type Event struct {
 //     returns its revision.
 //   - Update and Delete succeed only if the key's current revision equals rev
 //     (ErrConflict otherwise, ErrNotFound when the key is gone). Update returns the new
-//     revision. Of two callers that read the same revision, at most one succeeds.
+//     revision, which is always above rev, even when the value did not change (so
+//     every successful write is told apart). Of two callers that read the same
+//     revision, at most one succeeds.
 //   - List returns every key under prefix in key order, and the store revision the
 //     list was read at (at least every returned KV's Revision).
 //   - Watch streams, in order, every change under prefix after revision from (List's
@@ -194,14 +196,14 @@ func CheckKey(key string) error {
 	if !ok {
 		return fmt.Errorf("%w: key %q: want kind/name, such as pools/net1 or blocks/net1/10-0-0-64-26", ErrInvalid, key)
 	}
-	if err := checkKind(key, kind); err != nil {
+	if err := checkKind(fmt.Sprintf("key %q", key), kind); err != nil {
 		return err
 	}
 	if len(name) > MaxName {
 		return fmt.Errorf("%w: key %q: name is %d bytes, at most %d allowed", ErrInvalid, key, len(name), MaxName)
 	}
 	for _, seg := range strings.Split(name, "/") {
-		if err := checkSegment(key, seg); err != nil {
+		if err := checkSegment(fmt.Sprintf("key %q", key), seg); err != nil {
 			return err
 		}
 	}
@@ -215,7 +217,7 @@ func CheckPrefix(prefix string) error {
 	if !ok {
 		return fmt.Errorf("%w: prefix %q: want kind/ or kind/segment/..., such as blocks/ or blocks/net1/", ErrInvalid, prefix)
 	}
-	if err := checkKind(prefix, kind); err != nil {
+	if err := checkKind(fmt.Sprintf("prefix %q", prefix), kind); err != nil {
 		return err
 	}
 	if rest == "" {
@@ -229,7 +231,7 @@ func CheckPrefix(prefix string) error {
 		return fmt.Errorf("%w: prefix %q: longer than any name (at most %d bytes)", ErrInvalid, prefix, MaxName)
 	}
 	for _, seg := range strings.Split(rest, "/") {
-		if err := checkSegment(prefix, seg); err != nil {
+		if err := checkSegment(fmt.Sprintf("prefix %q", prefix), seg); err != nil {
 			return err
 		}
 	}
@@ -255,7 +257,7 @@ func CheckNode(node, holder string, ttl time.Duration) error {
 	if len(node) > MaxName {
 		return fmt.Errorf("%w: lease node %q: %d bytes, at most %d allowed", ErrInvalid, node, len(node), MaxName)
 	}
-	if err := checkSegment("lease node "+node, node); err != nil {
+	if err := checkSegment(fmt.Sprintf("lease node %q", node), node); err != nil {
 		return err
 	}
 	if holder == "" || len(holder) > MaxName {
@@ -274,26 +276,26 @@ func CheckNode(node, holder string, ttl time.Duration) error {
 
 func checkKind(what, kind string) error {
 	if kind == "" || len(kind) > 63 || kind[0] < 'a' || kind[0] > 'z' {
-		return fmt.Errorf("%w: %q: kind %q must be 1 to 63 bytes of [a-z0-9-] starting with a letter", ErrInvalid, what, kind)
+		return fmt.Errorf("%w: %s: kind %q must be 1 to 63 bytes of [a-z0-9-] starting with a letter", ErrInvalid, what, kind)
 	}
 	for _, c := range []byte(kind) {
 		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
-			return fmt.Errorf("%w: %q: kind %q must be 1 to 63 bytes of [a-z0-9-] starting with a letter", ErrInvalid, what, kind)
+			return fmt.Errorf("%w: %s: kind %q must be 1 to 63 bytes of [a-z0-9-] starting with a letter", ErrInvalid, what, kind)
 		}
 	}
 	if kind == LeaseKind {
-		return fmt.Errorf("%w: %q: kind %q is reserved for node leases (use Leases)", ErrInvalid, what, kind)
+		return fmt.Errorf("%w: %s: kind %q is reserved for node leases (use Leases)", ErrInvalid, what, kind)
 	}
 	return nil
 }
 
 func checkSegment(what, seg string) error {
 	if seg == "" {
-		return fmt.Errorf("%w: %q: empty name segment (a leading, trailing or doubled \"/\")", ErrInvalid, what)
+		return fmt.Errorf("%w: %s: empty name segment (a leading, trailing or doubled \"/\")", ErrInvalid, what)
 	}
 	for _, c := range []byte(seg) {
 		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '-') {
-			return fmt.Errorf("%w: %q: name segment %q: only lowercase letters, digits, '.' and '-' (encode addresses such as 10-0-0-64-26)", ErrInvalid, what, seg)
+			return fmt.Errorf("%w: %s: name segment %q: only lowercase letters, digits, '.' and '-' (encode addresses such as 10-0-0-64-26)", ErrInvalid, what, seg)
 		}
 	}
 	return nil

@@ -629,7 +629,6 @@ func (s *suite) testWatchEveryChange(t *testing.T) {
 	writers, per := s.opts.Writers, s.opts.WritesPerWriter
 	opsBy := make([][]op, writers)
 	write := func(w, lo, hi int) error {
-		type state struct{ rev int64 }
 		for i := lo; i < hi; i++ {
 			key := fmt.Sprintf("%sw%d-k%d", base, w, i/5)
 			var o op

@@ -34,6 +34,7 @@ func manifest(tb testing.TB) []byte {
 var (
 	ipblocks = schema.GroupVersionResource{Group: kubeds.Group, Version: kubeds.Version, Resource: "ipblocks"}
 	ippools  = schema.GroupVersionResource{Group: kubeds.Group, Version: kubeds.Version, Resource: "ippools"}
+	records  = schema.GroupVersionResource{Group: kubeds.Group, Version: kubeds.Version, Resource: "iprecords"}
 	nsGVR    = schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}
 )
 
@@ -75,7 +76,7 @@ func startEnv(tb testing.TB, opts kubeenv.APIServerOptions) *env {
 func (e *env) store(tb testing.TB) *kubeds.Store {
 	tb.Helper()
 	ctx := context.Background()
-	for _, r := range []schema.GroupVersionResource{ipblocks, ippools} {
+	for _, r := range []schema.GroupVersionResource{ipblocks, ippools, records} {
 		if err := e.client.Resource(r).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 			tb.Fatalf("empty %s: %v", r.Resource, err)
 		}
@@ -85,10 +86,7 @@ func (e *env) store(tb testing.TB) *kubeds.Store {
 		ns = ns[:50]
 	}
 	ns = strings.Trim(ns, "-") + "-" + time.Now().Format("150405") + "-" + string(rune('a'+e.nsSeq.Add(1)%26))
-	nsObj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": ns}}}
-	if _, err := e.client.Resource(nsGVR).Create(ctx, nsObj, metav1.CreateOptions{}); err != nil {
-		tb.Fatalf("namespace %s: %v", ns, err)
-	}
+	e.namespace(tb, ns)
 	s, err := kubeds.New(e.cfg, kubeds.Options{Namespace: ns})
 	if err != nil {
 		tb.Fatal(err)
@@ -105,7 +103,7 @@ func (e *env) auditObjects(tb testing.TB) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	for _, r := range []schema.GroupVersionResource{ipblocks, ippools} {
+	for _, r := range []schema.GroupVersionResource{ipblocks, ippools, records} {
 		l, err := e.client.Resource(r).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			tb.Errorf("audit: list %s: %v", r.Resource, err)
@@ -125,5 +123,14 @@ func (e *env) auditObjects(tb testing.TB) {
 				tb.Errorf("audit: %s %s has no %s label", r.Resource, o.GetName(), kubeds.LabelNetwork)
 			}
 		}
+	}
+}
+
+// namespace creates namespace ns.
+func (e *env) namespace(tb testing.TB, ns string) {
+	tb.Helper()
+	nsObj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": ns}}}
+	if _, err := e.client.Resource(nsGVR).Create(context.Background(), nsObj, metav1.CreateOptions{}); err != nil {
+		tb.Fatalf("namespace %s: %v", ns, err)
 	}
 }

@@ -4,27 +4,32 @@
 //
 // Records: "pools/<network>" is a cluster-scoped IPPool (ippools.ipledger.io) named
 // <network>; "blocks/<network>/<block>" a cluster-scoped IPBlock (ipblocks.ipledger.io)
-// named "<network>.<block>" (see parseKey for names that do not fit). The record's
-// JSON object is the object's spec, so the value comes back re-encoded by the server
-// (keys sorted, no spaces) with the same content. Every object carries its key in the
-// annotation ipledger.io/key and its network in the label ipledger.io/network, which
-// List and Watch select on. The CRDs and the RBAC rules are in deploy/ipledger.yaml
-// (InstallCRDs applies the CRDs from it).
+// named "<network>.<block>"; keys of any other kind are IPRecords
+// (iprecords.ipledger.io) labelled with their kind. Keys whose readable name is no
+// valid object name get a hashed one (see parseKey). The record's JSON object is the
+// object's spec, so the value comes back re-encoded by the server (keys sorted, no
+// spaces) with the same content. Every object carries its key in the annotation
+// ipledger.io/key and its first name segment (the network) in the label
+// ipledger.io/network, which List and Watch select on. The CRDs and the RBAC rules
+// are in deploy/ipledger.yaml (InstallCRDs applies the CRDs from it).
 //
 // Revisions are resourceVersions, numeric on the etcd3 storage every apiserver uses;
 // a non-numeric one is an error. Update is a PUT with the resourceVersion read,
 // Delete carries it as a precondition, Create fails on AlreadyExists: the apiserver
-// compares them in one etcd transaction. Watches start at a resourceVersion with the
-// network's label selector; "too old resource version" (410) is ErrCompacted. Node
-// leases are Leases named ipledger-<node> in one namespace; Renew is a merge patch
-// carrying the resourceVersion (and UID) read, so another writer's change makes it
-// fail with ErrConflict.
+// compares them in one etcd transaction. Watches start at a resourceVersion with a
+// label selector; "too old resource version" (410) is ErrCompacted. The apiserver
+// serves watches from its watch cache, which starts anew when the apiserver
+// restarts: a watch from a revision before the restart is ErrCompacted, and the
+// caller lists again. Node leases are Leases named ipledger-<node> in one namespace;
+// Renew is a merge patch carrying the resourceVersion (and UID) read, so another
+// writer's change makes it fail with ErrConflict.
 //
 // The dynamic client is used (no generated clientset, no code generator step): the
 // records are JSON objects already.
 package kubeds
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -127,6 +132,9 @@ func (s *Store) Get(ctx context.Context, key string) (datastore.KV, error) {
 	if err != nil {
 		return datastore.KV{}, err
 	}
+	if err := ctxDone(ctx, "get", key); err != nil {
+		return datastore.KV{}, err
+	}
 	obj, err := s.res(ref.kind).Get(ctx, ref.name, metav1.GetOptions{})
 	if err != nil {
 		return datastore.KV{}, mapErr(ctx, "get", key, err)
@@ -151,6 +159,9 @@ func (s *Store) Create(ctx context.Context, key string, value []byte) (int64, er
 	if err != nil {
 		return 0, err
 	}
+	if err := ctxDone(ctx, "create", key); err != nil {
+		return 0, err
+	}
 	out, err := s.res(ref.kind).Create(ctx, obj, metav1.CreateOptions{})
 	if err != nil {
 		return 0, mapErr(ctx, "create", key, err)
@@ -172,6 +183,9 @@ func (s *Store) Update(ctx context.Context, key string, value []byte, rev int64)
 		return 0, err
 	}
 	obj.SetResourceVersion(strconv.FormatInt(rev, 10))
+	if err := ctxDone(ctx, "update", key); err != nil {
+		return 0, err
+	}
 	out, err := s.res(ref.kind).Update(ctx, obj, metav1.UpdateOptions{})
 	if err != nil {
 		return 0, mapErr(ctx, "update", key, err)
@@ -188,6 +202,9 @@ func (s *Store) Delete(ctx context.Context, key string, rev int64) error {
 	if rev <= 0 {
 		return fmt.Errorf("kubeds: delete %s: %w: revision %d (pass the Revision a Get or List returned)", key, datastore.ErrInvalid, rev)
 	}
+	if err := ctxDone(ctx, "delete", key); err != nil {
+		return err
+	}
 	rv := strconv.FormatInt(rev, 10)
 	err = s.res(ref.kind).Delete(ctx, ref.name, metav1.DeleteOptions{Preconditions: &metav1.Preconditions{ResourceVersion: &rv}})
 	return mapErr(ctx, "delete", key, err)
@@ -198,6 +215,9 @@ func (s *Store) Delete(ctx context.Context, key string, rev int64) error {
 func (s *Store) List(ctx context.Context, prefix string) ([]datastore.KV, int64, error) {
 	sc, err := parsePrefix(prefix)
 	if err != nil {
+		return nil, 0, err
+	}
+	if err := ctxDone(ctx, "list", prefix); err != nil {
 		return nil, 0, err
 	}
 	l, err := s.res(sc.kind).List(ctx, metav1.ListOptions{LabelSelector: sc.selector})
@@ -225,12 +245,15 @@ func (s *Store) List(ctx context.Context, prefix string) ([]datastore.KV, int64,
 
 // newObject is the object holding value under key.
 func newObject(ref objRef, key string, value []byte, replaces int64) (*unstructured.Unstructured, error) {
-	if len(value) > datastore.MaxValue {
-		return nil, fmt.Errorf("kubeds: %s: %w: value of %d bytes, at most %d", key, datastore.ErrInvalid, len(value), datastore.MaxValue)
+	if err := datastore.CheckValue(key, value); err != nil {
+		return nil, fmt.Errorf("kubeds: %w", err)
 	}
+	// Numbers stay as written (json.Number): no integer above 2^53 is rounded.
 	var spec map[string]any
-	if err := json.Unmarshal(value, &spec); err != nil || spec == nil {
-		return nil, fmt.Errorf("kubeds: %s: %w: the value must be a JSON object (it becomes the object's spec)", key, datastore.ErrInvalid)
+	dec := json.NewDecoder(bytes.NewReader(value))
+	dec.UseNumber()
+	if err := dec.Decode(&spec); err != nil || spec == nil {
+		return nil, fmt.Errorf("kubeds: %w: value of key %q is not a JSON object (it becomes the object's spec)", datastore.ErrInvalid, key)
 	}
 	obj := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": Group + "/" + Version,
@@ -238,7 +261,7 @@ func newObject(ref objRef, key string, value []byte, replaces int64) (*unstructu
 		"spec":       spec,
 	}}
 	obj.SetName(ref.name)
-	obj.SetLabels(map[string]string{LabelNetwork: labelValue(ref.network)})
+	obj.SetLabels(ref.labels())
 	obj.SetAnnotations(map[string]string{AnnotationKey: key, AnnotationSeq: strconv.FormatInt(replaces, 10)})
 	return obj, nil
 }
@@ -278,12 +301,21 @@ func parseRev(rv, what string) (int64, error) {
 	return n, nil
 }
 
+// ctxDone is the error for a ctx that has ended before a request is sent (nothing is
+// sent then, so nothing is applied).
+func ctxDone(ctx context.Context, op, key string) error {
+	if ctx.Err() == nil {
+		return nil
+	}
+	return mapErr(ctx, op, key, ctx.Err())
+}
+
 // mapErr wraps an apiserver error in the datastore's sentinels.
 func mapErr(ctx context.Context, op, key string, err error) error {
 	if err == nil {
 		return nil
 	}
-	what := fmt.Sprintf("kubeds: %s %s", op, key)
+	what := fmt.Sprintf("kubeds: %s %q", op, key)
 	if cerr := ctx.Err(); cerr != nil {
 		if errors.Is(cerr, context.DeadlineExceeded) {
 			return fmt.Errorf("%s: %w: %w", what, datastore.ErrUnavailable, cerr)

@@ -28,27 +28,18 @@ func (l *leases) res() dynamic.ResourceInterface {
 	return l.s.client.Resource(leaseGVR).Namespace(l.s.ns)
 }
 
-// ttlSeconds is ttl in whole seconds, rounded up: observers read leaseDurationSeconds,
-// and waiting longer than the holder's own TTL is the safe side.
-func ttlSeconds(node string, ttl time.Duration) (int64, error) {
-	if ttl < time.Second || ttl > 24*time.Hour {
-		return 0, fmt.Errorf("kubeds: lease of node %s: %w: ttl %v must be between 1s and 24h (a Lease counts whole seconds)", node, datastore.ErrInvalid, ttl)
-	}
-	return int64((ttl + time.Second - 1) / time.Second), nil
-}
+// ttlSeconds is ttl in whole seconds (datastore.CheckNode allows no other).
+func ttlSeconds(ttl time.Duration) int64 { return int64(ttl / time.Second) }
 
 func (l *leases) now() string { return l.s.clock.Now().UTC().Format(metav1.RFC3339Micro) }
 
 // Acquire creates node's Lease for holder, or takes it over (whoever held it).
 func (l *leases) Acquire(ctx context.Context, node, holder string, ttl time.Duration) (datastore.NodeLease, error) {
-	if err := checkName(node); err != nil {
-		return datastore.NodeLease{}, fmt.Errorf("kubeds: lease: node: %w", err)
+	if err := datastore.CheckNode(node, holder, ttl); err != nil {
+		return datastore.NodeLease{}, fmt.Errorf("kubeds: %w", err)
 	}
-	if holder == "" {
-		return datastore.NodeLease{}, fmt.Errorf("kubeds: lease of node %s: %w: empty holder (give the agent's identity)", node, datastore.ErrInvalid)
-	}
-	secs, err := ttlSeconds(node, ttl)
-	if err != nil {
+	secs := ttlSeconds(ttl)
+	if err := ctxDone(ctx, "acquire lease of node", node); err != nil {
 		return datastore.NodeLease{}, err
 	}
 	name := leaseName(node)
@@ -126,11 +117,11 @@ func setLeaseMeta(obj *unstructured.Unstructured, node string) {
 // carrying the resourceVersion and UID (the apiserver refuses it with a conflict
 // otherwise).
 func (l *leases) Renew(ctx context.Context, lease datastore.NodeLease) (datastore.NodeLease, error) {
-	if err := checkName(lease.Node); err != nil {
-		return datastore.NodeLease{}, fmt.Errorf("kubeds: renew lease: node: %w", err)
+	if err := datastore.CheckNode(lease.Node, lease.Holder, lease.TTL); err != nil {
+		return datastore.NodeLease{}, fmt.Errorf("kubeds: renew: %w", err)
 	}
-	secs, err := ttlSeconds(lease.Node, lease.TTL)
-	if err != nil {
+	secs := ttlSeconds(lease.TTL)
+	if err := ctxDone(ctx, "renew lease of node", lease.Node); err != nil {
 		return datastore.NodeLease{}, err
 	}
 	if lease.Revision <= 0 || lease.ID == "" {
@@ -162,8 +153,14 @@ func (l *leases) Renew(ctx context.Context, lease datastore.NodeLease) (datastor
 
 // Release deletes the lease if it is still the one given (revision and UID).
 func (l *leases) Release(ctx context.Context, lease datastore.NodeLease) error {
-	if err := checkName(lease.Node); err != nil {
-		return fmt.Errorf("kubeds: release lease: node: %w", err)
+	if err := datastore.CheckNode(lease.Node, lease.Holder, lease.TTL); err != nil {
+		return fmt.Errorf("kubeds: release: %w", err)
+	}
+	if lease.Revision <= 0 {
+		return fmt.Errorf("kubeds: release lease of node %s: %w: no revision (release what Acquire or Renew returned)", lease.Node, datastore.ErrInvalid)
+	}
+	if err := ctxDone(ctx, "release lease of node", lease.Node); err != nil {
+		return err
 	}
 	rv := strconv.FormatInt(lease.Revision, 10)
 	pre := &metav1.Preconditions{ResourceVersion: &rv}
@@ -178,6 +175,9 @@ func (l *leases) Release(ctx context.Context, lease datastore.NodeLease) error {
 
 // List returns every node's Lease (those labelled ipledger.io/node), by node.
 func (l *leases) List(ctx context.Context) ([]datastore.NodeLease, error) {
+	if err := ctxDone(ctx, "list leases in", l.s.ns); err != nil {
+		return nil, err
+	}
 	list, err := l.res().List(ctx, metav1.ListOptions{LabelSelector: LabelNode})
 	if err != nil {
 		return nil, mapErr(ctx, "list leases in", l.s.ns, err)

@@ -27,7 +27,7 @@ func TestManifestHoldsClusterModeAndKeepsTheNodeDaemonSet(t *testing.T) {
 	}
 	want := []string{
 		"Namespace/ipledger",
-		"CustomResourceDefinition/ipblocks.ipledger.io", "CustomResourceDefinition/ippools.ipledger.io",
+		"CustomResourceDefinition/ipblocks.ipledger.io", "CustomResourceDefinition/ippools.ipledger.io", "CustomResourceDefinition/iprecords.ipledger.io",
 		"ServiceAccount/ipledgerd", "ClusterRole/ipledgerd", "ClusterRoleBinding/ipledgerd",
 		"Role/ipledgerd-leases", "RoleBinding/ipledgerd-leases",
 		"ConfigMap/ipledger-cni", "DaemonSet/ipledgerd",
@@ -37,7 +37,7 @@ func TestManifestHoldsClusterModeAndKeepsTheNodeDaemonSet(t *testing.T) {
 	}
 	for _, c := range []struct {
 		crd, plural, kind string
-	}{{"ipblocks.ipledger.io", "ipblocks", "IPBlock"}, {"ippools.ipledger.io", "ippools", "IPPool"}} {
+	}{{"ipblocks.ipledger.io", "ipblocks", "IPBlock"}, {"ippools.ipledger.io", "ippools", "IPPool"}, {"iprecords.ipledger.io", "iprecords", "IPRecord"}} {
 		o := byKind["CustomResourceDefinition/"+c.crd].Object
 		if g, _, _ := unstructured.NestedString(o, "spec", "group"); g != kubeds.Group {
 			t.Errorf("%s: group %q", c.crd, g)

@@ -34,82 +34,80 @@ const (
 	AnnotationSeq = "ipledger.io/seq"
 )
 
-// kind is one record kind and the resource it is stored as.
+// kind is where records of one datastore kind are stored: pools/ and blocks/ have
+// their own resources, every other kind shares IPRecord, told apart by a label.
 type kind struct {
-	prefix   string // "pools/"
-	gvr      schema.GroupVersionResource
-	objKind  string // "IPPool"
-	segments int    // name segments after the kind: 1 for pools/<network>, 2 for blocks/<network>/<block>
+	name    string // "pools", "blocks"; "" for the shared IPRecord resource
+	gvr     schema.GroupVersionResource
+	objKind string // "IPPool"
 }
 
 var (
-	poolKind = &kind{prefix: "pools/", objKind: "IPPool", segments: 1,
+	poolKind = &kind{name: "pools", objKind: "IPPool",
 		gvr: schema.GroupVersionResource{Group: Group, Version: Version, Resource: "ippools"}}
-	blockKind = &kind{prefix: "blocks/", objKind: "IPBlock", segments: 2,
+	blockKind = &kind{name: "blocks", objKind: "IPBlock",
 		gvr: schema.GroupVersionResource{Group: Group, Version: Version, Resource: "ipblocks"}}
-	kinds = []*kind{blockKind, poolKind}
+	recordKind = &kind{objKind: "IPRecord",
+		gvr: schema.GroupVersionResource{Group: Group, Version: Version, Resource: "iprecords"}}
 
 	leaseGVR = schema.GroupVersionResource{Group: "coordination.k8s.io", Version: "v1", Resource: "leases"}
 )
 
+// LabelKind holds the datastore kind of an IPRecord.
+const LabelKind = "ipledger.io/kind"
+
+func kindOf(name string) *kind {
+	switch name {
+	case poolKind.name:
+		return poolKind
+	case blockKind.name:
+		return blockKind
+	}
+	return recordKind
+}
+
 // objRef is where one key lives.
 type objRef struct {
 	kind    *kind
-	network string
+	kindArg string // the key's kind
+	network string // the name's first segment
 	name    string // object name
 }
 
-// parseKey maps a datastore key to its object. Names: "pools/N" is the IPPool N;
-// "blocks/N/B" is the IPBlock "N.B". Where that is not a valid object name (N holds a
-// dot, so the split would be ambiguous, or the result is not a DNS subdomain or is too
-// long) the name is "k" and 40 hex digits of the key's SHA-256: such names hold no
-// dot, the readable block names always do, so the mapping stays one-to-one.
+// labels are the labels of the key's object: its first name segment (the network)
+// and, in the shared IPRecord resource, its kind.
+func (r objRef) labels() map[string]string {
+	l := map[string]string{LabelNetwork: labelValue(r.network)}
+	if r.kind == recordKind {
+		l[LabelKind] = labelValue(r.kindArg)
+	}
+	return l
+}
+
+// parseKey maps a datastore key (checked by datastore.CheckKey) to its object.
+// Names: "pools/N" is the IPPool N; "blocks/N/B" is the IPBlock "N.B". Any other
+// key, and any of those whose readable name is not a valid object name (N holds a
+// dot, so the split would be ambiguous; not a DNS subdomain; other segment counts),
+// is named "k" and 40 hex digits of the key's SHA-256: such names hold no dot, the
+// readable block names always do, so the mapping stays one-to-one. The key itself is
+// in the annotation ipledger.io/key.
 func parseKey(key string) (objRef, error) {
-	var k *kind
-	for _, c := range kinds {
-		if strings.HasPrefix(key, c.prefix) {
-			k = c
-		}
+	if err := datastore.CheckKey(key); err != nil {
+		return objRef{}, fmt.Errorf("kubeds: %w", err)
 	}
-	if k == nil {
-		return objRef{}, fmt.Errorf("kubeds: key %q: %w: the kind must be pools/ or blocks/", key, datastore.ErrInvalid)
-	}
-	segs := strings.Split(strings.TrimPrefix(key, k.prefix), "/")
-	if len(segs) != k.segments {
-		return objRef{}, fmt.Errorf("kubeds: key %q: %w: want %s followed by %d name(s) separated by /", key, datastore.ErrInvalid, k.prefix, k.segments)
-	}
-	for _, s := range segs {
-		if err := checkName(s); err != nil {
-			return objRef{}, fmt.Errorf("kubeds: key %q: %w", key, err)
-		}
-	}
-	r := objRef{kind: k, network: segs[0]}
-	switch k {
-	case poolKind:
+	kindArg, name, _ := strings.Cut(key, "/")
+	segs := strings.Split(name, "/")
+	r := objRef{kind: kindOf(kindArg), kindArg: kindArg, network: segs[0]}
+	switch {
+	case r.kind == poolKind && len(segs) == 1:
 		r.name = segs[0]
-	default:
+	case r.kind == blockKind && len(segs) == 2 && !strings.Contains(segs[0], "."):
 		r.name = segs[0] + "." + segs[1]
-		if strings.Contains(segs[0], ".") {
-			r.name = ""
-		}
 	}
 	if r.name == "" || len(validation.IsDNS1123Subdomain(r.name)) > 0 {
 		r.name = hashName("k", key)
 	}
 	return r, nil
-}
-
-// checkName checks one name segment: 1..MaxName bytes of [a-z0-9.-].
-func checkName(s string) error {
-	if s == "" || len(s) > datastore.MaxName {
-		return fmt.Errorf("%w: name %q must be 1 to %d bytes", datastore.ErrInvalid, s, datastore.MaxName)
-	}
-	for _, c := range []byte(s) {
-		if !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '.' || c == '-') {
-			return fmt.Errorf("%w: name %q holds %q: use only [a-z0-9.-] (encode addresses, e.g. 10-0-0-64-26)", datastore.ErrInvalid, s, c)
-		}
-	}
-	return nil
 }
 
 func hashName(prefix, s string) string {
@@ -126,30 +124,31 @@ func labelValue(s string) string {
 	return hashName("h_", s)
 }
 
-// scope is what a List or Watch prefix selects: one kind, narrowed by a label
-// selector where the prefix names a whole network, and filtered by key prefix.
+// scope is what a List or Watch prefix selects: one resource, narrowed by a label
+// selector (kind, first segment), and filtered by key prefix.
 type scope struct {
 	kind     *kind
 	selector string
 	prefix   string
 }
 
-// parsePrefix maps a List or Watch prefix to the kind it lies in.
+// parsePrefix maps a List or Watch prefix (checked by datastore.CheckPrefix) to the
+// resource its kind lies in.
 func parsePrefix(prefix string) (scope, error) {
-	for _, k := range kinds {
-		if !strings.HasPrefix(prefix, k.prefix) {
-			continue
-		}
-		s := scope{kind: k, prefix: prefix}
-		rest := strings.TrimPrefix(prefix, k.prefix)
-		if k.segments > 1 {
-			if i := strings.IndexByte(rest, '/'); i > 0 {
-				s.selector = LabelNetwork + "=" + labelValue(rest[:i])
-			}
-		}
-		return s, nil
+	if err := datastore.CheckPrefix(prefix); err != nil {
+		return scope{}, fmt.Errorf("kubeds: %w", err)
 	}
-	return scope{}, fmt.Errorf("kubeds: prefix %q: %w: a prefix must start with a kind, pools/ or blocks/ (each kind is its own resource)", prefix, datastore.ErrInvalid)
+	kindArg, rest, _ := strings.Cut(prefix, "/")
+	s := scope{kind: kindOf(kindArg), prefix: prefix}
+	var sel []string
+	if s.kind == recordKind {
+		sel = append(sel, LabelKind+"="+labelValue(kindArg))
+	}
+	if first, _, ok := strings.Cut(rest, "/"); ok {
+		sel = append(sel, LabelNetwork+"="+labelValue(first))
+	}
+	s.selector = strings.Join(sel, ",")
+	return s, nil
 }
 
 // leaseName is the Lease object of node: "ipledger-<node>", or a hashed form when that

@@ -35,6 +35,9 @@ func (s *Store) Watch(ctx context.Context, prefix string, from int64) (datastore
 	if err != nil {
 		return nil, err
 	}
+	if err := ctxDone(ctx, "watch", prefix); err != nil {
+		return nil, err
+	}
 	if from <= 0 {
 		return nil, fmt.Errorf("kubeds: watch %s: %w: from %d (watch from the revision a List returned)", prefix, datastore.ErrInvalid, from)
 	}

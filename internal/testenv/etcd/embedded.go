@@ -22,6 +22,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
@@ -34,8 +35,10 @@ const StartTimeout = 2 * time.Minute
 type Embedded struct {
 	tb     testing.TB
 	dir    string
-	client string // http://127.0.0.1:port
+	client string // http://127.0.0.1:port, https:// with TLS
 	peer   string
+	tls    *TLSFiles // the server's, nil without TLS
+	ctls   *TLSFiles // the client's
 
 	mu  sync.Mutex
 	e   *embed.Etcd // nil while stopped
@@ -46,12 +49,32 @@ type Embedded struct {
 // a TempDir; t.Cleanup stops it.
 func StartEmbedded(tb testing.TB) *Embedded {
 	tb.Helper()
+	return startEmbedded(tb, false)
+}
+
+// StartEmbeddedTLS is StartEmbedded with TLS on the client port: the server presents
+// a certificate for 127.0.0.1 from a CA made for the test and requires a client
+// certificate from the same CA; the files a client needs are returned.
+func StartEmbeddedTLS(tb testing.TB) (*Embedded, TLSFiles) {
+	tb.Helper()
+	e := startEmbedded(tb, true)
+	return e, *e.ctls
+}
+
+func startEmbedded(tb testing.TB, withTLS bool) *Embedded {
+	tb.Helper()
 	ports := freePorts(tb, 2)
+	base := tb.TempDir()
 	e := &Embedded{
 		tb:     tb,
-		dir:    filepath.Join(tb.TempDir(), "etcd"),
+		dir:    filepath.Join(base, "etcd"),
 		client: "http://127.0.0.1:" + strconv.Itoa(ports[0]),
 		peer:   "http://127.0.0.1:" + strconv.Itoa(ports[1]),
+	}
+	if withTLS {
+		srv, cli := makePKI(tb, base)
+		e.tls, e.ctls = &srv, &cli
+		e.client = "https://127.0.0.1:" + strconv.Itoa(ports[0])
 	}
 	tb.Cleanup(func() {
 		e.audit()
@@ -83,6 +106,9 @@ func (e *Embedded) Start() {
 	cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{*cu}, []url.URL{*cu}
 	cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{*pu}, []url.URL{*pu}
 	cfg.InitialCluster = cfg.InitialClusterFromName(cfg.Name)
+	if e.tls != nil {
+		cfg.ClientTLSInfo = transport.TLSInfo{CertFile: e.tls.Cert, KeyFile: e.tls.Key, TrustedCAFile: e.tls.CA, ClientCertAuth: true}
+	}
 	cfg.LogLevel = "error"
 	cfg.LogOutputs = []string{filepath.Join(filepath.Dir(e.dir), "etcd.log")}
 	var srv *embed.Etcd
@@ -129,7 +155,15 @@ func (e *Embedded) Client() *clientv3.Client {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if e.cli == nil {
-		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{e.client}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
+		cfg := clientv3.Config{Endpoints: []string{e.client}, DialTimeout: 5 * time.Second, Logger: zap.NewNop()}
+		if e.ctls != nil {
+			tc, err := transport.TLSInfo{CertFile: e.ctls.Cert, KeyFile: e.ctls.Key, TrustedCAFile: e.ctls.CA}.ClientConfig()
+			if err != nil {
+				e.tb.Fatalf("etcd: client TLS: %v", err)
+			}
+			cfg.TLS = tc
+		}
+		cli, err := clientv3.New(cfg)
 		if err != nil {
 			e.tb.Fatalf("etcd: client of %s: %v", e.client, err)
 		}

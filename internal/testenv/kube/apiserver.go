@@ -111,9 +111,18 @@ func (a *APIServer) Config() *rest.Config {
 // PID is the running kube-apiserver's process ID.
 func (a *APIServer) PID() int { return a.pid(apiserverName) }
 
-// Stop stops kube-apiserver by PID (SIGTERM; SIGKILL after 20 s) and waits for
-// it to exit. etcd keeps running, so Start brings the same data back.
-func (a *APIServer) Stop() { a.stopProc(apiserverName) }
+// StopGrace is how long Stop waits after SIGTERM before SIGKILL: kube-apiserver
+// stops listening at once but keeps a connection with a running watch open until
+// its 60 s shutdown timeout.
+const StopGrace = 3 * time.Second
+
+// Stop stops kube-apiserver by PID (SIGTERM; SIGKILL after StopGrace) and waits
+// for it to exit. etcd keeps running, so Start brings the same data back.
+func (a *APIServer) Stop() { a.stopProcWithin(apiserverName, StopGrace) }
+
+// Kill kills kube-apiserver by PID with SIGKILL (a crash) and waits for it to
+// exit.
+func (a *APIServer) Kill() { a.stopProcWithin(apiserverName, 0) }
 
 // Start starts kube-apiserver (again) on the same port and waits until it is
 // ready.

@@ -106,7 +106,11 @@ func (c *runner) procErr(name string) error {
 
 // stopProc stops one component by PID (SIGTERM, SIGKILL after 20 s) and waits
 // for it to exit.
-func (c *runner) stopProc(name string) {
+func (c *runner) stopProc(name string) { c.stopProcWithin(name, 20*time.Second) }
+
+// stopProcWithin stops one component by PID: SIGTERM, SIGKILL after grace (at
+// once when grace is 0), and waits for it to exit.
+func (c *runner) stopProcWithin(name string, grace time.Duration) {
 	c.mu.Lock()
 	p := c.procs[name]
 	c.mu.Unlock()
@@ -118,13 +122,18 @@ func (c *runner) stopProc(name string) {
 		return
 	default:
 	}
+	if grace <= 0 {
+		_ = p.cmd.Process.Signal(syscall.SIGKILL)
+		<-p.done
+		return
+	}
 	_ = p.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-p.done:
-	case <-time.After(20 * time.Second):
+	case <-time.After(grace):
 		_ = p.cmd.Process.Signal(syscall.SIGKILL)
 		<-p.done
-		c.tb.Logf("kubeenv: %s (pid %d) ignored SIGTERM for 20s, killed", name, p.cmd.Process.Pid)
+		c.tb.Logf("kubeenv: %s (pid %d) still running %v after SIGTERM, killed", name, p.cmd.Process.Pid, grace)
 	}
 }
 
