@@ -114,6 +114,8 @@ type Manager struct {
 	empty     map[string]emptyObs   // hand-back observations, by key
 	obs       map[string]*leaseObs  // other nodes' leases, by node
 	gone      map[string]bool       // nodes whose Node object was deleted
+	listedAt  time.Duration         // monotonic: the last successful list of the node leases
+	listed    bool
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -910,6 +912,17 @@ func (m *Manager) reclaim(ctx context.Context) error {
 	}
 	now := m.mono()
 	m.mu.Lock()
+	if m.listed && now-m.listedAt > 2*m.opts.Interval {
+		// This manager could not look for a while (the datastore was away, or this
+		// process was paused). Nobody could renew meanwhile if the datastore was
+		// away, so an unchanged lease is no evidence of death: the expiry and the
+		// quarantine count again from now, over time the owners could renew in.
+		m.log.Info("node leases read again after a gap; restarting every expiry clock", "gap", now-m.listedAt)
+		for _, o := range m.obs {
+			o.seen, o.goneSince = now, now
+		}
+	}
+	m.listed, m.listedAt = true, now
 	live := map[string]bool{}
 	for _, l := range leases {
 		live[l.Node] = true

@@ -57,6 +57,7 @@ func TestFiveAgentsOnEtcd(t *testing.T) {
 			t.Errorf("node %s owns no block while it holds leases: %v", n.name, owners)
 		}
 	}
+	noFalseReclaim(t, nodes)
 	st.releaseAll(t)
 	ec.Restart(killed)
 	rep = mustBalance(t, nodes)

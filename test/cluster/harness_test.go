@@ -115,6 +115,23 @@ func mustBalance(t *testing.T, nodes []*node) ctl.ClusterAudit {
 	return rep
 }
 
+// noFalseReclaim fails the test when any agent's log shows a block reclaimed from, or
+// lost by, a node: every node was alive all along, only the datastore went away.
+func noFalseReclaim(t *testing.T, nodes []*node) {
+	t.Helper()
+	for _, n := range nodes {
+		b, err := os.ReadFile(n.Log)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			if strings.Contains(line, "dead node's block reclaimed") || strings.Contains(line, "msg=\"block lost\"") {
+				t.Errorf("%s: a live node's block moved: %s", n.name, line)
+			}
+		}
+	}
+}
+
 // blocksOf lists the datastore's blocks through a node's `ipledgerctl blocks -o json`.
 func blocksOf(t *testing.T, n *node) []api.BlockView {
 	t.Helper()
