@@ -61,7 +61,8 @@ type node struct {
 // as long) so that expiry and reclaim happen within seconds.
 var testTimings = []string{"--node-lease-ttl", "3s", "--reclaim-quarantine", "3s", "--block-grace", "2s", "--reuse-delay", "200ms"}
 
-// startNodes starts n agents in cluster mode with datastore flags ds. Each one is
+// startNodes starts n agents in cluster mode with datastore flags ds (which may
+// override testTimings). Each one is
 // stopped and its ledger file audited when the test ends (agentenv); the cluster audit
 // runs before that, while they still answer.
 func startNodes(t *testing.T, n int, ds []string) []*node {
@@ -69,7 +70,7 @@ func startNodes(t *testing.T, n int, ds []string) []*node {
 	var nodes []*node
 	for i := range n {
 		name := fmt.Sprintf("node-%d", i)
-		args := append(append([]string{"--node-name", name}, ds...), testTimings...)
+		args := append(append([]string{"--node-name", name}, testTimings...), ds...) // ds may override a timing
 		nodes = append(nodes, &node{name: name, Agent: agentenv.Start(t, agentenv.Options{Args: args})})
 	}
 	return nodes
@@ -359,6 +360,20 @@ func (st *churnStats) releaseAll(t *testing.T) {
 	}
 	wg.Wait()
 	st.live = map[*node][]attachment{}
+}
+
+// call sends req to n, retrying while the agent answers that it cannot serve now
+// (CodeUnavailable: a datastore call timed out on the loaded test machine, or the
+// lease is being renewed), as a runtime retries an ADD that failed with "try again
+// later"; at most 30s.
+func call(n *node, req api.Request) (*api.Response, error) {
+	var resp *api.Response
+	err := retry(context.Background(), 30*time.Second, &churnStats{}, func() error {
+		var err error
+		resp, err = n.Call(req)
+		return err
+	})
+	return resp, err
 }
 
 // retry runs op until it succeeds, fails with an error other than "unavailable"

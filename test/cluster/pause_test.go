@@ -19,7 +19,7 @@ const smallPool = `[[{"subnet":"10.79.0.0/25"}]]`
 
 func addIn(t *testing.T, n *node, cid string) (netip.Addr, *api.Error) {
 	t.Helper()
-	resp, err := n.Call(api.Request{Op: api.OpAdd, Network: network, ContainerID: cid, IfName: "eth0", Ranges: rangesOf(t, smallPool)})
+	resp, err := call(n, api.Request{Op: api.OpAdd, Network: network, ContainerID: cid, IfName: "eth0", Ranges: rangesOf(t, smallPool)})
 	if err != nil {
 		if ae, ok := err.(*api.Error); ok {
 			return netip.Addr{}, ae
