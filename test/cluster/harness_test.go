@@ -192,8 +192,11 @@ type churnOpts struct {
 	Live        int // leases a worker keeps before it releases its oldest
 	PluginEvery int // every Nth ADD/DEL goes through the plugin binary (0: none)
 	// Retry is how long an ADD or DEL is retried while the agent answers that it
-	// cannot serve now (the datastore is away and a block is needed).
+	// cannot serve now (the datastore is away and a block is needed) or cannot be
+	// reached (killed and restarting).
 	Retry time.Duration
+	// Prefix makes the container IDs of one run distinct from another's.
+	Prefix string
 }
 
 // churnStats counts what a churn run did; live is what it left allocated, by node.
@@ -268,7 +271,7 @@ func churn(t *testing.T, nodes []*node, opts churnOpts, during func()) *churnSta
 					if started.Add(1) == trigger && during != nil {
 						once.Do(func() { go func() { defer close(duringDone); during() }() })
 					}
-					cid := fmt.Sprintf("%s-w%d-c%d", n.name, w, i)
+					cid := fmt.Sprintf("%s%s-w%d-c%d", opts.Prefix, n.name, w, i)
 					usePlugin := plugin != nil && rng.IntN(opts.PluginEvery) == 0
 					var ips []netip.Addr
 					err := retry(ctx, opts.Retry, st, func() error {
@@ -388,6 +391,9 @@ func retry(ctx context.Context, budget time.Duration, st *churnStats, op func() 
 		var ae *api.Error
 		transient := errors.As(err, &ae) && ae.Code == api.CodeUnavailable
 		transient = transient || errors.Is(err, errPluginTryAgain)
+		// a killed agent: every verb is idempotent, so the same request is sent
+		// again once it is back (an ADD gets the lease it may have made)
+		transient = transient || errors.Is(err, api.ErrUnreachable) || errors.Is(err, api.ErrNoAnswer)
 		if !transient || time.Now().After(deadline) {
 			return err
 		}
@@ -408,11 +414,14 @@ type pluginRunner struct {
 	ns   string
 }
 
-var errPluginTryAgain = errors.New("plugin: try again later")
+var (
+	errPluginTryAgain = errors.New("plugin: try again later")
+	nsSeq             atomic.Int64
+)
 
 func newPluginRunner(t *testing.T) *pluginRunner {
 	t.Helper()
-	name := fmt.Sprintf("iplcl%d", os.Getpid()%100000)
+	name := fmt.Sprintf("iplcl%d-%d", os.Getpid()%100000, nsSeq.Add(1))
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add %s: %v %s", name, err, out)
 	}
