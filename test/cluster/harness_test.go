@@ -13,6 +13,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -22,6 +24,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/ctl"
@@ -51,10 +56,45 @@ func rangesOf(t testing.TB, js string) []pool.RangeSet {
 	return sets
 }
 
-// node is one agent process with its node name.
+// node is one agent process with its node name and metrics address.
 type node struct {
-	name string
+	name    string
+	metrics string
 	*agentenv.Agent
+}
+
+// metric reads one cluster-mode metric (a counter or gauge without labels) from the
+// node's /metrics, as Prometheus parses it.
+func (n *node) metric(t *testing.T, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + n.metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("%s /metrics: %v", n.name, err)
+	}
+	f := fams[name]
+	if f == nil || len(f.Metric) != 1 {
+		t.Fatalf("%s /metrics: no single series %s", n.name, name)
+	}
+	if m := f.Metric[0]; m.Counter != nil {
+		return m.Counter.GetValue()
+	}
+	return f.Metric[0].GetGauge().GetValue()
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 // testTimings are the short cluster timings of the tests: a 3s lease (the quarantine
@@ -70,8 +110,9 @@ func startNodes(t *testing.T, n int, ds []string) []*node {
 	var nodes []*node
 	for i := range n {
 		name := fmt.Sprintf("node-%d", i)
-		args := append(append([]string{"--node-name", name}, testTimings...), ds...) // ds may override a timing
-		nodes = append(nodes, &node{name: name, Agent: agentenv.Start(t, agentenv.Options{Args: args})})
+		addr := freeAddr(t)
+		args := append(append([]string{"--node-name", name, "--metrics-addr", addr}, testTimings...), ds...) // ds may override a timing
+		nodes = append(nodes, &node{name: name, metrics: addr, Agent: agentenv.Start(t, agentenv.Options{Args: args})})
 	}
 	return nodes
 }

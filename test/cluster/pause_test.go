@@ -200,6 +200,20 @@ func TestPausedAgentFenced(t *testing.T) {
 		t.Fatalf("leases left on %s: %v", a.name, a.Leases(t))
 	}
 	mustBalance(t, nodes)
+	// the metrics say what happened: b claimed two blocks (its own, then the
+	// reclaimed one) and reclaimed one; a was suspended once and owns nothing now
+	for _, m := range []struct {
+		n    *node
+		name string
+		want float64
+	}{
+		{b, "ipledger_block_claims_total", 2}, {b, "ipledger_block_reclaims_total", 1}, {b, "ipledger_blocks_owned", 2},
+		{a, "ipledger_block_claims_total", 1}, {a, "ipledger_fencing_suspensions_total", 1}, {a, "ipledger_blocks_owned", 0},
+	} {
+		if got := m.n.metric(t, m.name); got != m.want {
+			t.Errorf("%s %s = %v, want %v", m.n.name, m.name, got, m.want)
+		}
+	}
 	// leave the books empty for the cleanup audits
 	for _, l := range b.Leases(t) {
 		if _, err := b.Call(api.Request{Op: api.OpDel, Network: network, ContainerID: l.ContainerID, IfName: "eth0"}); err != nil {
