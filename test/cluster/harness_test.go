@@ -450,9 +450,10 @@ func retry(ctx context.Context, budget time.Duration, st *churnStats, op func() 
 // pluginRunner execs the real ipledger IPAM plugin as a runtime does, in a network
 // namespace of its own.
 type pluginRunner struct {
-	t    *testing.T
-	path string
-	ns   string
+	t         *testing.T
+	path      string
+	ns        string
+	blockSize int // the ipam config's blockSize (0: left out)
 }
 
 var (
@@ -475,7 +476,11 @@ func newPluginRunner(t *testing.T) *pluginRunner {
 }
 
 func (p *pluginRunner) exec(n *node, verb, cid string) ([]byte, error) {
-	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"type":"ipledger","ipam":%s}`, network, n.IPAM(rangesJSON))
+	ipam := n.IPAM(rangesJSON)
+	if p.blockSize != 0 {
+		ipam = strings.TrimSuffix(ipam, "}") + fmt.Sprintf(`,"blockSize":%d}`, p.blockSize)
+	}
+	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"type":"ipledger","ipam":%s}`, network, ipam)
 	cmd := exec.Command(p.path)
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "CNI_COMMAND=" + verb, "CNI_CONTAINERID=" + cid,
 		"CNI_NETNS=" + p.ns, "CNI_IFNAME=eth0", "CNI_PATH=" + filepath.Dir(p.path)}
@@ -491,10 +496,21 @@ func (p *pluginRunner) exec(n *node, verb, cid string) ([]byte, error) {
 		if ce.Code == 11 { // CNI "try again later"
 			return nil, fmt.Errorf("%w: %s", errPluginTryAgain, ce.Msg)
 		}
+		if ce.Code != 0 {
+			return nil, &cniError{Code: ce.Code, Msg: ce.Msg}
+		}
 		return nil, fmt.Errorf("ipledger %s %s: %v: %s %s", verb, cid, err, stdout.String(), stderr.String())
 	}
 	return stdout.Bytes(), nil
 }
+
+// cniError is a CNI error the plugin printed.
+type cniError struct {
+	Code uint
+	Msg  string
+}
+
+func (e *cniError) Error() string { return fmt.Sprintf("CNI error %d: %s", e.Code, e.Msg) }
 
 func (p *pluginRunner) add(n *node, cid string) ([]netip.Addr, error) {
 	out, err := p.exec(n, "ADD", cid)
