@@ -163,6 +163,9 @@ func TestPausedAgentFenced(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	if out, _, _ := ctlRun(t, "--socket", a.Socket, "leases"); strings.Count(out, "(block "+blockA.Block+" lost)") != len(paused) {
+		t.Errorf("ipledgerctl leases does not mark the %d leases in the lost block:\n%s", len(paused), out)
+	}
 	// it allocates nothing from the lost block (nor anywhere: both blocks are b's)
 	if ip, e := addIn(t, a, "a-after"); e == nil {
 		t.Fatalf("%s allocated %s after losing its block; every block is %s's", a.name, ip, b.name)
