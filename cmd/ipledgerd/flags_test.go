@@ -4,10 +4,19 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/clusterconf"
 )
 
-// TestBadFlags: each bad flag is refused with a message naming it and the fix.
+func noEnv(string) string { return "" }
+
+// TestBadFlags: each bad flag, or bad combination of cluster-mode flags, is refused
+// with a message naming the flag and the fix.
 func TestBadFlags(t *testing.T) {
+	etcd := []string{"--datastore", "etcd", "--etcd-endpoints", "http://127.0.0.1:2379", "--node-name", "node-a"}
+	kube := []string{"--datastore", "kubernetes", "--node-name", "node-a"}
+	with := func(base []string, more ...string) []string { return append(append([]string{}, base...), more...) }
 	for _, c := range []struct {
 		args []string
 		want string
@@ -16,16 +25,66 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--release-grace", "-1s"}, "--release-grace: must be positive"},
 		{[]string{"--reuse-delay", "-1s"}, "--reuse-delay: must not be negative"},
 		{[]string{"--release-grace", "2m", "--stranded-grace", "1m"}, "raise --stranded-grace"},
-		{[]string{"--etcd-endpoints", "http://127.0.0.1:2379"}, "--etcd-endpoints"},
 		{[]string{"extra"}, "unexpected arguments"},
+		// cluster-mode flags without cluster mode
+		{[]string{"--etcd-endpoints", "http://127.0.0.1:2379"}, "--etcd-endpoints: only for cluster mode; add --datastore"},
+		{[]string{"--kubeconfig", "/k"}, "--kubeconfig: only for cluster mode"},
+		{[]string{"--node-name", "node-a"}, "--node-name: only for cluster mode"},
+		{[]string{"--block-grace", "1m"}, "--block-grace: only for cluster mode"},
+		{[]string{"--datastore", "consul", "--node-name", "a"}, `--datastore "consul": use kubernetes, etcd or none`},
+		// etcd
+		{[]string{"--datastore", "etcd", "--node-name", "a"}, "--datastore etcd: needs --etcd-endpoints"},
+		{with(etcd, "--etcd-endpoints", "127.0.0.1:2379"), `--etcd-endpoints: "127.0.0.1:2379" is not a URL; write it as https://HOST:PORT`},
+		{with(etcd, "--etcd-cert", "/c.pem"), "--etcd-cert and --etcd-key: give both"},
+		{with(etcd, "--etcd-key", "/k.pem"), "--etcd-cert and --etcd-key: give both"},
+		{with(etcd, "--kubeconfig", "/k"), "--kubeconfig: only for --datastore kubernetes"},
+		{[]string{"--datastore", "etcd", "--etcd-endpoints", "http://127.0.0.1:2379"}, "--node-name: cluster mode (--datastore etcd) needs this node's name; pass --node-name or set NODE_NAME"},
+		// kubernetes
+		{with(kube, "--etcd-ca", "/ca.pem"), "--etcd-ca: only for --datastore etcd"},
+		{[]string{"--datastore", "kubernetes"}, "--node-name: cluster mode (--datastore kubernetes) needs this node's name"},
+		{with(kube, "--node-name", "Node_A"), `--node-name "Node_A": character 'N'`},
+		{with(kube, "--node-name", "-a"), "must start and end with a letter or digit"},
+		// timings
+		{with(kube, "--node-lease-ttl", "1s"), "--node-lease-ttl 1s: at least 2s"},
+		{with(kube, "--block-grace", "0s"), "--block-grace: must be positive"},
+		{with(kube, "--node-lease-ttl", "30s", "--reclaim-quarantine", "20s"), "raise --reclaim-quarantine"},
 	} {
 		var stderr strings.Builder
-		if _, err := parse(c.args, &stderr); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, err := parse(c.args, noEnv, &stderr); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("parse %q: %v, want an error with %q", c.args, err, c.want)
 		}
 	}
-	if _, err := parse(nil, io.Discard); err != nil {
-		t.Errorf("defaults refused: %v", err)
+	if o, err := parse(nil, noEnv, io.Discard); err != nil || o.cluster.Cluster() {
+		t.Errorf("defaults refused or not node mode: %v", err)
+	}
+}
+
+// TestClusterFlags: good cluster-mode settings are accepted; --node-name defaults to
+// NODE_NAME; the timings default to the documented values.
+func TestClusterFlags(t *testing.T) {
+	env := func(k string) string {
+		if k == "NODE_NAME" {
+			return "worker-1.example"
+		}
+		return ""
+	}
+	o, err := parse([]string{"--datastore", "etcd", "--etcd-endpoints", "https://10.0.0.1:2379, https://10.0.0.2:2379", "--etcd-cert", "/c", "--etcd-key", "/k", "--etcd-ca", "/ca"}, env, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := o.cluster
+	if !c.Cluster() || c.NodeName != "worker-1.example" || len(c.EtcdEndpoints) != 2 || c.EtcdEndpoints[1] != "https://10.0.0.2:2379" {
+		t.Errorf("etcd settings: %+v", c)
+	}
+	if c.LeaseTTL != clusterconf.DefaultLeaseTTL || c.Quarantine != clusterconf.DefaultQuarantine || c.BlockGrace != clusterconf.DefaultBlockGrace {
+		t.Errorf("timings %v %v %v, want the defaults", c.LeaseTTL, c.Quarantine, c.BlockGrace)
+	}
+	if c.LeaseTTL+c.Quarantine > 90*time.Second {
+		t.Errorf("a dead node's blocks wait %v (TTL + quarantine), more than the 90s the design promises", c.LeaseTTL+c.Quarantine)
+	}
+	o, err = parse([]string{"--datastore", "kubernetes", "--node-name", "n1", "--node-lease-ttl", "3s", "--reclaim-quarantine", "3s", "--block-grace", "2s"}, noEnv, io.Discard)
+	if err != nil || o.cluster.NodeName != "n1" || o.cluster.Kubeconfig != "" || o.cluster.LeaseTTL != 3*time.Second {
+		t.Errorf("kubernetes settings: %+v %v", o, err)
 	}
 }
 

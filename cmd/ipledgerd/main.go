@@ -20,6 +20,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/agent"
 	"github.com/ipledger/ipledger/internal/clock"
+	"github.com/ipledger/ipledger/internal/clusterconf"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/spool"
 	"github.com/ipledger/ipledger/internal/store/boltstore"
@@ -32,7 +33,7 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "install-cni" {
 		os.Exit(installCNI(os.Args[2:], os.Stdout, os.Stderr))
 	}
-	os.Exit(run(ctx, os.Args[1:], os.Stderr))
+	os.Exit(run(ctx, os.Args[1:], os.Getenv, os.Stderr))
 }
 
 type options struct {
@@ -41,11 +42,12 @@ type options struct {
 	strandedGrace                                        time.Duration
 	takeoverTimeout                                      time.Duration
 	reclaimStranded                                      bool
-	etcdEndpoints, nodeName                              string
 	logLevel                                             string
+	cluster                                              clusterconf.Config
 }
 
-func parse(args []string, stderr io.Writer) (*options, error) {
+// parse reads the flags; getenv supplies the environment's defaults (NODE_NAME).
+func parse(args []string, getenv func(string) string, stderr io.Writer) (*options, error) {
 	var o options
 	fs := flag.NewFlagSet("ipledgerd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -60,8 +62,7 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	fs.DurationVar(&o.takeoverTimeout, "takeover-timeout", 90*time.Second, "how long to wait, at start, for another ipledgerd holding the state file or the socket to exit (a DaemonSet rollover starts the new agent while the old one drains); 0: give up at once")
 	fs.BoolVar(&o.reclaimStranded, "reclaim-stranded", false, "remove the interface of a NotReady sandbox that still holds its address (identity-checked) and release it after --stranded-grace; off by default because it changes a pod's namespace, and a stranded lease is reported and kept either way")
 	fs.DurationVar(&o.strandedGrace, "stranded-grace", 10*time.Minute, "how long a lease must be stranded before --reclaim-stranded acts; at least --release-grace")
-	fs.StringVar(&o.etcdEndpoints, "etcd-endpoints", "", "cluster mode: etcd endpoints (not available in this release)")
-	fs.StringVar(&o.nodeName, "node-name", "", "cluster mode: this node's name")
+	o.cluster.Register(fs, getenv)
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -72,8 +73,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	if o.spoolDir == "" {
 		o.spoolDir = filepath.Join(o.stateDir, "spool")
 	}
-	if o.etcdEndpoints != "" {
-		return nil, errors.New("--etcd-endpoints: cluster mode is not available in this release; run without it for node-local pools")
+	if err := o.cluster.Check(fs); err != nil {
+		return nil, err
 	}
 	for name, d := range map[string]time.Duration{"--reconcile-interval": o.reconcileInterval, "--release-grace": o.releaseGrace, "--stranded-grace": o.strandedGrace} {
 		if d <= 0 {
@@ -92,8 +93,8 @@ func parse(args []string, stderr io.Writer) (*options, error) {
 	return &o, nil
 }
 
-func run(ctx context.Context, args []string, stderr io.Writer) int {
-	o, err := parse(args, stderr)
+func run(ctx context.Context, args []string, getenv func(string) string, stderr io.Writer) int {
+	o, err := parse(args, getenv, stderr)
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -159,6 +160,15 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 	}
 	if rp != nil {
 		cfg.Guard, cfg.Runtime = rp.rec, rp.rt
+	}
+	if o.cluster.Cluster() {
+		m, stop, err := startCluster(ctx, &o.cluster, l, log)
+		if err != nil {
+			return err
+		}
+		// after Serve has drained (defers run last-in first-out): the ledger closes after
+		defer stop()
+		cfg.Cluster, cfg.Datastore = m, o.cluster.Datastore
 	}
 	srv, err := agent.New(cfg)
 	if err != nil {

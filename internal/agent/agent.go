@@ -20,6 +20,8 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/clock"
+	"github.com/ipledger/ipledger/internal/cluster"
+	"github.com/ipledger/ipledger/internal/datastore"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/spool"
@@ -53,7 +55,11 @@ type Config struct {
 	// Runtime answers the operator's questions about the container runtime (doctor,
 	// release, readiness); nil when no runtime is configured.
 	Runtime RuntimeInfo
-	Logger  *slog.Logger
+	// Cluster is the block manager in cluster mode; nil in node mode. Datastore
+	// names its datastore (kubernetes, etcd) for the operator.
+	Cluster   Cluster
+	Datastore string
+	Logger    *slog.Logger
 	// Clock gives the monotonic time for how-long-ago decisions; default the system's.
 	Clock clock.Clock
 	// DrainTimeout is how long shutdown waits for requests in flight before it warns
@@ -131,6 +137,9 @@ func New(cfg Config) (*Server, error) {
 		sem: make(chan struct{}, cfg.MaxConns), conns: connSet{m: map[*trackedConn]struct{}{}}, clock: &clockWatch{}}
 	if cfg.SpoolDir != "" {
 		s.spool = spool.Open(cfg.SpoolDir, cfg.Clock.Mono)
+	}
+	if cfg.Cluster != nil {
+		s.stats.registerCluster(cfg.Cluster.Counts)
 	}
 	return s, nil
 }
@@ -486,6 +495,11 @@ func errResp(e *api.Error) *api.Response { return &api.Response{Error: e} }
 func errorOf(err error) *api.Error {
 	code := api.CodeInternal
 	switch {
+	// first: a full block whose successor could not be claimed wraps both
+	case errors.Is(err, cluster.ErrFenced), errors.Is(err, cluster.ErrNotStarted), errors.Is(err, datastore.ErrUnavailable), errors.Is(err, context.DeadlineExceeded):
+		// the node cannot serve this now (datastore away, lease not provable); the
+		// runtime retries
+		code = api.CodeUnavailable
 	case errors.Is(err, ledger.ErrPoolExhausted):
 		code = api.CodeExhausted
 	case errors.Is(err, ledger.ErrPoolConflict):
@@ -494,6 +508,8 @@ func errorOf(err error) *api.Error {
 		code = api.CodeInvalid
 	case errors.Is(err, ledger.ErrStore), errors.Is(err, ledger.ErrCorrupt):
 		code = api.CodeStore
+	case errors.Is(err, cluster.ErrPoolMismatch):
+		code = api.CodeConflict
 	}
 	return &api.Error{Code: code, Msg: err.Error()}
 }
@@ -528,8 +544,10 @@ func (s *Server) Handle(ctx context.Context, req api.Request) *api.Response {
 		resp = &api.Response{}
 	case api.OpDoctor:
 		resp = s.doctor(ctx)
+	case api.OpBlocks:
+		resp = s.blocks(ctx)
 	default:
-		resp = errResp(&api.Error{Code: api.CodeInvalid, Msg: fmt.Sprintf("op %q is not one of add, del, check, gc, status, leases, audit, history, release, ping", clip(req.Op))})
+		resp = errResp(&api.Error{Code: api.CodeInvalid, Msg: fmt.Sprintf("op %q is not one of add, del, check, gc, status, leases, audit, history, release, ping, doctor, blocks", clip(req.Op))})
 	}
 	s.stats.observe(opLabel(req.Op), time.Since(start), resp)
 	return resp
@@ -541,7 +559,7 @@ const opUnknown = "unknown"
 
 func opLabel(op string) string {
 	switch op {
-	case api.OpAdd, api.OpDel, api.OpCheck, api.OpGC, api.OpStatus, api.OpLeases, api.OpAudit, api.OpHistory, api.OpRelease, api.OpPing:
+	case api.OpAdd, api.OpDel, api.OpCheck, api.OpGC, api.OpStatus, api.OpLeases, api.OpAudit, api.OpHistory, api.OpRelease, api.OpPing, api.OpDoctor, api.OpBlocks:
 		return op
 	}
 	return opUnknown
@@ -569,6 +587,7 @@ func (s *Server) view(ls ledger.Lease) api.LeaseView {
 // through its fsync: in a burst, every ADD's answer waited for one more commit.
 func (s *Server) viewIn(ls ledger.Lease, ranges []pool.RangeSet) api.LeaseView {
 	v := api.ViewOf(ls, ranges)
+	s.annotateBlock(&v, ls)
 	if s.cfg.Guard != nil {
 		s.cfg.Guard.Annotate(&v)
 		s.annotateVerdict(&v)
@@ -623,7 +642,7 @@ func (s *Server) add(ctx context.Context, req api.Request) *api.Response {
 		superseding = append(superseding, h.Key)
 	}
 	superseding = s.held(superseding)
-	ls, existed, err := s.cfg.Ledger.Allocate(areq)
+	ls, existed, err := s.allocate(ctx, areq, req.BlockSize)
 	if err != nil {
 		return errResp(errorOf(err))
 	}
@@ -755,6 +774,9 @@ func gcError(released int, failed []error) *api.Error {
 }
 
 func (s *Server) status(req api.Request) *api.Response {
+	if s.cfg.Cluster != nil {
+		return s.clusterStatus(req)
+	}
 	if req.Network == "" {
 		return &api.Response{}
 	}

@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/ledger"
 )
 
@@ -15,7 +16,7 @@ import (
 // code outside the API's as "other".
 var (
 	verbs = []string{api.OpAdd, api.OpDel, api.OpCheck, api.OpGC, api.OpStatus, api.OpLeases,
-		api.OpAudit, api.OpHistory, api.OpRelease, api.OpPing, api.OpDoctor}
+		api.OpAudit, api.OpHistory, api.OpRelease, api.OpPing, api.OpDoctor, api.OpBlocks}
 	results = []string{"ok", api.CodeInvalid, api.CodeExhausted, api.CodeConflict, api.CodeNotFound,
 		api.CodeMismatch, api.CodeStore, api.CodeUnavailable, api.CodeInternal}
 	reasons = []ledger.Reason{ledger.ReasonDEL, ledger.ReasonGC, ledger.ReasonReconcileGone,
@@ -168,4 +169,26 @@ func (s *Stats) Counter(name string) uint64 {
 		return c.n.Load()
 	}
 	return 0
+}
+
+// registerCluster adds cluster mode's metrics, read from the block manager's counts
+// at each scrape.
+func (s *Stats) registerCluster(counts func() cluster.Counts) {
+	s.reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "ipledger_blocks_owned",
+			Help: "Address blocks this node owns in the datastore now."},
+			func() float64 { return float64(counts().Owned) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ipledger_block_claims_total",
+			Help: "Address blocks this node claimed (compare-and-swap won)."},
+			func() float64 { return float64(counts().Claims) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ipledger_block_handbacks_total",
+			Help: "Empty address blocks this node handed back after the block grace."},
+			func() float64 { return float64(counts().HandBacks) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ipledger_block_reclaims_total",
+			Help: "Address blocks of dead nodes (lease expired past the quarantine, or Node deleted) this node reclaimed."},
+			func() float64 { return float64(counts().Reclaims) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ipledger_fencing_suspensions_total",
+			Help: "Times this node stopped allocating from its blocks because it could not prove its lease alive."},
+			func() float64 { return float64(counts().Suspensions) }),
+	)
 }

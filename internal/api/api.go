@@ -61,6 +61,9 @@ const (
 	OpRelease = "release"
 	OpPing    = "ping"
 	OpDoctor  = "doctor"
+	// OpBlocks: cluster mode's view, this node's name and the datastore's blocks
+	// (Response.Cluster).
+	OpBlocks = "blocks"
 )
 
 // Attachment names one attachment in a GC request (cni.dev/valid-attachments).
@@ -77,8 +80,10 @@ type Request struct {
 	ContainerID string          `json:"containerID,omitempty"`
 	IfName      string          `json:"ifname,omitempty"`
 	Ranges      []pool.RangeSet `json:"ranges,omitempty"`
-	Pod         ledger.Pod      `json:"pod,omitzero"`
-	NetNS       ledger.NetNS    `json:"netns,omitzero"`
+	// BlockSize: ADD in cluster mode, the ipam config's blockSize (0: the defaults).
+	BlockSize int          `json:"blockSize,omitempty"`
+	Pod       ledger.Pod   `json:"pod,omitzero"`
+	NetNS     ledger.NetNS `json:"netns,omitzero"`
 	// GC: the attachments of Network that are still valid.
 	Valid []Attachment `json:"valid,omitempty"`
 	// CHECK: the addresses the runtime believes the attachment has.
@@ -138,6 +143,45 @@ type LeaseView struct {
 	// Verdict is the reconciler's class of a suspected lease: suspect, stranded or
 	// leaked (see VerdictSuspect…); empty when not suspected.
 	Verdict string `json:"verdict,omitempty"`
+	// Cluster mode: the block (CIDR) the lease's address lies in, and Lost when the
+	// node no longer owns that block (it was reclaimed while the node could not prove
+	// its lease): such a lease is released locally only.
+	Block string `json:"block,omitempty"`
+	Lost  bool   `json:"lost,omitempty"`
+}
+
+// Block states in BlockView.State, as the answering node sees them.
+const (
+	BlockOwned     = "owned"     // owned by the answering node, which allocates from it
+	BlockSuspended = "suspended" // owned by the answering node, which cannot prove its lease now
+	BlockOther     = "other"     // owned by another node
+	BlockFree      = "free"      // owned by nobody (handed back or never claimed)
+	BlockLost      = "lost"      // the answering node's ledger uses it, but another node owns it now
+)
+
+// BlockView is one address block of a cluster-wide pool, `ipledgerctl blocks`.
+type BlockView struct {
+	Network string `json:"network"`
+	Block   string `json:"block"` // CIDR
+	Owner   string `json:"owner"` // node name; empty when free
+	Epoch   int64  `json:"epoch"` // bumped by every change of owner
+	State   string `json:"state"` // BlockOwned, BlockOther, BlockFree, BlockLost
+	// Used and Free count the answering node's leases in the block and the addresses
+	// it may still allocate from it; nil for a block it does not use (only the owner's
+	// ledger knows).
+	Used *int `json:"used"`
+	Free *int `json:"free"`
+}
+
+// Cluster is the answer to OpBlocks: cluster mode as one node sees it.
+type Cluster struct {
+	Node      string `json:"node"`      // the answering node's name
+	Datastore string `json:"datastore"` // kubernetes or etcd
+	// Degraded: the node cannot prove its lease or reach the datastore; it serves from
+	// the blocks it can prove, and Reason says why.
+	Degraded bool        `json:"degraded"`
+	Reason   string      `json:"reason,omitempty"`
+	Blocks   []BlockView `json:"blocks"`
 }
 
 // Audit is the answer to OpAudit, the contract of `ipledgerctl audit -o json`.
@@ -165,6 +209,7 @@ type Response struct {
 	History []ledger.Release   `json:"history,omitempty"`
 	Pool    *ledger.PoolStatus `json:"pool,omitempty"`
 	Doctor  *Diagnosis         `json:"doctor,omitempty"`
+	Cluster *Cluster           `json:"cluster,omitempty"`
 	// Released counts leases released (DEL, GC, release).
 	Released int `json:"released"`
 	// Existed is true when ADD returned an existing lease.

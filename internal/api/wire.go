@@ -72,6 +72,10 @@ func appendRequest(b []byte, r *Request) ([]byte, bool) {
 		e.Field(&first, "ranges")
 		pool.AppendRangeSets(&e, r.Ranges)
 	}
+	if r.BlockSize != 0 {
+		e.Raw(`,"blockSize":`)
+		e.Int(int64(r.BlockSize))
+	}
 	if r.Pod != (ledger.Pod{}) {
 		e.Field(&first, "pod")
 		r.Pod.AppendJSON(&e)
@@ -109,7 +113,7 @@ func appendRequest(b []byte, r *Request) ([]byte, bool) {
 }
 
 func appendResponse(b []byte, r *Response) ([]byte, bool) {
-	if r.Leases != nil || r.Audit != nil || r.History != nil || r.Pool != nil || r.Doctor != nil {
+	if r.Leases != nil || r.Audit != nil || r.History != nil || r.Pool != nil || r.Doctor != nil || r.Cluster != nil {
 		return b, false
 	}
 	e := jsonlite.NewEncoder(b)
@@ -149,6 +153,10 @@ func appendResponse(b []byte, r *Response) ([]byte, bool) {
 		e.StrField(&f, "sandbox", v.Sandbox, true)
 		e.StrField(&f, "suspect", v.Suspect, true)
 		e.StrField(&f, "verdict", v.Verdict, true)
+		e.StrField(&f, "block", v.Block, true)
+		if v.Lost {
+			e.Raw(`,"lost":true`)
+		}
 		e.Raw("}")
 	}
 	e.Field(&first, "released")
@@ -237,6 +245,8 @@ func decodeRequest(d *jsonlite.Decoder, r *Request) bool {
 			ok = d.SetStr(&r.IfName)
 		case "ranges":
 			r.Ranges, ok = decodeRanges(d)
+		case "blockSize":
+			r.BlockSize, ok = d.Int()
 		case "pod":
 			ok = decodePod(d, &r.Pod)
 		case "netns":
@@ -321,6 +331,12 @@ func decodeResponse(d *jsonlite.Decoder, r *Response) bool {
 					ok = d.SetStr(&v.Sandbox)
 				case "suspect":
 					ok = d.SetStr(&v.Suspect)
+				case "verdict":
+					ok = d.SetStr(&v.Verdict)
+				case "block":
+					ok = d.SetStr(&v.Block)
+				case "lost":
+					v.Lost, ok = d.Bool()
 				}
 				return ok
 			})

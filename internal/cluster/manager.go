@@ -115,9 +115,13 @@ type Manager struct {
 	empty     map[string]emptyObs   // hand-back observations, by key
 	obs       map[string]*leaseObs  // other nodes' leases, by node
 	gone      map[string]bool       // nodes whose Node object was deleted
+	// blind: a datastore read of this manager failed since it last listed the node
+	// leases, so it may have missed renewals that nobody could make
+	blind bool
 
 	cancel context.CancelFunc
 	done   chan struct{}
+	counts counters // for metrics (counts.go)
 }
 
 type ownedBlock struct {
@@ -229,6 +233,7 @@ func (m *Manager) note(err error) {
 		return
 	}
 	m.reachable = false
+	m.blind = true // see reclaim
 	m.lastErr = err
 }
 
@@ -353,6 +358,9 @@ func (m *Manager) fence() {
 
 func (m *Manager) suspend() {
 	m.mu.Lock()
+	if !m.lapsed {
+		m.counts.suspensions.Add(1)
+	}
 	m.lapsed = true
 	m.mu.Unlock()
 	if err := m.l.SuspendAll(); err != nil {
@@ -624,6 +632,7 @@ func (m *Manager) Allocate(ctx context.Context, req ledger.AllocateRequest) (led
 		if cerr := m.claim(ctx, ce.Network, ce.Set); cerr != nil {
 			return ledger.Lease{}, false, fmt.Errorf("%w (claiming a block: %w)", err, cerr)
 		}
+		m.counts.claims.Add(1)
 	}
 	return ls, existed, err
 }
@@ -636,6 +645,7 @@ func (m *Manager) Claim(ctx context.Context, network string, set int) (netip.Pre
 	if err := m.claim(ctx, network, set); err != nil {
 		return netip.Prefix{}, err
 	}
+	m.counts.claims.Add(1)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var newest ownedBlock
@@ -882,9 +892,11 @@ func (m *Manager) giveBack(ctx context.Context, key string, b ledger.BlockStatus
 	m.mu.Unlock()
 	if err == nil {
 		m.log.Info("empty block given back", "network", b.Network, "block", b.Prefix.String(), "epoch", rec.Epoch)
+		m.counts.handBacks.Add(1)
 		return nil
 	}
 	if _, _, ok := m.settle(ctx, key, rec); ok {
+		m.counts.handBacks.Add(1)
 		return nil
 	}
 	// Still ours (the write failed) or changed meanwhile: re-adopt it when the
@@ -928,6 +940,17 @@ func (m *Manager) reclaim(ctx context.Context) error {
 	}
 	now := m.mono()
 	m.mu.Lock()
+	if m.blind {
+		// This manager could not reach the datastore for a while. If nobody could
+		// (the datastore was away), nobody could renew either, so an unchanged lease
+		// is no evidence of death: the expiry and the quarantine count again from
+		// now, over time the owners can renew in.
+		m.log.Info("node leases read again after a datastore failure; restarting every expiry clock")
+		for _, o := range m.obs {
+			o.seen, o.goneSince = now, now
+		}
+		m.blind = false
+	}
 	live := map[string]bool{}
 	for _, l := range leases {
 		live[l.Node] = true
@@ -987,6 +1010,7 @@ func (m *Manager) reclaim(ctx context.Context) error {
 		m.note(err)
 		switch {
 		case err == nil:
+			m.counts.reclaims.Add(1)
 			m.log.Warn("dead node's block reclaimed", "network", rec.Network, "block", rec.CIDR.String(), "owner", prev.Owner, "epoch", rec.Epoch)
 		case errors.Is(err, datastore.ErrConflict), errors.Is(err, datastore.ErrNotFound):
 			// another agent reclaimed it first, or the owner re-affirmed it

@@ -63,6 +63,13 @@ commands:
   pools    [-o table|json|yaml]                    pool usage
   doctor   [--netns PATH]                          what is wrong on this node: one line per check,
                                                    OK/WARN/FAIL with the fix; exit 0, 1 (WARN), 2 (FAIL)
+  blocks   [-o table|json|yaml] [--network NAME]  cluster mode: the datastore's address blocks,
+                                                   owner, epoch, and this node's used/free
+  cluster-audit --socket S1 --socket S2 ... [-o table|json|yaml]
+                                                   cluster mode: every node's leases against each
+                                                   other and the blocks; exit 0 when no address is
+                                                   held twice and every lease lies in its node's
+                                                   block (or one flagged lost), 1 not, 2 error
   sim      --scenario S [--pods N] [--seed K] [--pool CIDR] [-o table|json]
                                                    the incident simulator: the seeds replayed at
                                                    scale on ipledger and on host-local (no agent needed)
@@ -98,6 +105,10 @@ func Main(env *Env, args []string) int {
 		return pools(env, *socket, rest)
 	case "doctor":
 		return doctor(env, *socket, rest)
+	case "blocks":
+		return blocks(env, *socket, rest)
+	case "cluster-audit":
+		return clusterAudit(env, *socket, rest)
 	}
 	if f, ok := env.Extra[cmd]; ok {
 		return f(env, *socket, rest)

@@ -44,6 +44,9 @@ type Config struct {
 	Ranges   json.RawMessage `json:"ranges,omitempty"`
 	Routes   []*types.Route  `json:"routes,omitempty"`
 	DataDir  string          `json:"dataDir,omitempty"` // host-local's; accepted and ignored
+	// BlockSize is cluster mode's block prefix length (0: /26 for IPv4, /122 for
+	// IPv6); the agent checks it against the ranges. Node mode ignores it.
+	BlockSize int `json:"blockSize,omitempty"`
 
 	ranges  []pool.RangeSet
 	timeout time.Duration
@@ -112,6 +115,9 @@ func ParseConfig(stdin []byte, needRanges bool) (*NetConf, *types.Error) {
 		}
 	} else if needRanges {
 		return nil, types.NewError(types.ErrInvalidNetworkConfig, "ipam.ranges: missing; give e.g. [[{\"subnet\": \"10.0.0.0/24\"}]]", "")
+	}
+	if c.BlockSize < 0 || c.BlockSize > 128 {
+		return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.blockSize: %d is not a prefix length; give e.g. 26 (IPv4 /26 blocks, IPv6 /122) or leave it out", c.BlockSize), "")
 	}
 	for i, r := range c.Routes {
 		if r == nil || r.Dst.IP == nil {

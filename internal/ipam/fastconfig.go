@@ -18,7 +18,7 @@ import (
 // ipamFields those of Config.
 var (
 	netConfFields = []string{"cniVersion", "name", "type", "capabilities", "ipam", "dns", "prevResult", "cni.dev/valid-attachments", "cni.dev/attachments"}
-	ipamFields    = []string{"type", "socket", "spoolDir", "timeout", "ranges", "routes", "dataDir"}
+	ipamFields    = []string{"type", "socket", "spoolDir", "timeout", "ranges", "routes", "dataDir", "blockSize"}
 )
 
 // decodeNetConf is json.Unmarshal(stdin, conf).
@@ -57,6 +57,10 @@ func fastNetConf(d *jsonlite.Decoder, c *NetConf) bool {
 					return d.SetStr(&c.IPAM.Timeout)
 				case "dataDir":
 					return d.SetStr(&c.IPAM.DataDir)
+				case "blockSize":
+					var ok bool
+					c.IPAM.BlockSize, ok = d.Int()
+					return ok
 				case "ranges":
 					raw, ok := d.Skip()
 					c.IPAM.Ranges = append(json.RawMessage(nil), raw...)

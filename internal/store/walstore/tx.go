@@ -270,6 +270,7 @@ func (t *tx) Lease(k ledger.Key) (ledger.Lease, bool, error) {
 	ok, err := t.get(bLeases, store.LeaseKey(k), &l)
 	return l, ok, err
 }
+
 // ForEachLease and ForEachFree decode with the store's record decoders and one
 // Interner per walk, as boltstore does: they are most of ledger.Open's work at 64k
 // leases, and the shared strings are most of the books' memory.

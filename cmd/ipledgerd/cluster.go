@@ -1,0 +1,40 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/cluster"
+	"github.com/ipledger/ipledger/internal/clusterconf"
+	"github.com/ipledger/ipledger/internal/ledger"
+)
+
+// startCluster opens the datastore and starts the block manager. A datastore that
+// does not answer yet does not stop the agent: it serves DELs and the blocks it can
+// prove, and the manager keeps trying. stop ends the manager and closes the store.
+func startCluster(ctx context.Context, c *clusterconf.Config, l *ledger.Ledger, log *slog.Logger) (*cluster.Manager, func(), error) {
+	ds, err := c.Open(ctx)
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err := cluster.New(ds, l, cluster.Options{Node: c.NodeName, LeaseTTL: c.LeaseTTL, Grace: c.BlockGrace, Quarantine: c.Quarantine, Logger: log})
+	if err != nil {
+		ds.Close()
+		return nil, nil, err
+	}
+	if err := m.Start(ctx); err != nil {
+		log.Warn("cluster mode: the datastore did not answer at start; allocation waits for the node lease", "datastore", c.Datastore, "err", err)
+	}
+	clusterconf.WatchNodes(ctx, ds, m.NodeGone, log)
+	log.Info("cluster mode", "node", c.NodeName, "holder", m.Holder(), "datastore", c.Datastore, "leaseTTL", c.LeaseTTL, "quarantine", c.Quarantine, "blockGrace", c.BlockGrace)
+	stop := func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := m.Stop(sctx); err != nil {
+			log.Warn("cluster mode: releasing the node lease", "err", err)
+		}
+		ds.Close()
+	}
+	return m, stop, nil
+}

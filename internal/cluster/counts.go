@@ -1,0 +1,32 @@
+package cluster
+
+import (
+	"sync/atomic"
+
+	"github.com/ipledger/ipledger/internal/ledger"
+)
+
+// Counts are the manager's figures since New, for the agent's metrics.
+type Counts struct {
+	Owned       int    // blocks the node's ledger holds and may allocate from (active or suspended)
+	Claims      uint64 // blocks claimed by compare-and-swap
+	HandBacks   uint64 // empty blocks given back after the grace
+	Reclaims    uint64 // dead nodes' blocks freed by this manager
+	Suspensions uint64 // times the node's blocks were suspended (lease not provable)
+}
+
+type counters struct {
+	claims, handBacks, reclaims, suspensions atomic.Uint64
+}
+
+// Counts returns the manager's figures.
+func (m *Manager) Counts() Counts {
+	c := Counts{Claims: m.counts.claims.Load(), HandBacks: m.counts.handBacks.Load(),
+		Reclaims: m.counts.reclaims.Load(), Suspensions: m.counts.suspensions.Load()}
+	for _, b := range m.l.Blocks("") {
+		if b.State != ledger.BlockLost {
+			c.Owned++
+		}
+	}
+	return c
+}
