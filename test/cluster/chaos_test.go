@@ -168,11 +168,12 @@ func TestChaos(t *testing.T) {
 	// one churn per phase; at least one round of every fault and the removal
 	rounds := max(1, total/(len(kinds)*3000))
 	churnPhases := rounds*len(kinds) + 1
-	per := total / churnPhases
-	// the churn splits its allocations over nodes × workers
+	per := (total + churnPhases - 1) / churnPhases
+	// the churn splits its allocations over nodes × workers: rounded up, so that the
+	// run makes at least total allocations
 	const workers = 3
 	opts := func(n int) churnOpts {
-		return churnOpts{Allocations: per - per%(n*workers), Workers: workers, Live: 15, Retry: 60 * time.Second}
+		return churnOpts{Allocations: (per + n*workers - 1) / (n * workers) * (n * workers), Workers: workers, Live: 15, Retry: 60 * time.Second}
 	}
 	phase := func(name string, on []*node, during func(), after func()) {
 		t.Helper()
@@ -288,9 +289,12 @@ func TestChaos(t *testing.T) {
 		}
 	}
 	noDouble := tally.doubles == 0
-	t.Logf("chaos: %d allocations, %d releases, %d phases %v, %d cluster audits, %d addresses held twice (must be 0), %d overlaps with leases flagged lost, %v",
+	t.Logf("chaos: %d allocations and %d releases by the churn (besides the leases held through the faults), %d phases %v, %d cluster audits, %d addresses held twice (must be 0), %d overlaps with leases flagged lost, %v",
 		tally.adds, tally.dels, len(tally.phases), tally.phases, tally.audits, tally.doubles, tally.lostDouble, time.Since(start).Round(time.Second))
 	if !noDouble {
 		t.Fatal("addresses held twice")
+	}
+	if tally.adds < int64(total) {
+		t.Fatalf("the churn made %d allocations, fewer than the %d asked for", tally.adds, total)
 	}
 }
