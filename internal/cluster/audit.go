@@ -22,6 +22,9 @@ type NodeBooks struct {
 type Holding struct {
 	Node string     `json:"node"`
 	Key  ledger.Key `json:"key"`
+	// Current: the address lies in a block the node owns at the datastore's epoch
+	// (false for a lease left in a block the node lost: Outside says why).
+	Current bool `json:"current"`
 }
 
 // DoubleHeld is an address held by more than one attachment in the cluster.
@@ -116,10 +119,10 @@ func Audit(blocks []BlockRecord, nodes []NodeBooks) AuditReport {
 			for _, p := range ls.IPs {
 				rep.Addresses++
 				a := ak{ls.Key.Network, p.Addr()}
-				h := Holding{Node: n.Node, Key: ls.Key}
-				holders[a] = append(holders[a], h)
+				h := Holding{Node: n.Node, Key: ls.Key, Current: true}
 				b, ok := find(ls.Key.Network, p.Addr())
 				out := func(why string) {
+					h.Current = false
 					rep.Outside = append(rep.Outside, Outside{Holding: h, Network: ls.Key.Network, IP: p.Addr(), Why: why})
 				}
 				switch {
@@ -135,6 +138,7 @@ func Audit(blocks []BlockRecord, nodes []NodeBooks) AuditReport {
 						out(fmt.Sprintf("block %s is at epoch %d; the node's ledger has it %s at epoch %d", b.CIDR, b.Epoch, lb.State, lb.Epoch))
 					}
 				}
+				holders[a] = append(holders[a], h)
 			}
 		}
 	}

@@ -1,196 +1,309 @@
 package cluster_test
 
 import (
-	"context"
 	"fmt"
-	"sync"
+	"net/netip"
+	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
+	"github.com/ipledger/ipledger/internal/clock/clocktest"
 	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/datastore/etcdds"
+	"github.com/ipledger/ipledger/internal/datastore/memds"
 	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/pool"
+	"github.com/ipledger/ipledger/internal/store/boltstore"
 	"github.com/ipledger/ipledger/internal/store/memstore"
 	etcdenv "github.com/ipledger/ipledger/internal/testenv/etcd"
 )
 
-// benchNode is one simulated node: a block manager with its own ledger (memstore:
-// the benchmark measures the cluster protocol, not fsync) and its own etcd client,
-// wrapped to count the writes it sends.
-type benchNode struct {
-	name string
-	m    *cluster.Manager
-	l    *ledger.Ledger
-	ds   *netDS
-}
+const benchRanges = `[[{"subnet":"10.20.0.0/16"}]]`
 
-// startBenchNodes starts n managers on the embedded etcd e with the real clock and
-// their background loops (lease renewals count as writes), and sets up network
-// "net" with ranges.
-func startBenchNodes(b *testing.B, e *etcdenv.Embedded, n int, rangesJSON string, lo ledger.Options) []*benchNode {
-	b.Helper()
-	sets, err := pool.ParseRangeSets([]byte(rangesJSON))
+// benchLedger opens a ledger on the named store with 1,000 live leases in "net": a
+// node-mode pool, or a cluster-scoped one whose node holds 64 /26 blocks.
+func benchLedger(b *testing.B, storeKind string, clusterMode bool) *ledger.Ledger {
+	var st ledger.Store = memstore.New()
+	if storeKind != "memstore" {
+		var o []boltstore.Option
+		if storeKind == "bolt-nosync" {
+			o = append(o, boltstore.WithoutSync())
+		}
+		s, err := boltstore.Open(filepath.Join(b.TempDir(), "ledger.db"), o...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		st = s
+	}
+	l, err := ledger.Open(st, ledger.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
-	bits, err := cluster.BlockBits(sets, 0) // the default /26
-	if err != nil {
-		b.Fatal(err)
-	}
-	var out []*benchNode
-	for i := range n {
-		name := fmt.Sprintf("sim-%d", i)
-		st, err := etcdds.New(etcdds.Config{Endpoints: e.Endpoints()})
-		if err != nil {
+	b.Cleanup(func() { l.Close() })
+	r := ledgertest.Ranges(b, benchRanges)
+	if clusterMode {
+		if err := l.DeclareCluster("net", r, []int{26}); err != nil {
 			b.Fatal(err)
 		}
-		l, err := ledger.Open(memstore.New(), lo)
-		if err != nil {
-			b.Fatal(err)
-		}
-		d := &netDS{Store: st}
-		m, err := cluster.New(d, l, cluster.Options{Node: name, LeaseTTL: 20 * time.Second}) // ipledgerd's default (clusterconf)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if err := m.Start(context.Background()); err != nil {
-			b.Fatal(err)
-		}
-		if err := m.EnsureNetwork(context.Background(), "net", sets, bits); err != nil {
-			b.Fatal(err)
-		}
-		bn := &benchNode{name: name, m: m, l: l, ds: d}
-		b.Cleanup(func() {
-			m.Stop(context.Background())
-			st.Close()
-		})
-		out = append(out, bn)
-	}
-	return out
-}
-
-// churnNode allocates pods on one node and releases each once the node holds more
-// than live, then releases the rest: pods ADDs and as many DELs.
-func churnNode(b *testing.B, n *benchNode, tag string, pods, live int) {
-	var held []ledger.Key
-	for i := range pods {
-		k := ledger.Key{Network: "net", ContainerID: fmt.Sprintf("%s-%s-%d", n.name, tag, i), IfName: "eth0"}
-		if _, _, err := n.m.Allocate(context.Background(), ledger.AllocateRequest{Key: k}); err != nil {
-			b.Errorf("%s: allocate: %v", n.name, err)
-			return
-		}
-		held = append(held, k)
-		if len(held) > live {
-			if _, _, err := n.l.Release(held[0], ledger.ReasonDEL, ""); err != nil {
-				b.Errorf("%s: release: %v", n.name, err)
-				return
+		for i := 0; i < 64; i++ {
+			if err := l.AddBlock("net", netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 20, byte(i / 4), byte(i % 4 * 64)}), 26), 1); err != nil {
+				b.Fatal(err)
 			}
-			held = held[1:]
+		}
+		r = nil
+	}
+	for i := 0; i < 1000; i++ {
+		if _, _, err := l.Allocate(ledger.AllocateRequest{Key: ledgertest.Key(fmt.Sprint("fill", i)), Ranges: r}); err != nil {
+			b.Fatal(err)
 		}
 	}
-	for _, k := range held {
-		if _, _, err := n.l.Release(k, ledger.ReasonDEL, ""); err != nil {
-			b.Errorf("%s: release: %v", n.name, err)
-			return
+	return l
+}
+
+// reportLatency adds p50 and p99 of the per-operation durations.
+func reportLatency(b *testing.B, d []time.Duration) {
+	if len(d) == 0 {
+		return
+	}
+	slices.Sort(d)
+	b.ReportMetric(float64(d[len(d)/2].Nanoseconds()), "p50-ns")
+	b.ReportMetric(float64(d[len(d)*99/100].Nanoseconds()), "p99-ns")
+}
+
+// BenchmarkLedgerAllocateRelease: one allocate and one release per op in a pool with
+// 1,000 live leases, node mode against a cluster-scoped pool allocating from its
+// owned blocks (the issue's goal: ADD from an owned block within 1.2x node mode), on
+// memstore, bbolt without fsync (the ledger's CPU and bbolt's writes) and bbolt
+// fsync'd (as the agent runs). p50/p99 are of the allocate.
+func BenchmarkLedgerAllocateRelease(b *testing.B) {
+	for _, storeKind := range []string{"memstore", "bolt-nosync", "bolt"} {
+		for _, mode := range []string{"node", "cluster"} {
+			b.Run(storeKind+"/"+mode, func(b *testing.B) {
+				l := benchLedger(b, storeKind, mode == "cluster")
+				var r []pool.RangeSet
+				if mode == "node" {
+					r = ledgertest.Ranges(b, benchRanges)
+				}
+				lat := make([]time.Duration, 0, b.N)
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					k := ledgertest.Key(fmt.Sprint("op", i))
+					t0 := time.Now()
+					if _, _, err := l.Allocate(ledger.AllocateRequest{Key: k, Pod: ledger.Pod{UID: fmt.Sprint("u", i)}, Ranges: r}); err != nil {
+						b.Fatal(err)
+					}
+					lat = append(lat, time.Since(t0))
+					if _, _, err := l.Release(k, ledger.ReasonDEL, ""); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				reportLatency(b, lat)
+			})
 		}
 	}
 }
 
-func auditBench(b *testing.B, e *etcdenv.Embedded, nodes []*benchNode) {
-	b.Helper()
-	st, err := etcdds.New(etcdds.Config{Endpoints: e.Endpoints()})
+// BenchmarkManagerAllocate: allocate + release through the block manager (lease
+// guard, claims as needed) on memds, against memstore.
+func BenchmarkManagerAllocate(b *testing.B) {
+	clk := clocktest.New()
+	ds := memds.New(clk)
+	l, err := ledger.Open(memstore.New(), ledger.Options{Clock: clk})
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer st.Close()
-	blocks, err := cluster.ReadBlocks(context.Background(), st)
+	m, err := cluster.New(&netDS{Store: ds}, l, cluster.Options{Node: "n", Clock: clk, LeaseTTL: ttl, Manual: true})
 	if err != nil {
 		b.Fatal(err)
 	}
-	var books []cluster.NodeBooks
-	for _, n := range nodes {
-		books = append(books, cluster.NodeBooks{Node: n.name, Leases: n.l.Leases(""), Blocks: n.l.Blocks("")})
+	if err := m.Start(ctx); err != nil {
+		b.Fatal(err)
 	}
-	rep := cluster.Audit(blocks, books)
-	if len(rep.DoubleHeld) > 0 || len(rep.Outside) > 0 {
-		b.Fatalf("cluster audit: double held %+v; outside %+v", rep.DoubleHeld, rep.Outside)
+	if err := m.EnsureNetwork(ctx, "net", ledgertest.Ranges(b, benchRanges), []int{26}); err != nil {
+		b.Fatal(err)
 	}
-}
-
-// BenchmarkDatastoreWritesPer1000Pods: five nodes on an embedded etcd, each running
-// 1,000 pods per iteration (ADD, and DEL once it holds more than 100), with the real
-// clock and background loop (lease renewals every TTL/3, 6.7s with the agent's default 20s TTL, count as writes).
-// Every write the managers send (create, update, delete, lease acquire, renew,
-// release) is counted; reported per 1,000 pods (goal ≤ 20; Calico makes ~7 per pod,
-// 7,000 per 1,000).
-func BenchmarkDatastoreWritesPer1000Pods(b *testing.B) {
-	e := etcdenv.StartEmbedded(b)
-	nodes := startBenchNodes(b, e, 5, `[[{"subnet":"10.64.0.0/16"}]]`, ledger.Options{})
-	const pods, live = 1000, 100
-	before := int64(0)
-	for _, n := range nodes {
-		before += n.ds.writes.Load()
-	}
-	t0 := time.Now()
+	lat := make([]time.Duration, 0, b.N)
 	b.ResetTimer()
-	for i := range b.N {
-		var wg sync.WaitGroup
-		for _, n := range nodes {
-			wg.Add(1)
-			go func() { defer wg.Done(); churnNode(b, n, fmt.Sprint(i), pods, live) }()
+	for i := 0; i < b.N; i++ {
+		k := ledgertest.Key(fmt.Sprint("op", i))
+		t0 := time.Now()
+		if _, _, err := m.Allocate(ctx, ledger.AllocateRequest{Key: k}); err != nil {
+			b.Fatal(err)
 		}
-		wg.Wait()
+		lat = append(lat, time.Since(t0))
+		if i%2 == 0 { // half the pods stay: the node keeps claiming blocks
+			if _, _, err := l.Release(k, ledger.ReasonDEL, ""); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if i%30000 == 29999 { // stay inside the /16
+			b.StopTimer()
+			for _, ls := range l.Leases("net") {
+				_, _, _ = l.Release(ls.Key, ledger.ReasonDEL, "")
+			}
+			b.StartTimer()
+		}
 	}
 	b.StopTimer()
-	writes := int64(0)
-	for _, n := range nodes {
-		writes += n.ds.writes.Load()
-	}
-	writes -= before
-	totalPods := float64(b.N * len(nodes) * pods)
-	b.ReportMetric(float64(writes)/(totalPods/1000), "writes/1000pods")
-	b.ReportMetric(totalPods/time.Since(t0).Seconds(), "pods/s")
-	auditBench(b, e, nodes)
+	reportLatency(b, lat)
 }
 
-// BenchmarkHundredNodes: 100 simulated nodes (100 block managers in this process,
-// each with its own ledger and etcd client) on one embedded etcd allocate
-// concurrently: b.N pods spread over the nodes, each node releasing its oldest pod
-// once it holds more than 30, with a 1ms reuse delay (so that a node stays in its
-// first block, claimed before the clock starts). Reports allocations per second
-// cluster-wide and the datastore writes sent meanwhile.
+// BenchmarkDatastoreWrites: datastore writes per 1,000 pods started on one node of an
+// empty cluster (pool record, node lease, block claims; the issue's goal is at most
+// 20), and per 1,000 pods of churn once the node holds its blocks (pods replaced:
+// no write at all). Lease renewals are per time, not per pod: TTL/3 each.
+func BenchmarkDatastoreWrites(b *testing.B) {
+	var start, churn int64
+	for i := 0; i < b.N; i++ {
+		clk := clocktest.New()
+		d := &netDS{Store: memds.New(clk)}
+		l, err := ledger.Open(memstore.New(), ledger.Options{Clock: clk})
+		if err != nil {
+			b.Fatal(err)
+		}
+		m, err := cluster.New(d, l, cluster.Options{Node: "n", Clock: clk, LeaseTTL: ttl, Manual: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := m.Start(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if err := m.EnsureNetwork(ctx, "net", ledgertest.Ranges(b, benchRanges), []int{26}); err != nil {
+			b.Fatal(err)
+		}
+		for p := 0; p < 1000; p++ {
+			if _, _, err := m.Allocate(ctx, ledger.AllocateRequest{Key: ledgertest.Key(fmt.Sprint("p", p))}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		start += d.writes.Load()
+		before := d.writes.Load()
+		for p := 0; p < 1000; p++ {
+			if _, _, err := l.Release(ledgertest.Key(fmt.Sprint("p", p)), ledger.ReasonDEL, ""); err != nil {
+				b.Fatal(err)
+			}
+			if _, _, err := m.Allocate(ctx, ledger.AllocateRequest{Key: ledgertest.Key(fmt.Sprint("q", p))}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		churn += d.writes.Load() - before
+	}
+	b.ReportMetric(float64(start)/float64(b.N), "writes/1000-pods-start")
+	b.ReportMetric(float64(churn)/float64(b.N), "writes/1000-pods-churn")
+}
+
+// BenchmarkClaimEtcd: one block claim per op against a real etcd (embedded): list
+// the network's blocks, create the next one by compare-and-swap, add it to the
+// ledger. p99 is the ADD that has to claim a block (the issue's goal: 250 ms).
+func BenchmarkClaimEtcd(b *testing.B) {
+	srv := etcdenv.StartEmbedded(b)
+	ds, err := etcdds.New(etcdds.Config{Endpoints: srv.Endpoints(), Root: fmt.Sprintf("/bench-%d/", time.Now().UnixNano())})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer ds.Close()
+	l, err := ledger.Open(memstore.New(), ledger.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	m, err := cluster.New(ds, l, cluster.Options{Node: "n", LeaseTTL: 30 * time.Second, Manual: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := m.Start(ctx); err != nil {
+		b.Fatal(err)
+	}
+	defer m.Stop(ctx)
+	if err := m.EnsureNetwork(ctx, "net", ledgertest.Ranges(b, `[[{"subnet":"10.0.0.0/12"}]]`), []int{26}); err != nil {
+		b.Fatal(err)
+	}
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		if i%50 == 49 { // the manual manager renews when told
+			b.StopTimer()
+			if err := m.Renew(ctx); err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+		}
+		t0 := time.Now()
+		if _, err := m.Claim(ctx, "net", 0); err != nil {
+			b.Fatal(err)
+		}
+		lat = append(lat, time.Since(t0))
+	}
+	b.StopTimer()
+	reportLatency(b, lat)
+}
+
+// BenchmarkHundredNodes: 100 agents (block managers with their own ledgers, on
+// memstore) sharing one real etcd (embedded), each starting 100 pods at once from an
+// empty /16: every agent claims its blocks by compare-and-swap against the others.
+// Reports allocations per second over the whole cluster and the datastore writes.
 func BenchmarkHundredNodes(b *testing.B) {
-	e := etcdenv.StartEmbedded(b)
-	nodes := startBenchNodes(b, e, 100, `[[{"subnet":"10.128.0.0/12"}]]`, ledger.Options{ReuseDelay: time.Millisecond})
-	// Each node claims its first block before the clock starts, one after the other:
-	// 100 nodes claiming at once all try the lowest unclaimed block first and time
-	// out (each claim's budget is TTL/3) on a loaded machine.
-	for _, n := range nodes {
-		if _, err := n.m.Claim(context.Background(), "net", 0); err != nil {
-			b.Fatalf("%s: claim: %v", n.name, err)
+	srv := etcdenv.StartEmbedded(b)
+	for i := 0; i < b.N; i++ {
+		clk := clocktest.New()
+		root := fmt.Sprintf("/bench100-%d-%d/", time.Now().UnixNano(), i)
+		var ms []*cluster.Manager
+		var dss []*netDS
+		for n := 0; n < 100; n++ {
+			ds, err := etcdds.New(etcdds.Config{Endpoints: srv.Endpoints(), Root: root})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer ds.Close()
+			d := &netDS{Store: ds}
+			l, err := ledger.Open(memstore.New(), ledger.Options{Clock: clk})
+			if err != nil {
+				b.Fatal(err)
+			}
+			m, err := cluster.New(d, l, cluster.Options{Node: fmt.Sprint("node-", n), Clock: clk, LeaseTTL: 60 * time.Second, Manual: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if err := m.Start(ctx); err != nil {
+				b.Fatal(err)
+			}
+			if err := m.EnsureNetwork(ctx, "net", ledgertest.Ranges(b, benchRanges), []int{26}); err != nil {
+				b.Fatal(err)
+			}
+			ms = append(ms, m)
+			dss = append(dss, d)
+		}
+		b.StartTimer()
+		t0 := time.Now()
+		errs := make(chan error, len(ms))
+		for n, m := range ms {
+			go func() {
+				for p := 0; p < 100; p++ {
+					if _, _, err := m.Allocate(ctx, ledger.AllocateRequest{Key: ledgertest.Key(fmt.Sprintf("n%d-p%d", n, p))}); err != nil {
+						errs <- err
+						return
+					}
+				}
+				errs <- nil
+			}()
+		}
+		for range ms {
+			if err := <-errs; err != nil {
+				b.Fatal(err)
+			}
+		}
+		el := time.Since(t0)
+		b.StopTimer()
+		var writes int64
+		for _, d := range dss {
+			writes += d.writes.Load()
+		}
+		b.ReportMetric(10000/el.Seconds(), "allocs/s")
+		b.ReportMetric(float64(writes)/10, "writes/1000-pods")
+		for _, m := range ms {
+			_ = m.Stop(ctx)
 		}
 	}
-	per := max(1, b.N/len(nodes))
-	var before int64
-	for _, n := range nodes {
-		before += n.ds.writes.Load()
-	}
-	t0 := time.Now()
-	b.ResetTimer()
-	var wg sync.WaitGroup
-	for _, n := range nodes {
-		wg.Add(1)
-		go func() { defer wg.Done(); churnNode(b, n, "h", per, 30) }()
-	}
-	wg.Wait()
-	b.StopTimer()
-	el := time.Since(t0)
-	b.ReportMetric(float64(per*len(nodes))/el.Seconds(), "allocs/s")
-	var writes int64
-	for _, n := range nodes {
-		writes += n.ds.writes.Load()
-	}
-	b.ReportMetric(float64(writes-before), "ds-writes")
-	auditBench(b, e, nodes)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,11 +14,13 @@ import (
 	"github.com/ipledger/ipledger/internal/clock/clocktest"
 	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/datastore"
+	"github.com/ipledger/ipledger/internal/datastore/etcdds"
 	"github.com/ipledger/ipledger/internal/datastore/memds"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/store/memstore"
+	etcdenv "github.com/ipledger/ipledger/internal/testenv/etcd"
 )
 
 // netDS is one agent's connection to the shared datastore: it counts the writes the
@@ -253,4 +256,29 @@ func mustJSON(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// forBackends runs test against memds (fast, on the test clock) and against a real
+// etcd server embedded in the test process (go.etcd.io/etcd/server/v3/embed), with
+// etcdds. Managers judge time on the test clock either way: fencing deadlines and the
+// observer rule are the managers' own; the server's lease TTL is never waited for.
+func forBackends(t *testing.T, test func(t *testing.T, newC func(*testing.T) *cl)) {
+	t.Run("memds", func(t *testing.T) { test(t, newMemCluster) })
+	t.Run("etcd", func(t *testing.T) {
+		srv := etcdenv.StartEmbedded(t)
+		n := 0
+		test(t, func(t *testing.T) *cl {
+			n++
+			root := fmt.Sprintf("/ipledger-%s-%d/", strings.ToLower(strings.NewReplacer("/", "-", " ", "-").Replace(t.Name())), n)
+			open := func() datastore.Store {
+				s, err := etcdds.New(etcdds.Config{Endpoints: srv.Endpoints(), Root: root})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { s.Close() })
+				return s
+			}
+			return newCluster(t, clocktest.New(), open(), open)
+		})
+	})
 }

@@ -27,6 +27,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"net/netip"
 	"sort"
@@ -525,9 +526,10 @@ func (m *Manager) EnsureNetwork(ctx context.Context, network string, ranges []po
 			if err := m.l.DeclareCluster(network, ranges, blockBits); err != nil {
 				return err
 			}
+			// The ledger's blocks of every network are verified at every renewal
+			// after a lapse, this one's included: nothing more to do here.
 			m.mu.Lock()
 			m.nets[network] = want
-			m.lapsed = true // the blocks are verified at the next renewal
 			m.mu.Unlock()
 			return nil
 		}
@@ -688,9 +690,12 @@ func (m *Manager) claim(ctx context.Context, network string, set int) error {
 		}
 	}
 	lid := m.leaseID()
-	// 1. a free block: the lowest first
-	for i, kv := range free {
-		rec := freeRecs[i]
+	// 1. a free block, starting at a place of this node's own among them (so that
+	// nodes claiming at once do not all race for the same one)
+	spread := m.spread(network, set)
+	for j := range free {
+		i := (j + int(spread%uint64(len(free)))) % len(free)
+		kv, rec := free[i], freeRecs[i]
 		rec.Owner, rec.Holder, rec.Epoch, rec.Lease = m.opts.Node, m.opts.Holder, rec.Epoch+1, lid
 		val, _ := json.Marshal(rec)
 		rev, err := m.ds.Update(cctx, kv.Key, val, kv.Revision)
@@ -706,38 +711,59 @@ func (m *Manager) claim(ctx context.Context, network string, set int) error {
 		}
 		return m.took(rec, rev)
 	}
-	// 2. a never-claimed block, in address order
+	// 2. a never-claimed block, in address order; in a range set of many blocks from
+	// a place of this node's own, then from the start (100 nodes claiming at once
+	// from the first block made ~50 failed creates each: spread, they rarely meet)
 	ranges := cfg.Ranges[set]
 	bits := cfg.BlockBits[set]
-	var from netip.Addr
-	for tries := 0; tries < len(existing)+64; tries++ {
-		p, ok := ranges.NextBlock(bits, from)
-		if !ok {
-			break
+	// each pass searches from its start up to (not into) the block holding its stop
+	type pass struct{ from, stop netip.Addr }
+	passes := []pass{{}}
+	if hostBits := ranges[0].Subnet.Addr().BitLen() - bits; hostBits < 64 && ranges.Size()>>hostBits > 64 {
+		if a, ok := ranges.Addr(spread % ranges.Size()); ok {
+			passes = []pass{{from: a}, {stop: a}}
 		}
-		from = pool.LastAddr(p).Next()
-		if existing[p] {
-			continue
-		}
-		rec := BlockRecord{Network: network, CIDR: p, Set: set, Owner: m.opts.Node, Holder: m.opts.Holder, Epoch: 1, Lease: lid}
-		val, _ := json.Marshal(rec)
-		key := BlockKey(network, p)
-		rev, err := m.ds.Create(cctx, key, val)
-		m.note(err)
-		if errors.Is(err, datastore.ErrExists) {
-			existing[p] = true
-			continue
-		}
-		if err != nil {
-			if rec, rev, ok := m.settle(ctx, key, rec); ok {
-				return m.took(rec, rev)
+	}
+	tries := 0
+	for _, ps := range passes {
+		from := ps.from
+		for ; tries < 2*(len(existing)+64); tries++ {
+			p, ok := ranges.NextBlock(bits, from)
+			if !ok || ps.stop.IsValid() && !pool.LastAddr(p).Less(ps.stop) {
+				break
 			}
-			return fmt.Errorf("claiming block %s of %q: %w", p, network, err)
+			from = pool.LastAddr(p).Next()
+			if existing[p] {
+				continue
+			}
+			rec := BlockRecord{Network: network, CIDR: p, Set: set, Owner: m.opts.Node, Holder: m.opts.Holder, Epoch: 1, Lease: lid}
+			val, _ := json.Marshal(rec)
+			key := BlockKey(network, p)
+			rev, err := m.ds.Create(cctx, key, val)
+			m.note(err)
+			if errors.Is(err, datastore.ErrExists) {
+				existing[p] = true
+				continue
+			}
+			if err != nil {
+				if rec, rev, ok := m.settle(ctx, key, rec); ok {
+					return m.took(rec, rev)
+				}
+				return fmt.Errorf("claiming block %s of %q: %w", p, network, err)
+			}
+			return m.took(rec, rev)
+			// (from is past p; a lost race moves on to the next block)
 		}
-		return m.took(rec, rev)
-		// (from is past p; a lost race moves on to the next block)
 	}
 	return fmt.Errorf("%w: %w: network %q range set %d (%s): every /%d block is owned by a node", ErrNoFreeBlock, ledger.ErrPoolExhausted, network, set, ranges.String(), bits)
+}
+
+// spread is where this node starts looking for a block of network's range set: a
+// hash of the node name, the network and the set.
+func (m *Manager) spread(network string, set int) uint64 {
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s\x00%s\x00%d", m.opts.Node, network, set)
+	return h.Sum64()
 }
 
 // settle re-reads a block after a write whose outcome is unknown: ok when the write

@@ -22,8 +22,10 @@ const v4 = `[[{"subnet":"10.20.0.0/24"}]]`
 // Allocation claims blocks only when the node's blocks are full: 130 addresses from a
 // /24 in /26 blocks take three blocks (the first has 62 usable: .0 and the gateway
 // .1 are not handed out), and concurrent ADDs do not claim more than they need.
-func TestAllocateClaimsBlocksAsNeeded(t *testing.T) {
-	c := newMemCluster(t)
+func TestAllocateClaimsBlocksAsNeeded(t *testing.T) { forBackends(t, testAllocateClaimsBlocksAsNeeded) }
+
+func testAllocateClaimsBlocksAsNeeded(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
 	a := c.agent("node-a", ranges(t, v4), []int{26})
 	var wg sync.WaitGroup
 	errs := make(chan error, 130)
@@ -69,13 +71,15 @@ func TestAllocateClaimsBlocksAsNeeded(t *testing.T) {
 
 // Claims racing for the last free block: exactly one winner, whether the block was
 // never claimed or was given back (owner "").
-func TestClaimRaceLastBlock(t *testing.T) {
+func TestClaimRaceLastBlock(t *testing.T) { forBackends(t, testClaimRaceLastBlock) }
+
+func testClaimRaceLastBlock(t *testing.T, newC func(*testing.T) *cl) {
 	for _, tc := range []struct {
 		name      string
 		givenBack bool
 	}{{"never claimed", false}, {"given back", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := newMemCluster(t)
+			c := newC(t)
 			r := ranges(t, `[[{"subnet":"10.30.0.0/25"}]]`) // two /26 blocks
 			first := c.agent("node-0", r, []int{26})
 			if _, err := first.m.Claim(ctx, "net", 0); err != nil {
@@ -161,8 +165,10 @@ func TestClaimRaceLastBlock(t *testing.T) {
 // Hand-back: a block empty on two observations a grace apart, nothing allocated in
 // between, is given back; one used in between waits a grace more; the node keeps its
 // last block.
-func TestHandBackAfterGrace(t *testing.T) {
-	c := newMemCluster(t)
+func TestHandBackAfterGrace(t *testing.T) { forBackends(t, testHandBackAfterGrace) }
+
+func testHandBackAfterGrace(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
 	a := c.agent("node-a", ranges(t, v4), []int{26})
 	sweep := func() {
 		t.Helper()
@@ -237,8 +243,10 @@ func TestHandBackAfterGrace(t *testing.T) {
 // since the last successful renewal was sent, even from blocks with free addresses;
 // the datastore unreachable but the lease provable, it keeps allocating; STATUS says
 // degraded when it has no free address without a new block.
-func TestFencingStopsAllocation(t *testing.T) {
-	c := newMemCluster(t)
+func TestFencingStopsAllocation(t *testing.T) { forBackends(t, testFencingStopsAllocation) }
+
+func testFencingStopsAllocation(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
 	a := c.agent("node-a", ranges(t, v4), []int{26})
 	for i := 0; i < 60; i++ {
 		a.mustAlloc(t, fmt.Sprint("p", i))
@@ -304,8 +312,10 @@ var datastoreUnavailable = errUnavailable()
 // after the quarantine; when it comes back it allocates nothing from the lost block,
 // and the DEL of its pod there touches only its own ledger, never the new owner's
 // lease on the same address.
-func TestLapseReclaimResume(t *testing.T) {
-	c := newMemCluster(t)
+func TestLapseReclaimResume(t *testing.T) { forBackends(t, testLapseReclaimResume) }
+
+func testLapseReclaimResume(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
 	r := ranges(t, `[[{"subnet":"10.40.0.0/25"}]]`)
 	a := c.agent("node-a", r, []int{26})
 	b := c.agent("node-b", r, []int{26})
@@ -389,8 +399,10 @@ func TestLapseReclaimResume(t *testing.T) {
 
 // A dead node's blocks are reclaimed by exactly one of several live agents sweeping
 // at once, and only after the quarantine.
-func TestReclaimExactlyOne(t *testing.T) {
-	c := newMemCluster(t)
+func TestReclaimExactlyOne(t *testing.T) { forBackends(t, testReclaimExactlyOne) }
+
+func testReclaimExactlyOne(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
 	r := ranges(t, `[[{"subnet":"10.50.0.0/24"}]]`)
 	dead := c.agent("node-dead", r, []int{26})
 	for i := 0; i < 100; i++ { // two blocks
@@ -450,8 +462,10 @@ func TestReclaimExactlyOne(t *testing.T) {
 
 // NodeGone: a deleted Node's blocks are reclaimed once its lease ran out, without the
 // quarantine, and not before.
-func TestNodeGone(t *testing.T) {
-	c := newMemCluster(t)
+func TestNodeGone(t *testing.T) { forBackends(t, testNodeGone) }
+
+func testNodeGone(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
 	r := ranges(t, v4)
 	gone := c.agent("node-gone", r, []int{26})
 	gone.mustAlloc(t, "p")
@@ -476,8 +490,10 @@ func TestNodeGone(t *testing.T) {
 
 // A second node configured with other ranges or another block size for the same
 // network is refused with an error naming both configs.
-func TestPoolConfigConflict(t *testing.T) {
-	c := newMemCluster(t)
+func TestPoolConfigConflict(t *testing.T) { forBackends(t, testPoolConfigConflict) }
+
+func testPoolConfigConflict(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
 	c.agent("node-a", ranges(t, v4), []int{26})
 	b := c.agent("node-b", nil, nil)
 	err := b.m.EnsureNetwork(ctx, "net", ranges(t, `[[{"subnet":"10.21.0.0/24"}]]`), []int{26})
@@ -500,8 +516,10 @@ func TestPoolConfigConflict(t *testing.T) {
 }
 
 // Dual-stack: one block per range set; the first allocation claims both.
-func TestDualStack(t *testing.T) {
-	c := newMemCluster(t)
+func TestDualStack(t *testing.T) { forBackends(t, testDualStack) }
+
+func testDualStack(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
 	r := ranges(t, `[[{"subnet":"10.60.0.0/24"}],[{"subnet":"fd00:60::/64"}]]`)
 	bits, err := cluster.BlockBits(r, 0)
 	if err != nil || fmt.Sprint(bits) != "[26 122]" {
@@ -509,14 +527,16 @@ func TestDualStack(t *testing.T) {
 	}
 	a := c.agent("node-a", r, bits)
 	ls := a.mustAlloc(t, "p")
-	if fmt.Sprint(ls.IPs) != "[10.60.0.2/24 fd00:60::2/64]" {
-		t.Fatalf("got %v", ls.IPs)
-	}
 	bs := a.l.Blocks("net")
-	if len(bs) != 2 || bs[0].Set+bs[1].Set != 1 {
+	if len(bs) != 2 || bs[0].Set != 0 || bs[1].Set != 1 {
 		t.Fatalf("blocks %+v, want one per range set", bs)
 	}
-	if rec := blockRec(t, c.ds, "fd00:60::/122"); rec.Owner != "node-a" || rec.Set != 1 {
+	// the IPv4 set has 4 blocks: searched from its start; the IPv6 one has 2^58:
+	// searched from a place of this node's own
+	if ls.IPs[0].String() != "10.60.0.2/24" || !bs[1].Prefix.Contains(ls.IPs[1].Addr()) || ls.IPs[1].Bits() != 64 {
+		t.Fatalf("got %v from blocks %v and %v", ls.IPs, bs[0].Prefix, bs[1].Prefix)
+	}
+	if rec := blockRec(t, c.ds, bs[1].Prefix.String()); rec.Owner != "node-a" || rec.Set != 1 {
 		t.Fatalf("IPv6 block %+v", rec)
 	}
 }
@@ -524,8 +544,10 @@ func TestDualStack(t *testing.T) {
 // A restarted agent (same ledger, new process) resumes the blocks the datastore still
 // gives its node and claims nothing new; blocks the datastore gives the node that its
 // ledger lacks (a crash between claim and ledger write) are adopted.
-func TestRestartResumesAndAdopts(t *testing.T) {
-	c := newMemCluster(t)
+func TestRestartResumesAndAdopts(t *testing.T) { forBackends(t, testRestartResumesAndAdopts) }
+
+func testRestartResumesAndAdopts(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
 	r := ranges(t, v4)
 	st := memstore.New()
 	a := c.agentOn("node-a", st, c.opts("node-a"), r, []int{26})
@@ -613,5 +635,161 @@ func TestAuditFindsDuplicates(t *testing.T) {
 	books[0].Blocks[0].Epoch = 2
 	if rep := cluster.Audit(blocks, books); !rep.OK {
 		t.Fatalf("clean books: %+v", rep)
+	}
+}
+
+// An agent restarted while the datastore is unreachable hands out nothing (it cannot
+// prove its lease or its blocks), accepts its network from its ledger, and resumes
+// once the datastore answers.
+func TestStartWhileUnreachable(t *testing.T) { forBackends(t, testStartWhileUnreachable) }
+
+func testStartWhileUnreachable(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
+	r := ranges(t, v4)
+	st := memstore.New()
+	a := c.agentOn("node-a", st, c.opts("node-a"), r, []int{26})
+	a.mustAlloc(t, "p")
+	if err := a.m.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	c.agents = nil
+	l, err := ledger.Open(st, ledger.Options{Clock: c.clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &netDS{Store: c.open()}
+	d.cut.Store(true)
+	m, err := cluster.New(d, l, c.opts("node-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Start(ctx); !errors.Is(err, datastoreUnavailable) {
+		t.Fatalf("start while unreachable: %v", err)
+	}
+	if err := m.EnsureNetwork(ctx, "net", r, []int{26}); err != nil {
+		t.Fatalf("network the ledger holds, datastore unreachable: %v", err)
+	}
+	a2 := &agent{name: "node-a", m: m, l: l, ds: d, st: st}
+	c.agents = append(c.agents, a2)
+	if _, err := a2.alloc(t, "q"); !errors.Is(err, cluster.ErrFenced) {
+		t.Fatalf("allocation before the lease is proven: %v", err)
+	}
+	if st := m.Status("net"); !st.Degraded || st.Provable {
+		t.Fatalf("status: %+v", st)
+	}
+	a2.release(t, "p") // DEL works offline
+	d.cut.Store(false)
+	if err := m.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a2.mustAlloc(t, "q")
+	if st := m.Status("net"); st.Degraded || !st.Provable || !st.Available {
+		t.Fatalf("status after the renewal: %+v", st)
+	}
+}
+
+// A give-back whose write cannot reach the datastore takes the block out of the
+// ledger only for as long as the datastore is away: the sweep after it comes back
+// sees the block still the node's and adds it back; nothing is lost.
+func TestGiveBackUnreachable(t *testing.T) { forBackends(t, testGiveBackUnreachable) }
+
+func testGiveBackUnreachable(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
+	a := c.agent("node-a", ranges(t, v4), []int{26})
+	for i := 0; i < 63; i++ { // two blocks, the second holding one pod
+		a.mustAlloc(t, fmt.Sprint("p", i))
+	}
+	for i := 0; i < 62; i++ {
+		a.release(t, fmt.Sprint("p", i))
+	}
+	step := func() error {
+		if err := a.m.Renew(ctx); err != nil {
+			return err
+		}
+		return a.m.Sweep(ctx)
+	}
+	if err := step(); err != nil {
+		t.Fatal(err)
+	}
+	c.clk.Advance(time.Minute)
+	if err := a.m.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	a.ds.cut.Store(true)
+	if err := a.m.Sweep(ctx); err == nil {
+		t.Fatal("sweep with an unreachable datastore reported nothing")
+	}
+	if n := len(a.l.Blocks("net")); n != 1 {
+		t.Fatalf("%d blocks in the ledger, want the empty one out", n)
+	}
+	if rec := blockRec(t, c.ds, "10.20.0.0/26"); rec.Owner != "node-a" {
+		t.Fatalf("block record %+v changed although the write never arrived", rec)
+	}
+	a.ds.cut.Store(false)
+	if err := step(); err != nil {
+		t.Fatal(err)
+	}
+	bs := a.l.Blocks("net")
+	if len(bs) != 2 || bs[0].Prefix.String() != "10.20.0.0/26" || bs[0].State != ledger.BlockActive {
+		t.Fatalf("blocks after the datastore came back: %+v, want the block added back", bs)
+	}
+}
+
+// In a range set of many blocks, nodes start their search at places of their own
+// (claiming at once, they rarely race for one block) and still find every block:
+// three nodes claiming concurrently take all 128 blocks of a /19, each exactly once,
+// and then learn that none is left.
+func TestClaimSpreadTakesEveryBlock(t *testing.T) { forBackends(t, testClaimSpreadTakesEveryBlock) }
+
+func testClaimSpreadTakesEveryBlock(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
+	r := ranges(t, `[[{"subnet":"10.80.0.0/19"}]]`)
+	var agents []*agent
+	for i := 0; i < 3; i++ {
+		agents = append(agents, c.agent(fmt.Sprintf("node-%d", i), r, []int{26}))
+	}
+	firsts := map[string]bool{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, a := range agents {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				p, err := a.m.Claim(ctx, "net", 0)
+				if errors.Is(err, cluster.ErrNoFreeBlock) {
+					return
+				}
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				if i == 0 {
+					mu.Lock()
+					firsts[p.String()] = true
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if len(firsts) != 3 || firsts["10.80.0.0/26"] {
+		t.Errorf("first blocks %v: want three different ones away from the pool's start", firsts)
+	}
+	blocks, err := cluster.ReadBlocks(ctx, c.ds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := 0
+	for _, a := range agents {
+		held += len(a.l.Blocks("net"))
+	}
+	if len(blocks) != 128 || held != 128 {
+		t.Fatalf("%d blocks in the datastore, %d in the ledgers; want all 128 once", len(blocks), held)
+	}
+	for _, b := range blocks {
+		if b.Owner == "" || b.Epoch != 1 {
+			t.Fatalf("block %+v", b)
+		}
 	}
 }

@@ -46,6 +46,10 @@ func leases(env *Env, socket string, args []string) int {
 		if l.Suspect != "" {
 			v += " (" + l.Suspect + ")"
 		}
+		if l.Lost {
+			// cluster mode: another node owns the address's block now
+			v += " (block " + l.Block + " lost)"
+		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.Network, short(l.ContainerID), l.IfName, strings.Join(l.IPs, ","), podName(l), Age(now.Sub(l.Created)), orDash(l.Sandbox), v)
 	}
 	tw.Flush()

@@ -39,6 +39,15 @@ func newBlockState(set pool.RangeSet, rec BlockRecord) (*blockState, error) {
 	return &blockState{rec: rec, clip: clip, size: clip.Size(), usable: clip.Usable(), items: map[netip.Addr]*freeItem{}}, nil
 }
 
+// used raises b's fresh cursor past a (an address found held or free at load): the
+// cursor is persisted only with the block's other changes, and every address handed
+// out below it is held or free, so the highest of them bounds it.
+func (b *blockState) used(a netip.Addr) {
+	if off, ok := b.clip.Offset(a); ok && off >= b.rec.NextFresh {
+		b.rec.NextFresh = off + 1
+	}
+}
+
 // blockOf returns the block of s holding a, or nil.
 func (s *setState) blockOf(a netip.Addr) *blockState {
 	if s.bits == 0 || a.BitLen() != s.set[0].Subnet.Addr().BitLen() {
@@ -186,15 +195,20 @@ func (l *Ledger) clusterBlock(network string, prefix netip.Prefix) (*poolState, 
 	return nil, 0, nil, fmt.Errorf("%w: %s is not a block of network %q (blocks of /%v in ranges %s)", ErrUnknownBlock, prefix, network, ps.rec.BlockBits, setsString(ps.rec.Ranges))
 }
 
-// touchBlock marks b's record to be written at commit, remembering its value before
-// the current operation.
-func (c *change) touchBlock(b *blockState) {
+// saveBlock remembers b's record before the current operation, to restore it if the
+// operation is undone.
+func (c *change) saveBlock(b *blockState) {
 	if c.opBlocks[b] {
 		return
 	}
 	c.opBlocks[b] = true
 	old := b.rec
 	c.onUndo(func() { b.rec = old })
+}
+
+// touchBlock marks b's record to be written at commit (saving it first).
+func (c *change) touchBlock(b *blockState) {
+	c.saveBlock(b)
 	if !c.blocks[b] {
 		c.blocks[b] = true
 		c.onUndo(func() { delete(c.blocks, b) })
@@ -219,7 +233,13 @@ func (l *Ledger) AddBlock(network string, prefix netip.Prefix, epoch uint64) err
 			}
 			c.touchBlock(b)
 			if b.rec.State == BlockLost {
+				// afresh, but past the leases it still holds (the cursor's rule)
 				b.rec.NextFresh = 0
+				for a := range ps.held {
+					if s.blockOf(a) == b {
+						b.used(a)
+					}
+				}
 			}
 			was := b.rec.State
 			b.rec.Epoch, b.rec.State = epoch, BlockActive
@@ -238,6 +258,7 @@ func (l *Ledger) AddBlock(network string, prefix netip.Prefix, epoch uint64) err
 		for a := range ps.held {
 			if s.blockOf(a) == nil && a.BitLen() == prefix.Addr().BitLen() && prefix.Contains(a) {
 				b.held++
+				b.used(a)
 			}
 		}
 		s.insertBlock(b)
@@ -448,7 +469,10 @@ func (c *change) pickBlock(ps *poolState, i int, uid string, mono time.Duration)
 		}
 	}
 	// The node owns a few blocks; a linear scan over them finds the first with a
-	// never-used address.
+	// never-used address. The cursor moves in memory only: the block record is not
+	// rewritten per allocation (a node-mode allocation writes no more than the pool
+	// record either). Open derives it again from the held and free addresses, which
+	// are exactly the ones handed out below it.
 	active := 0
 	for _, b := range s.order {
 		if b.rec.State != BlockActive {
@@ -456,7 +480,7 @@ func (c *change) pickBlock(ps *poolState, i int, uid string, mono time.Duration)
 		}
 		active++
 		for b.rec.NextFresh < b.size {
-			c.touchBlock(b)
+			c.saveBlock(b)
 			off := b.rec.NextFresh
 			b.rec.NextFresh++
 			a, ok := b.clip.Addr(off)

@@ -170,6 +170,9 @@ func (l *Ledger) load(keep map[freeMark]time.Duration) error {
 						return fmt.Errorf("%w: lease %s holds %s outside the node's blocks", ErrCorrupt, ls.Key, p.Addr())
 					}
 					b.held++
+					if b.rec.State != BlockLost {
+						b.used(p.Addr())
+					}
 				}
 			}
 			return nil
@@ -182,9 +185,11 @@ func (l *Ledger) load(keep map[freeMark]time.Duration) error {
 				return fmt.Errorf("%w: free address %s of %q has no pool", ErrCorrupt, f.IP, f.Network)
 			}
 			if s := ps.sets[f.Set]; s.bits != 0 {
-				if b := s.blockOf(f.IP); b == nil || b.rec.State == BlockLost {
+				b := s.blockOf(f.IP)
+				if b == nil || b.rec.State == BlockLost {
 					return fmt.Errorf("%w: free address %s of %q is outside the node's blocks", ErrCorrupt, f.IP, f.Network)
 				}
+				b.used(f.IP)
 			}
 			mono, ok := keep[freeMark{f.Network, f.IP, f.Seq}]
 			if !ok {

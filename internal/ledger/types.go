@@ -257,7 +257,9 @@ type BlockRecord struct {
 	State   BlockState   `json:"state"`
 	// NextFresh counts the block's addresses (offsets of the range set clipped to the
 	// block) handed out at least once since the block was added: those at offsets
-	// below it are held or free, those above have never been used here.
+	// below it are held or free, those above have never been used here. It is stored
+	// with the block's other changes only; the ledger raises it past every held or
+	// free address of the block when it loads.
 	NextFresh uint64    `json:"nextFresh"`
 	Added     time.Time `json:"added"`
 }

@@ -90,7 +90,7 @@ func (s RangeSet) NextBlock(bits int, from netip.Addr) (netip.Prefix, bool) {
 			}
 			start = last.Next()
 		}
-		from = lastAddr(netip.PrefixFrom(r.RangeEnd, r.RangeEnd.BitLen())).Next()
+		from = r.RangeEnd.Next()
 		if !from.IsValid() {
 			return netip.Prefix{}, false
 		}

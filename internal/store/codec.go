@@ -238,7 +238,7 @@ func appendPool(b []byte, p *ledger.PoolRecord) ([]byte, bool) {
 	e.UintField(&first, "seq", p.Seq, false)
 	e.UintField(&first, "allocations", p.Allocations, false)
 	e.UintField(&first, "releases", p.Releases, false)
-	if p.BlockBits != nil && len(p.BlockBits) > 0 { // omitempty
+	if len(p.BlockBits) > 0 { // omitempty
 		e.Field(&first, "blockBits")
 		e.Raw("[")
 		for i, n := range p.BlockBits {

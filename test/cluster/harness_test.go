@@ -13,6 +13,8 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -22,6 +24,9 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/ctl"
@@ -51,17 +56,53 @@ func rangesOf(t testing.TB, js string) []pool.RangeSet {
 	return sets
 }
 
-// node is one agent process with its node name.
+// node is one agent process with its node name and metrics address.
 type node struct {
-	name string
+	name    string
+	metrics string
 	*agentenv.Agent
+}
+
+// metric reads one cluster-mode metric (a counter or gauge without labels) from the
+// node's /metrics, as Prometheus parses it.
+func (n *node) metric(t *testing.T, name string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + n.metrics + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("%s /metrics: %v", n.name, err)
+	}
+	f := fams[name]
+	if f == nil || len(f.Metric) != 1 {
+		t.Fatalf("%s /metrics: no single series %s", n.name, name)
+	}
+	if m := f.Metric[0]; m.Counter != nil {
+		return m.Counter.GetValue()
+	}
+	return f.Metric[0].GetGauge().GetValue()
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
 }
 
 // testTimings are the short cluster timings of the tests: a 3s lease (the quarantine
 // as long) so that expiry and reclaim happen within seconds.
 var testTimings = []string{"--node-lease-ttl", "3s", "--reclaim-quarantine", "3s", "--block-grace", "2s", "--reuse-delay", "200ms"}
 
-// startNodes starts n agents in cluster mode with datastore flags ds. Each one is
+// startNodes starts n agents in cluster mode with datastore flags ds (which may
+// override testTimings). Each one is
 // stopped and its ledger file audited when the test ends (agentenv); the cluster audit
 // runs before that, while they still answer.
 func startNodes(t *testing.T, n int, ds []string) []*node {
@@ -69,8 +110,9 @@ func startNodes(t *testing.T, n int, ds []string) []*node {
 	var nodes []*node
 	for i := range n {
 		name := fmt.Sprintf("node-%d", i)
-		args := append(append([]string{"--node-name", name}, ds...), testTimings...)
-		nodes = append(nodes, &node{name: name, Agent: agentenv.Start(t, agentenv.Options{Args: args})})
+		addr := freeAddr(t)
+		args := append(append([]string{"--node-name", name, "--metrics-addr", addr}, testTimings...), ds...) // ds may override a timing
+		nodes = append(nodes, &node{name: name, metrics: addr, Agent: agentenv.Start(t, agentenv.Options{Args: args})})
 	}
 	return nodes
 }
@@ -191,8 +233,11 @@ type churnOpts struct {
 	Live        int // leases a worker keeps before it releases its oldest
 	PluginEvery int // every Nth ADD/DEL goes through the plugin binary (0: none)
 	// Retry is how long an ADD or DEL is retried while the agent answers that it
-	// cannot serve now (the datastore is away and a block is needed).
+	// cannot serve now (the datastore is away and a block is needed) or cannot be
+	// reached (killed and restarting).
 	Retry time.Duration
+	// Prefix makes the container IDs of one run distinct from another's.
+	Prefix string
 }
 
 // churnStats counts what a churn run did; live is what it left allocated, by node.
@@ -267,7 +312,7 @@ func churn(t *testing.T, nodes []*node, opts churnOpts, during func()) *churnSta
 					if started.Add(1) == trigger && during != nil {
 						once.Do(func() { go func() { defer close(duringDone); during() }() })
 					}
-					cid := fmt.Sprintf("%s-w%d-c%d", n.name, w, i)
+					cid := fmt.Sprintf("%s%s-w%d-c%d", opts.Prefix, n.name, w, i)
 					usePlugin := plugin != nil && rng.IntN(opts.PluginEvery) == 0
 					var ips []netip.Addr
 					err := retry(ctx, opts.Retry, st, func() error {
@@ -361,6 +406,20 @@ func (st *churnStats) releaseAll(t *testing.T) {
 	st.live = map[*node][]attachment{}
 }
 
+// call sends req to n, retrying while the agent answers that it cannot serve now
+// (CodeUnavailable: a datastore call timed out on the loaded test machine, or the
+// lease is being renewed), as a runtime retries an ADD that failed with "try again
+// later"; at most 30s.
+func call(n *node, req api.Request) (*api.Response, error) {
+	var resp *api.Response
+	err := retry(context.Background(), 30*time.Second, &churnStats{}, func() error {
+		var err error
+		resp, err = n.Call(req)
+		return err
+	})
+	return resp, err
+}
+
 // retry runs op until it succeeds, fails with an error other than "unavailable"
 // (the agent cannot serve now) or an unreachable agent, or budget has passed.
 func retry(ctx context.Context, budget time.Duration, st *churnStats, op func() error) error {
@@ -373,6 +432,9 @@ func retry(ctx context.Context, budget time.Duration, st *churnStats, op func() 
 		var ae *api.Error
 		transient := errors.As(err, &ae) && ae.Code == api.CodeUnavailable
 		transient = transient || errors.Is(err, errPluginTryAgain)
+		// a killed agent: every verb is idempotent, so the same request is sent
+		// again once it is back (an ADD gets the lease it may have made)
+		transient = transient || errors.Is(err, api.ErrUnreachable) || errors.Is(err, api.ErrNoAnswer)
 		if !transient || time.Now().After(deadline) {
 			return err
 		}
@@ -388,16 +450,20 @@ func retry(ctx context.Context, budget time.Duration, st *churnStats, op func() 
 // pluginRunner execs the real ipledger IPAM plugin as a runtime does, in a network
 // namespace of its own.
 type pluginRunner struct {
-	t    *testing.T
-	path string
-	ns   string
+	t         *testing.T
+	path      string
+	ns        string
+	blockSize int // the ipam config's blockSize (0: left out)
 }
 
-var errPluginTryAgain = errors.New("plugin: try again later")
+var (
+	errPluginTryAgain = errors.New("plugin: try again later")
+	nsSeq             atomic.Int64
+)
 
 func newPluginRunner(t *testing.T) *pluginRunner {
 	t.Helper()
-	name := fmt.Sprintf("iplcl%d", os.Getpid()%100000)
+	name := fmt.Sprintf("iplcl%d-%d", os.Getpid()%100000, nsSeq.Add(1))
 	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
 		t.Fatalf("ip netns add %s: %v %s", name, err, out)
 	}
@@ -410,7 +476,11 @@ func newPluginRunner(t *testing.T) *pluginRunner {
 }
 
 func (p *pluginRunner) exec(n *node, verb, cid string) ([]byte, error) {
-	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"type":"ipledger","ipam":%s}`, network, n.IPAM(rangesJSON))
+	ipam := n.IPAM(rangesJSON)
+	if p.blockSize != 0 {
+		ipam = strings.TrimSuffix(ipam, "}") + fmt.Sprintf(`,"blockSize":%d}`, p.blockSize)
+	}
+	conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"type":"ipledger","ipam":%s}`, network, ipam)
 	cmd := exec.Command(p.path)
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "CNI_COMMAND=" + verb, "CNI_CONTAINERID=" + cid,
 		"CNI_NETNS=" + p.ns, "CNI_IFNAME=eth0", "CNI_PATH=" + filepath.Dir(p.path)}
@@ -426,10 +496,21 @@ func (p *pluginRunner) exec(n *node, verb, cid string) ([]byte, error) {
 		if ce.Code == 11 { // CNI "try again later"
 			return nil, fmt.Errorf("%w: %s", errPluginTryAgain, ce.Msg)
 		}
+		if ce.Code != 0 {
+			return nil, &cniError{Code: ce.Code, Msg: ce.Msg}
+		}
 		return nil, fmt.Errorf("ipledger %s %s: %v: %s %s", verb, cid, err, stdout.String(), stderr.String())
 	}
 	return stdout.Bytes(), nil
 }
+
+// cniError is a CNI error the plugin printed.
+type cniError struct {
+	Code uint
+	Msg  string
+}
+
+func (e *cniError) Error() string { return fmt.Sprintf("CNI error %d: %s", e.Code, e.Msg) }
 
 func (p *pluginRunner) add(n *node, cid string) ([]netip.Addr, error) {
 	out, err := p.exec(n, "ADD", cid)

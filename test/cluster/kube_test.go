@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/datastore/kubeds"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	kubeenv "github.com/ipledger/ipledger/internal/testenv/kube"
@@ -68,5 +69,62 @@ func TestFiveAgentsOnKubernetes(t *testing.T) {
 	rep = mustBalance(t, nodes)
 	if rep.Leases != 0 {
 		t.Errorf("%d leases left after every release", rep.Leases)
+	}
+}
+
+// TestDeletedNodeBlocksReclaimed: with a 60s quarantine, the blocks of an agent that
+// was SIGKILLed are freed within seconds of its Node object's deletion (the agents
+// watch Nodes): as soon as its 3s lease has run out, not after the quarantine. The
+// live node keeps its own block.
+func TestDeletedNodeBlocksReclaimed(t *testing.T) {
+	kube := startKube(t)
+	for _, n := range []string{"node-0", "node-1"} {
+		if out, err := kube.KubectlIn([]byte("apiVersion: v1\nkind: Node\nmetadata:\n  name: "+n+"\n"), "apply", "-f", "-"); err != nil {
+			t.Fatalf("kubectl apply Node %s: %v %s", n, err, out)
+		}
+	}
+	nodes := startNodes(t, 2, []string{"--datastore", "kubernetes", "--kubeconfig", kube.Kubeconfig, "--reclaim-quarantine", "60s"})
+	live, dead := nodes[0], nodes[1]
+	for _, n := range nodes {
+		if _, err := call(n, api.Request{Op: api.OpAdd, Network: network, ContainerID: n.name + "-pod", IfName: "eth0", Ranges: ranges(t)}); err != nil {
+			t.Fatalf("%s: ADD: %v", n.name, err)
+		}
+	}
+	bs := blocksOf(t, live)
+	deadBlocks, liveBlocks := ownedBy(bs, dead.name), ownedBy(bs, live.name)
+	if len(deadBlocks) != 1 || len(liveBlocks) != 1 {
+		t.Fatalf("want one block each: %+v", bs)
+	}
+	dead.Kill()
+	killed := time.Now()
+	if out, err := kube.Kubectl("delete", "node", dead.name); err != nil {
+		t.Fatalf("kubectl delete node: %v %s", err, out)
+	}
+	deleted := time.Now()
+	for {
+		cur, ok := blockNamed(blocksOf(t, live), deadBlocks[0].Block)
+		if ok && cur.Owner == "" {
+			if cur.Epoch <= deadBlocks[0].Epoch {
+				t.Fatalf("block freed without an epoch bump: %+v", cur)
+			}
+			break
+		}
+		// without the Node watch the block would wait for the lease and the 60s
+		// quarantine
+		if time.Since(killed) > 50*time.Second {
+			t.Fatalf("block %s of the deleted node not freed 50s after the deletion: %+v", deadBlocks[0].Block, cur)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("a deleted node's block was free %v after its Node was deleted (%v after its agent was killed)", time.Since(deleted).Round(10*time.Millisecond), time.Since(killed).Round(10*time.Millisecond))
+	if cur, _ := blockNamed(blocksOf(t, live), liveBlocks[0].Block); cur.Owner != live.name || cur.Epoch != liveBlocks[0].Epoch {
+		t.Fatalf("the live node's block moved: %+v", cur)
+	}
+	rep := mustBalance(t, []*node{live})
+	if rep.Leases != 1 {
+		t.Errorf("live node's leases: %d, want 1", rep.Leases)
+	}
+	if _, err := live.Call(api.Request{Op: api.OpDel, Network: network, ContainerID: live.name + "-pod", IfName: "eth0"}); err != nil {
+		t.Fatal(err)
 	}
 }

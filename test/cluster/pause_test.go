@@ -19,7 +19,7 @@ const smallPool = `[[{"subnet":"10.79.0.0/25"}]]`
 
 func addIn(t *testing.T, n *node, cid string) (netip.Addr, *api.Error) {
 	t.Helper()
-	resp, err := n.Call(api.Request{Op: api.OpAdd, Network: network, ContainerID: cid, IfName: "eth0", Ranges: rangesOf(t, smallPool)})
+	resp, err := call(n, api.Request{Op: api.OpAdd, Network: network, ContainerID: cid, IfName: "eth0", Ranges: rangesOf(t, smallPool)})
 	if err != nil {
 		if ae, ok := err.(*api.Error); ok {
 			return netip.Addr{}, ae
@@ -163,6 +163,9 @@ func TestPausedAgentFenced(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	if out, _, _ := ctlRun(t, "--socket", a.Socket, "leases"); strings.Count(out, "(block "+blockA.Block+" lost)") != len(paused) {
+		t.Errorf("ipledgerctl leases does not mark the %d leases in the lost block:\n%s", len(paused), out)
+	}
 	// it allocates nothing from the lost block (nor anywhere: both blocks are b's)
 	if ip, e := addIn(t, a, "a-after"); e == nil {
 		t.Fatalf("%s allocated %s after losing its block; every block is %s's", a.name, ip, b.name)
@@ -200,6 +203,20 @@ func TestPausedAgentFenced(t *testing.T) {
 		t.Fatalf("leases left on %s: %v", a.name, a.Leases(t))
 	}
 	mustBalance(t, nodes)
+	// the metrics say what happened: b claimed two blocks (its own, then the
+	// reclaimed one) and reclaimed one; a was suspended once and owns nothing now
+	for _, m := range []struct {
+		n    *node
+		name string
+		want float64
+	}{
+		{b, "ipledger_block_claims_total", 2}, {b, "ipledger_block_reclaims_total", 1}, {b, "ipledger_blocks_owned", 2},
+		{a, "ipledger_block_claims_total", 1}, {a, "ipledger_fencing_suspensions_total", 1}, {a, "ipledger_blocks_owned", 0},
+	} {
+		if got := m.n.metric(t, m.name); got != m.want {
+			t.Errorf("%s %s = %v, want %v", m.n.name, m.name, got, m.want)
+		}
+	}
 	// leave the books empty for the cleanup audits
 	for _, l := range b.Leases(t) {
 		if _, err := b.Call(api.Request{Op: api.OpDel, Network: network, ContainerID: l.ContainerID, IfName: "eth0"}); err != nil {

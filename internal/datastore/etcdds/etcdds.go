@@ -193,6 +193,13 @@ func fail(ctx context.Context, what string, err error) error {
 		return fmt.Errorf("etcdds: %s: %w: %w", what, datastore.ErrUnavailable, err)
 	case codes.Canceled:
 		return fmt.Errorf("etcdds: %s: %w: %w", what, datastore.ErrUnavailable, err) // the connection closed under the call
+	case codes.Unknown:
+		// A member whose own wait for the quorum ran out at the propagated deadline
+		// answers with the bare context error's text (seen from etcd 3.4 without a
+		// leader, a moment before the caller's ctx ends).
+		if d := rpctypes.ErrorDesc(err); d == context.DeadlineExceeded.Error() || d == context.Canceled.Error() {
+			return fmt.Errorf("etcdds: %s: %w: %w", what, datastore.ErrUnavailable, err)
+		}
 	}
 	return fmt.Errorf("etcdds: %s: %w", what, err)
 }

@@ -286,7 +286,7 @@ func TestClusterMemberKilled(t *testing.T) {
 			}
 		}
 		waitFor(writers * per / 3)
-		leader := leaderOf(t, cl)
+		leader := cl.Leader()
 		t.Logf("killing member %d (the leader, pid %d) at %d increments", leader, cl.PID(leader), writers*per/3)
 		cl.Kill(leader)
 		waitFor(2 * writers * per / 3)
@@ -348,24 +348,6 @@ func TestClusterMemberKilled(t *testing.T) {
 	if last != kv.Revision {
 		t.Fatalf("watch's last revision %d, the key's %d", last, kv.Revision)
 	}
-}
-
-// leaderOf returns the index of the cluster's leader.
-func leaderOf(t *testing.T, cl *etcdenv.Cluster) int {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	for i, ep := range cl.Endpoints() {
-		st, err := cl.Client().Status(ctx, ep)
-		if err != nil {
-			continue
-		}
-		if st.Leader == st.Header.MemberId {
-			return i
-		}
-	}
-	t.Fatal("no member says it is the leader")
-	return -1
 }
 
 // TestTLS: with the CA, client certificate and key files a cluster operator gives,

@@ -62,8 +62,11 @@ type Options struct {
 	Clock clock.Clock
 }
 
-// Store is the datastore on the Kubernetes API.
+// Store is the datastore on the Kubernetes API. Calls are bounded by their ctx only
+// (no client timeout, which would also cut watches): give them deadlines. A dead
+// connection is noticed by client-go's HTTP/2 health check (about 45 s).
 type Store struct {
+	cfg    *rest.Config // with QPS and user agent set
 	client dynamic.Interface
 	ns     string
 	clock  clock.Clock
@@ -96,7 +99,7 @@ func New(cfg *rest.Config, opts Options) (*Store, error) {
 	if opts.Clock == nil {
 		opts.Clock = clock.NewSystem()
 	}
-	s := &Store{client: client, ns: opts.Namespace, clock: opts.Clock}
+	s := &Store{cfg: c, client: client, ns: opts.Namespace, clock: opts.Clock}
 	s.leases = leases{s: s}
 	return s, nil
 }

@@ -602,6 +602,11 @@ func TestKubernetesAPI(t *testing.T) {
 		if _, err := s.Leases().List(ctx); err != nil {
 			t.Fatalf("agent lists leases: %v", err)
 		}
+		// Node deletions: the agent may list and watch Nodes.
+		e.createNode(t, "n1")
+		gone := nodeWatch(t, e, s)
+		e.deleteNode(t, "n1")
+		wantGone(t, gone, "n1")
 		// Outside the grant: leases of another namespace, secrets.
 		other, err := kubeds.New(cfg, kubeds.Options{Namespace: "default"})
 		if err != nil {

@@ -43,7 +43,7 @@ func (l *leases) Acquire(ctx context.Context, node, holder string, ttl time.Dura
 		return datastore.NodeLease{}, err
 	}
 	name := leaseName(node)
-	what := "acquire lease " + name
+	what, obj := "acquire lease", l.s.ns+"/"+name
 	// A takeover is a read and a CAS write; retried while other writers race it.
 	var last error
 	for attempt := 0; attempt < 8; attempt++ {
@@ -70,9 +70,9 @@ func (l *leases) Acquire(ctx context.Context, node, holder string, ttl time.Dura
 			if err == nil {
 				return toNodeLease(out)
 			}
-			last = mapErr(ctx, what, "", err)
-		case errors.Is(mapErr(ctx, what, "", err), datastore.ErrNotFound):
-			obj := &unstructured.Unstructured{Object: map[string]any{
+			last = mapErr(ctx, what, obj, err)
+		case errors.Is(mapErr(ctx, what, obj, err), datastore.ErrNotFound):
+			lease := &unstructured.Unstructured{Object: map[string]any{
 				"apiVersion": "coordination.k8s.io/v1",
 				"kind":       "Lease",
 				"spec": map[string]any{
@@ -80,22 +80,22 @@ func (l *leases) Acquire(ctx context.Context, node, holder string, ttl time.Dura
 					"acquireTime": now, "renewTime": now, "leaseTransitions": int64(0),
 				},
 			}}
-			obj.SetName(name)
-			obj.SetNamespace(l.s.ns)
-			setLeaseMeta(obj, node)
-			out, err := l.res().Create(ctx, obj, metav1.CreateOptions{})
+			lease.SetName(name)
+			lease.SetNamespace(l.s.ns)
+			setLeaseMeta(lease, node)
+			out, err := l.res().Create(ctx, lease, metav1.CreateOptions{})
 			if err == nil {
 				return toNodeLease(out)
 			}
-			last = mapErr(ctx, what, "", err)
+			last = mapErr(ctx, what, obj, err)
 		default:
-			return datastore.NodeLease{}, mapErr(ctx, what, "", err)
+			return datastore.NodeLease{}, mapErr(ctx, what, obj, err)
 		}
 		if !errors.Is(last, datastore.ErrConflict) && !errors.Is(last, datastore.ErrExists) && !errors.Is(last, datastore.ErrNotFound) {
 			return datastore.NodeLease{}, last
 		}
 	}
-	return datastore.NodeLease{}, fmt.Errorf("kubeds: %s: still racing other writers after 8 attempts: %w", what, last)
+	return datastore.NodeLease{}, fmt.Errorf("kubeds: %s %s: still racing other writers after 8 attempts: %w", what, obj, last)
 }
 
 func setLeaseMeta(obj *unstructured.Unstructured, node string) {
@@ -184,6 +184,9 @@ func (l *leases) List(ctx context.Context) ([]datastore.NodeLease, error) {
 	}
 	out := make([]datastore.NodeLease, 0, len(list.Items))
 	for i := range list.Items {
+		if _, ok := list.Items[i].GetAnnotations()[AnnotationNode]; !ok {
+			continue // labelled by hand, not written by ipledger: no node's lease
+		}
 		nl, err := toNodeLease(&list.Items[i])
 		if err != nil {
 			return nil, err

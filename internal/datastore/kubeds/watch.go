@@ -2,9 +2,11 @@ package kubeds
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,10 +16,14 @@ import (
 	"github.com/ipledger/ipledger/internal/datastore"
 )
 
-// kwatch is a running watch of one kind.
+// kwatch is a running watch of one resource.
 type kwatch struct {
-	ch  chan datastore.Event
-	err error // set before ch is closed
+	s      *Store
+	sc     scope
+	ch     chan datastore.Event
+	err    error // set before ch is closed
+	last   int64 // the last resourceVersion seen (event or bookmark)
+	opened time.Duration
 }
 
 var _ datastore.Watch = (*kwatch)(nil)
@@ -25,11 +31,17 @@ var _ datastore.Watch = (*kwatch)(nil)
 func (w *kwatch) Events() <-chan datastore.Event { return w.ch }
 func (w *kwatch) Err() error                     { return w.err }
 
+// minStreamLife: a stream the server ends sooner than this after it was opened is
+// not resumed (a server closing every stream at once would make a busy loop).
+const minStreamLife = time.Second
+
 // Watch streams the changes under prefix after revision from. The apiserver's watch
-// starts after the given resourceVersion and delivers one kind's events in
-// resourceVersion order; a stream that ends without ctx ending (the apiserver
-// restarted, or its request timeout of 30-60 minutes passed) ends the Watch with
-// ErrUnavailable, and the caller lists again.
+// starts after the given resourceVersion and delivers one resource's events in
+// resourceVersion order, with bookmarks that keep the last resourceVersion current.
+// A stream the apiserver ends (its request timeout, 30-60 minutes by default) is
+// resumed from the last resourceVersion seen; if that fails the Watch ends with
+// ErrUnavailable (unreachable) or ErrCompacted (a restarted apiserver's watch cache
+// starts at its restart), and the caller lists again.
 func (s *Store) Watch(ctx context.Context, prefix string, from int64) (datastore.Watch, error) {
 	sc, err := parsePrefix(prefix)
 	if err != nil {
@@ -39,36 +51,74 @@ func (s *Store) Watch(ctx context.Context, prefix string, from int64) (datastore
 		return nil, err
 	}
 	if from <= 0 {
-		return nil, fmt.Errorf("kubeds: watch %s: %w: from %d (watch from the revision a List returned)", prefix, datastore.ErrInvalid, from)
+		return nil, fmt.Errorf("kubeds: watch %q: %w: from %d (watch from the revision a List returned)", prefix, datastore.ErrInvalid, from)
 	}
-	kw, err := s.res(sc.kind).Watch(ctx, metav1.ListOptions{
-		LabelSelector:   sc.selector,
-		ResourceVersion: strconv.FormatInt(from, 10),
-	})
+	w := &kwatch{s: s, sc: sc, ch: make(chan datastore.Event, 64), last: from}
+	kw, err := w.open(ctx)
 	if err != nil {
-		return nil, mapErr(ctx, "watch", prefix, err)
+		return nil, err
 	}
-	w := &kwatch{ch: make(chan datastore.Event, 64)}
-	go w.run(ctx, kw, prefix)
+	go w.run(ctx, kw)
 	return w, nil
 }
 
-func (w *kwatch) run(ctx context.Context, kw watch.Interface, prefix string) {
+func (w *kwatch) open(ctx context.Context) (watch.Interface, error) {
+	w.opened = w.s.clock.Mono()
+	kw, err := w.s.res(w.sc.kind).Watch(ctx, metav1.ListOptions{
+		LabelSelector:       w.sc.selector,
+		ResourceVersion:     strconv.FormatInt(w.last, 10),
+		AllowWatchBookmarks: true,
+	})
+	if err != nil {
+		return nil, mapErr(ctx, "watch", w.sc.prefix, err)
+	}
+	return kw, nil
+}
+
+func (w *kwatch) run(ctx context.Context, kw watch.Interface) {
 	defer close(w.ch)
-	defer kw.Stop()
+	for {
+		err := w.pump(ctx, kw)
+		kw.Stop()
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			w.err = err
+			return
+		}
+		// The server ended the stream: resume where it stopped.
+		if w.s.clock.Mono()-w.opened < minStreamLife {
+			w.err = fmt.Errorf("kubeds: watch %q: %w: the apiserver ended the stream at once; list again", w.sc.prefix, datastore.ErrUnavailable)
+			return
+		}
+		if kw, err = w.open(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if !errors.Is(err, datastore.ErrCompacted) && !errors.Is(err, datastore.ErrUnavailable) {
+				err = fmt.Errorf("%w: %w", datastore.ErrUnavailable, err)
+			}
+			w.err = err
+			return
+		}
+	}
+}
+
+// pump delivers one stream's events. It returns nil when the stream ended by
+// itself (or ctx ended), else why the watch must end.
+func (w *kwatch) pump(ctx context.Context, kw watch.Interface) error {
+	prefix := w.sc.prefix
 	for {
 		var ev watch.Event
 		var ok bool
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case ev, ok = <-kw.ResultChan():
 		}
 		if !ok {
-			if ctx.Err() == nil {
-				w.err = fmt.Errorf("kubeds: watch %s: %w: the apiserver ended the stream; list again", prefix, datastore.ErrUnavailable)
-			}
-			return
+			return nil
 		}
 		var typ datastore.EventType
 		switch ev.Type {
@@ -77,34 +127,40 @@ func (w *kwatch) run(ctx context.Context, kw watch.Interface, prefix string) {
 		case watch.Deleted:
 			typ = datastore.Deleted
 		case watch.Bookmark:
+			if obj, isObj := ev.Object.(*unstructured.Unstructured); isObj {
+				if rv, err := parseRev(obj.GetResourceVersion(), "bookmark"); err == nil && rv > w.last {
+					w.last = rv
+				}
+			}
 			continue
 		case watch.Error:
-			if ctx.Err() != nil {
-				return
-			}
 			err := apierrors.FromObject(ev.Object)
 			if apierrors.IsResourceExpired(err) || apierrors.IsGone(err) {
-				w.err = fmt.Errorf("kubeds: watch %s: %w: %w", prefix, datastore.ErrCompacted, err)
-			} else {
-				w.err = fmt.Errorf("kubeds: watch %s: %w: %w", prefix, datastore.ErrUnavailable, err)
+				return fmt.Errorf("kubeds: watch %q: %w: %w", prefix, datastore.ErrCompacted, err)
 			}
-			return
+			return fmt.Errorf("kubeds: watch %q: %w: %w", prefix, datastore.ErrUnavailable, err)
 		default:
 			continue
 		}
 		obj, isObj := ev.Object.(*unstructured.Unstructured)
 		if !isObj {
-			w.err = fmt.Errorf("kubeds: watch %s: %w: unexpected %T in a %s event", prefix, datastore.ErrUnavailable, ev.Object, ev.Type)
-			return
+			return fmt.Errorf("kubeds: watch %q: %w: unexpected %T in a %s event", prefix, datastore.ErrUnavailable, ev.Object, ev.Type)
 		}
+		rv, err := parseRev(obj.GetResourceVersion(), "watch event")
+		if err != nil {
+			return fmt.Errorf("kubeds: watch %q: %w: %w", prefix, datastore.ErrUnavailable, err)
+		}
+		if rv <= w.last {
+			continue // already delivered before a resume
+		}
+		w.last = rv
 		key := obj.GetAnnotations()[AnnotationKey]
 		if !strings.HasPrefix(key, prefix) {
 			continue
 		}
 		kv, err := toKV(obj)
 		if err != nil {
-			w.err = fmt.Errorf("kubeds: watch %s: %w: %w", prefix, datastore.ErrUnavailable, err)
-			return
+			return fmt.Errorf("kubeds: watch %q: %w: %w", prefix, datastore.ErrUnavailable, err)
 		}
 		if typ == datastore.Deleted {
 			kv.Value = nil
@@ -112,7 +168,7 @@ func (w *kwatch) run(ctx context.Context, kw watch.Interface, prefix string) {
 		select {
 		case w.ch <- datastore.Event{Type: typ, KV: kv}:
 		case <-ctx.Done():
-			return
+			return nil
 		}
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/store/faultstore"
 )
 
 // Cluster-scoped pools: the node allocates only inside the blocks it holds.
@@ -411,5 +412,70 @@ func testBlocksDualStack(t *testing.T, newStore Factory) {
 	l2 := Open(t, reopen(), ledger.Options{Clock: clk})
 	if got := l2.Blocks(""); len(got) != 2 || got[1].Set != 1 || got[1].NextFresh != 1 {
 		t.Fatalf("after reopen blocks = %+v", got)
+	}
+}
+
+// testBlocksFailedCommits: every block operation, and allocations and releases in
+// blocks, whose commit fails at each step leave the ledger agreeing with its store
+// (audit and a fresh open), and succeed when retried.
+func testBlocksFailedCommits(t *testing.T, newStore Factory) {
+	for _, step := range faultstore.Steps() {
+		t.Run(step.String(), func(t *testing.T) {
+			inner, _ := newStore(t)
+			st := faultstore.New(inner, nil)
+			clk := NewClock()
+			opts := ledger.Options{Clock: clk, ReuseDelay: time.Minute}
+			l := Open(t, st, opts)
+			r := Ranges(t, `[[{"subnet":"10.7.0.0/24"}]]`)
+			if err := l.DeclareCluster("net", r, []int{26}); err != nil {
+				t.Fatal(err)
+			}
+			a, b, c := pfx("10.7.0.0/26"), pfx("10.7.0.64/26"), pfx("10.7.0.128/26")
+			pod := ledger.Pod{UID: "u1"}
+			ops := []struct {
+				name string
+				fn   func() error
+			}{
+				{"add a", func() error { return l.AddBlock("net", a, 1) }},
+				{"allocate fresh", func() error {
+					_, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("p1"), Pod: pod})
+					return err
+				}},
+				{"allocate more", func() error {
+					_, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("p2")})
+					return err
+				}},
+				{"release", func() error { _, _, err := l.Release(Key("p1"), ledger.ReasonDEL, ""); return err }},
+				{"add b", func() error { return l.AddBlock("net", b, 2) }},
+				{"suspend a", func() error { return l.SuspendBlock("net", a) }},
+				{"release in suspended", func() error { _, _, err := l.Release(Key("p2"), ledger.ReasonDEL, ""); return err }},
+				{"resume a", func() error { return l.ResumeBlock("net", a, 1) }},
+				{"same uid back", func() error {
+					_, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("p3"), Pod: pod})
+					return err
+				}},
+				{"lose a", func() error { return l.LoseBlock("net", a) }},
+				{"release in lost", func() error { _, _, err := l.Release(Key("p3"), ledger.ReasonDEL, ""); return err }},
+				{"add c", func() error { return l.AddBlock("net", c, 1) }},
+				{"remove c", func() error { return l.RemoveBlock("net", c) }},
+				{"suspend all", func() error { return l.SuspendAll() }},
+			}
+			for _, op := range ops {
+				st.FailNext(step)
+				err := op.fn()
+				if !errors.Is(err, ledger.ErrStore) {
+					t.Fatalf("%s with a commit failing %s: err = %v, want ErrStore", op.name, step, err)
+				}
+				Audit(t, l)
+				SameAsStore(t, l, st.Inner(), opts)
+				if err := op.fn(); err != nil && !(step == faultstore.AfterSync && errors.Is(err, ledger.ErrBlockEpoch)) {
+					t.Fatalf("%s retried: %v", op.name, err)
+				}
+				SameAsStore(t, l, st.Inner(), opts)
+			}
+			if bs := l.Blocks("net"); len(bs) != 1 || bs[0].Prefix != b || bs[0].State != ledger.BlockSuspended {
+				t.Fatalf("blocks at the end: %+v, want b suspended", bs)
+			}
+		})
 	}
 }

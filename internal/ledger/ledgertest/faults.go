@@ -40,6 +40,20 @@ func sameAsStore(l *ledger.Ledger, st ledger.Store, opts ledger.Options) error {
 	if got, want := pools(l), pools(fresh); got != want {
 		return fmt.Errorf("pools in memory differ from the store:\n memory %s\n  store %s", got, want)
 	}
+	// blocks of cluster-scoped pools (the allocation count is memory only; the fresh
+	// cursor a fresh open derives may be behind the running ledger's when it skipped
+	// a gateway: compared by the audit)
+	blocks := func(l *ledger.Ledger) string {
+		bs := l.Blocks("")
+		for i := range bs {
+			bs[i].Allocations = 0
+			bs[i].NextFresh = 0
+		}
+		return fmt.Sprint(bs)
+	}
+	if got, want := blocks(l), blocks(fresh); got != want {
+		return fmt.Errorf("blocks in memory differ from the store:\n memory %s\n  store %s", got, want)
+	}
 	return nil
 }
 

@@ -114,6 +114,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"BlocksFencing", testBlocksFencing},
 		{"BlocksLost", testBlocksLost},
 		{"BlocksDualStack", testBlocksDualStack},
+		{"BlocksFailedCommits", testBlocksFailedCommits},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore) })

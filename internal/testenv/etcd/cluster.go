@@ -155,6 +155,28 @@ func (c *Cluster) Client() *clientv3.Client {
 	return c.cli
 }
 
+// Leader returns the index of the member that leads the cluster now, asking the
+// running members (a test kills it to force an election).
+func (c *Cluster) Leader() int {
+	c.tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), StartTimeout)
+	defer cancel()
+	for ctx.Err() == nil {
+		for i, m := range c.members {
+			if c.PID(i) == 0 {
+				continue
+			}
+			st, err := c.Client().Status(ctx, m.client)
+			if err == nil && st.Leader != 0 && st.Leader == st.Header.MemberId {
+				return i
+			}
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.tb.Fatalf("etcd: no running member leads the cluster after %v", StartTimeout)
+	return -1
+}
+
 // Compact discards the cluster's history before rev.
 func (c *Cluster) Compact(tb testing.TB, rev int64) {
 	tb.Helper()

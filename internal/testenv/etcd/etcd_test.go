@@ -10,9 +10,9 @@ import (
 	etcdenv "github.com/ipledger/ipledger/internal/testenv/etcd"
 )
 
-// TestClusterKillRestart: a member SIGKILLed by Kill is gone (its PID no longer
-// exists) while the other two keep a quorum that accepts writes; Restart brings it
-// back, it catches up (the cleanup audit compares every member's keyspace hash),
+// TestClusterKillRestart: the leader SIGKILLed by Kill is gone (its PID no longer
+// exists) while the other two elect a new leader and accept writes; Restart brings
+// it back, it catches up (the cleanup audit compares every member's keyspace hash),
 // and Stop leaves no process behind.
 func TestClusterKillRestart(t *testing.T) {
 	cl := etcdenv.StartCluster(t, 3)
@@ -39,23 +39,26 @@ func TestClusterKillRestart(t *testing.T) {
 		}
 	}
 	put("/before")
-	pid := cl.PID(1)
-	cl.Kill(1)
-	if cl.PID(1) != 0 {
-		t.Fatalf("PID(1) = %d after Kill, want 0", cl.PID(1))
+	old := cl.Leader()
+	pid := cl.PID(old)
+	cl.Kill(old)
+	if cl.PID(old) != 0 {
+		t.Fatalf("PID(%d) = %d after Kill, want 0", old, cl.PID(old))
 	}
 	if err := syscall.Kill(pid, 0); err == nil {
-		t.Fatalf("member 1's process %d still exists after Kill", pid)
+		t.Fatalf("member %d's process %d still exists after Kill", old, pid)
 	}
 	for i := range 20 {
 		put(fmt.Sprintf("/during/%d", i))
 	}
-	cl.Restart(1)
-	if cl.PID(1) == 0 || cl.PID(1) == pid {
-		t.Fatalf("PID(1) after Restart = %d (was %d)", cl.PID(1), pid)
+	if l := cl.Leader(); l == old {
+		t.Fatalf("Leader() = %d, the killed member", l)
 	}
-	// The restarted member serves the writes it missed.
-	resp, err := cli.Status(ctx, cl.Endpoints()[1])
+	cl.Restart(old)
+	if cl.PID(old) == 0 || cl.PID(old) == pid {
+		t.Fatalf("PID(%d) after Restart = %d (was %d)", old, cl.PID(old), pid)
+	}
+	resp, err := cli.Status(ctx, cl.Endpoints()[old])
 	if err != nil {
 		t.Fatalf("status of the restarted member: %v", err)
 	}

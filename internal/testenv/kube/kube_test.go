@@ -48,8 +48,8 @@ func TestClusterComesUpAndLeavesTheHostAsItWas(t *testing.T) {
 }
 
 // TestAPIServerOnlyRestartsByPIDAndKeepsItsData: the apiserver-only mode serves
-// the API on loopback; Restart replaces the kube-apiserver process (a new PID)
-// on the same address with etcd's data kept; at cleanup both processes are
+// the API on loopback; Restart (and Kill then Start) replaces the kube-apiserver
+// process (a new PID) on the same address with etcd's data kept; at cleanup both processes are
 // stopped by PID (the runner checks they exited) and the directory removed.
 func TestAPIServerOnlyRestartsByPIDAndKeepsItsData(t *testing.T) {
 	t0 := time.Now()
@@ -78,5 +78,17 @@ func TestAPIServerOnlyRestartsByPIDAndKeepsItsData(t *testing.T) {
 	}
 	if err := a.Start(); err == nil {
 		t.Fatal("Start of a running apiserver succeeded")
+	}
+	// Kill: a crash (SIGKILL); Start brings it back with the data.
+	pid = a.PID()
+	a.Kill()
+	if err := syscall.Kill(pid, 0); err == nil {
+		t.Fatalf("the killed kube-apiserver (pid %d) still runs", pid)
+	}
+	if err := a.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := a.Kubectl("get", "namespace", "kept", "-o", "name"); err != nil || strings.TrimSpace(out) != "namespace/kept" {
+		t.Fatalf("namespace after kill and start: %q, %v", out, err)
 	}
 }

@@ -1,0 +1,108 @@
+package kubeds
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/metadata"
+)
+
+var nodeGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
+
+// NodeRetry bounds the wait between two attempts of WatchNodeDeletions to list
+// the Nodes again after an error (it starts at a second and doubles).
+const NodeRetry = 30 * time.Second
+
+// WatchNodeDeletions calls gone with the name of every Node object it has seen
+// that is then deleted, once per deletion, until ctx ends (it returns ctx's error
+// then). A Node it never saw is never reported: an agent whose host is no Node
+// (a test, a VM outside the cluster), or a Node deleted before the call, is not
+// taken for a dead node. It reads object metadata only (the metadata client: no
+// Node status crosses the wire), lists the Nodes, watches from the list's
+// revision, and after a broken stream lists again: a Node in the last list and
+// missing from the new one was deleted meanwhile and is reported. While the
+// apiserver is unreachable it retries (1 s, doubling up to NodeRetry); gone is
+// never called on an error. The agent's ServiceAccount may get, list and watch
+// Nodes (deploy/ipledger.yaml).
+func (s *Store) WatchNodeDeletions(ctx context.Context, gone func(node string)) error {
+	mc, err := metadata.NewForConfig(s.cfg)
+	if err != nil {
+		return fmt.Errorf("kubeds: metadata client: %w", err)
+	}
+	nodes := mc.Resource(nodeGVR)
+	var known map[string]bool // nil until the first list
+	backoff := time.Second
+	var opened time.Duration
+	for {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		err := func() error {
+			l, err := nodes.List(ctx, metav1.ListOptions{})
+			if err != nil {
+				return mapErr(ctx, "list", "nodes", err)
+			}
+			now := make(map[string]bool, len(l.Items))
+			for _, n := range l.Items {
+				now[n.Name] = true
+			}
+			for n := range known {
+				if !now[n] {
+					gone(n)
+				}
+			}
+			known = now
+			backoff = time.Second
+			opened = s.clock.Mono()
+			w, err := nodes.Watch(ctx, metav1.ListOptions{ResourceVersion: l.ResourceVersion, AllowWatchBookmarks: true})
+			if err != nil {
+				return mapErr(ctx, "watch", "nodes", err)
+			}
+			defer w.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return ctx.Err()
+				case ev, ok := <-w.ResultChan():
+					if !ok {
+						return nil // the stream ended: list again
+					}
+					m, isMeta := ev.Object.(*metav1.PartialObjectMetadata)
+					switch {
+					case ev.Type == watch.Error:
+						return fmt.Errorf("kubeds: watch nodes: %v", ev.Object)
+					case !isMeta:
+					case ev.Type == watch.Added || ev.Type == watch.Modified:
+						known[m.Name] = true
+					case ev.Type == watch.Deleted:
+						if known[m.Name] {
+							delete(known, m.Name)
+							gone(m.Name)
+						}
+					}
+				}
+			}
+		}()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		// An error (unreachable, forbidden until the RBAC is applied, a
+		// compacted revision) or a stream that ended at once: wait, longer each
+		// time; a stream that ran a while: list again now.
+		if err == nil && s.clock.Mono()-opened >= minStreamLife {
+			continue
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(backoff*2, NodeRetry)
+	}
+}
