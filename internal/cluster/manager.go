@@ -115,8 +115,9 @@ type Manager struct {
 	empty     map[string]emptyObs   // hand-back observations, by key
 	obs       map[string]*leaseObs  // other nodes' leases, by node
 	gone      map[string]bool       // nodes whose Node object was deleted
-	listedAt  time.Duration         // monotonic: the last successful list of the node leases
-	listed    bool
+	// blind: a datastore read of this manager failed since it last listed the node
+	// leases, so it may have missed renewals that nobody could make
+	blind bool
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -232,6 +233,7 @@ func (m *Manager) note(err error) {
 		return
 	}
 	m.reachable = false
+	m.blind = true // see reclaim
 	m.lastErr = err
 }
 
@@ -938,17 +940,17 @@ func (m *Manager) reclaim(ctx context.Context) error {
 	}
 	now := m.mono()
 	m.mu.Lock()
-	if m.listed && now-m.listedAt > 2*m.opts.Interval {
-		// This manager could not look for a while (the datastore was away, or this
-		// process was paused). Nobody could renew meanwhile if the datastore was
-		// away, so an unchanged lease is no evidence of death: the expiry and the
-		// quarantine count again from now, over time the owners could renew in.
-		m.log.Info("node leases read again after a gap; restarting every expiry clock", "gap", now-m.listedAt)
+	if m.blind {
+		// This manager could not reach the datastore for a while. If nobody could
+		// (the datastore was away), nobody could renew either, so an unchanged lease
+		// is no evidence of death: the expiry and the quarantine count again from
+		// now, over time the owners can renew in.
+		m.log.Info("node leases read again after a datastore failure; restarting every expiry clock")
 		for _, o := range m.obs {
 			o.seen, o.goneSince = now, now
 		}
+		m.blind = false
 	}
-	m.listed, m.listedAt = true, now
 	live := map[string]bool{}
 	for _, l := range leases {
 		live[l.Node] = true

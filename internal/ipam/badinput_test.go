@@ -36,6 +36,7 @@ func TestBadInput(t *testing.T) {
 		{"hostile network name", call{Stdin: strings.Replace(conf(good), `"badnet"`, `"../../etc"`, 1)}, types.ErrInvalidNetworkConfig, []string{"name"}},
 		{"subnet not a CIDR", call{Stdin: conf(`[[{"subnet":"10.81.0.0/33"}]]`)}, types.ErrInvalidNetworkConfig, []string{"ipam.ranges[0][0].subnet", "10.81.0.0/33"}},
 		{"subnet garbage", call{Stdin: conf(`[[{"subnet":"banana"}]]`)}, types.ErrInvalidNetworkConfig, []string{"ipam.ranges[0][0].subnet", "banana"}},
+		{"blockSize not a prefix length", call{Stdin: strings.Replace(conf(good), `"ranges":`, `"blockSize":200,"ranges":`, 1)}, types.ErrInvalidNetworkConfig, []string{"ipam.blockSize", "200"}},
 		{"subnet host bits", call{Stdin: conf(`[[{"subnet":"10.81.0.5/24"}]]`)}, types.ErrInvalidNetworkConfig, []string{"ipam.ranges[0][0].subnet"}},
 		{"rangeStart not an IP", call{Stdin: conf(`[[{"subnet":"10.81.0.0/24","rangeStart":"10.81.0.x"}]]`)}, types.ErrInvalidNetworkConfig, []string{"ipam.ranges[0][0].rangeStart"}},
 		{"rangeEnd outside subnet", call{Stdin: conf(`[[{"subnet":"10.81.0.0/24","rangeEnd":"10.82.0.9"}]]`)}, types.ErrInvalidNetworkConfig, []string{"ipam.ranges[0][0].rangeEnd"}},

@@ -114,6 +114,22 @@ func startNodes(t *testing.T, n int, ds []string) []*node {
 		args := append(append([]string{"--node-name", name, "--metrics-addr", addr}, testTimings...), ds...) // ds may override a timing
 		nodes = append(nodes, &node{name: name, metrics: addr, Agent: agentenv.Start(t, agentenv.Options{Args: args})})
 	}
+	// after the test, while the agents still answer (cleanups run last-in first-out):
+	// the cluster audit over every node still running
+	t.Cleanup(func() {
+		if t.Failed() {
+			return
+		}
+		var running []*node
+		for _, n := range nodes {
+			if n.PID() != 0 {
+				running = append(running, n)
+			}
+		}
+		if rep := clusterAudit(t, running); !rep.OK {
+			t.Errorf("cluster audit at cleanup: %d double-assigned, problems %v", rep.DoubleAssigned, rep.Problems)
+		}
+	})
 	return nodes
 }
 
