@@ -15,7 +15,7 @@ import (
 
 // startKube starts a real kube-apiserver (kubeenv's apiserver-only mode) with the
 // CRDs of deploy/ipledger.yaml and the namespace of the node Leases.
-func startKube(t *testing.T) *kubeenv.APIServer {
+func startKube(t testing.TB) *kubeenv.APIServer {
 	t.Helper()
 	api := kubeenv.StartAPIServer(t, kubeenv.APIServerOptions{})
 	manifest, err := os.ReadFile(filepath.Join(agentenv.RepoRoot(), "deploy", "ipledger.yaml"))
