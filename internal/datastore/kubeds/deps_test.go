@@ -2,8 +2,6 @@ package kubeds_test
 
 import (
 	"os/exec"
-	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 )
@@ -29,9 +27,11 @@ func TestCNIPluginsLinkNoKubernetesClient(t *testing.T) {
 	}
 }
 
+// goBin is the go command: from PATH (make exports /usr/local/go/bin), else where
+// this project's machines have it.
 func goBin() string {
 	if p, err := exec.LookPath("go"); err == nil {
 		return p
 	}
-	return filepath.Join(runtime.GOROOT(), "bin", "go")
+	return "/usr/local/go/bin/go"
 }
