@@ -208,11 +208,6 @@ func Call(ctx context.Context, socket string, req Request) (*Response, error) {
 	}
 	// an agent that refused the request (too large) may have answered before the
 	// write ended: its answer is read and returned below
-	return decodeAnswer(socket, line)
-}
-
-// decodeAnswer reads one answer line of the agent at socket.
-func decodeAnswer(socket string, line []byte) (*Response, error) {
 	var resp Response
 	if err := UnmarshalResponse(line, &resp); err != nil {
 		return nil, fmt.Errorf("socket %s: bad answer: %w", socket, err)

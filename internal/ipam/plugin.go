@@ -42,7 +42,7 @@ type Plugin struct {
 
 // New returns a plugin on the real process edges.
 func New() *Plugin {
-	return &Plugin{Call: api.CallOnce, Stdout: os.Stdout, Stderr: os.Stderr, Now: time.Now}
+	return &Plugin{Call: api.Call, Stdout: os.Stdout, Stderr: os.Stderr, Now: time.Now}
 }
 
 // Funcs are the plugin's verbs for skel.
