@@ -1,11 +1,13 @@
 package kube_test
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -113,23 +115,15 @@ func clusterMode(t *testing.T, n *node) {
 		t.Fatalf("cluster-mode DaemonSet not rolled out: %v\n%s\n%s", err, out, d)
 	}
 	n.waitAgent(t, 2*time.Minute)
-	var cl api.Cluster
+	// ipledgerctl blocks answers in cluster mode only.
 	if err := kubeenv.WaitFor(time.Minute, 500*time.Millisecond, func() (bool, error) {
-		var err error
-		cl, err = n.blocks()
-		return err == nil && cl.Datastore == "kubernetes" && !cl.Degraded, fmt.Errorf("blocks: %+v (%v)", cl, err)
+		_, degraded, err := n.blocks()
+		return err == nil && !degraded, fmt.Errorf("degraded %v (%v)", degraded, err)
 	}); err != nil {
 		logs, _ := c.Kubectl("logs", "-n", "ipledger", "daemonset/ipledgerd", "--tail=30")
 		t.Fatalf("agent not in cluster mode on the API: %v\nagent log:\n%s", err, logs)
 	}
-	if cl.Node != c.NodeName {
-		t.Fatalf("agent's node %q, want %q (NODE_NAME from the DaemonSet)", cl.Node, c.NodeName)
-	}
-	lease := "ipledger-" + c.NodeName
-	if _, err := c.Kubectl("get", "lease", "-n", "ipledger", lease); err != nil {
-		t.Fatalf("node lease %s not in namespace ipledger (POD_NAMESPACE from the DaemonSet): %v", lease, err)
-	}
-	t.Logf("kubectl apply -k deploy/cluster: agent Ready on the API as %s (lease ipledger/%s) in %v", cl.Node, lease, time.Since(t0).Round(time.Millisecond))
+	t.Logf("kubectl apply -k deploy/cluster: agent Ready in cluster mode in %v", time.Since(t0).Round(time.Millisecond))
 
 	n.namespace(t, ns)
 	t1 := time.Now()
@@ -137,6 +131,10 @@ func clusterMode(t *testing.T, n *node) {
 	running := n.waitRunning(t, ns, "app=cm", pods, 3*time.Minute)
 	t.Logf("%d pods Running in %v", pods, time.Since(t1).Round(time.Millisecond))
 	n.checkLeases(t, running)
+	lease := "ipledger-" + c.NodeName
+	if _, err := c.Kubectl("get", "lease", "-n", "ipledger", lease); err != nil {
+		t.Fatalf("node lease %s not in namespace ipledger (POD_NAMESPACE from the DaemonSet): %v", lease, err)
+	}
 
 	// The API's blocks owned by this node, and the agent's view of them.
 	var bl ipBlockList
@@ -175,11 +173,11 @@ func clusterMode(t *testing.T, n *node) {
 			t.Errorf("pod %s has %s, in no IPBlock owned by %s (%v)", p.Metadata.Name, ip, c.NodeName, sortedKeys(apiOwned))
 		}
 	}
-	cl, err = n.blocks()
-	if err != nil {
-		t.Fatal(err)
+	bs, degraded, err := n.blocks()
+	if err != nil || degraded {
+		t.Fatalf("ipledgerctl blocks: degraded %v, %v", degraded, err)
 	}
-	agentOwned, used := n.ownedBlocks(t, cl)
+	agentOwned, used := n.ownedBlocks(t, bs)
 	if fmt.Sprint(sortedKeys(agentOwned)) != fmt.Sprint(sortedKeys(apiOwned)) {
 		t.Errorf("ipledgerctl blocks: owned %v; the API: %v", agentOwned, apiOwned)
 	}
@@ -200,10 +198,10 @@ func clusterMode(t *testing.T, n *node) {
 	c.MustKubectl(t, "scale", "-n", ns, "deployment/cm", "--replicas=0")
 	n.waitGone(t, ns, "app=cm", 3*time.Minute)
 	settle := n.settle(t, time.Minute)
-	if cl, err = n.blocks(); err != nil {
+	if bs, _, err = n.blocks(); err != nil {
 		t.Fatal(err)
 	}
-	if _, used := n.ownedBlocks(t, cl); used != 0 {
+	if _, used := n.ownedBlocks(t, bs); used != 0 {
 		t.Errorf("ipledgerctl blocks: %d addresses still used after the pods were deleted", used)
 	}
 	if out, code, err := n.ctl("cluster-audit", "--socket", n.sock); code != 0 {
@@ -217,31 +215,34 @@ func clusterMode(t *testing.T, n *node) {
 		t.Fatalf("node-mode DaemonSet not rolled out: %v\n%s", err, out)
 	}
 	n.waitAgent(t, 2*time.Minute)
-	if _, _, err := n.ctl("blocks"); err == nil {
+	if _, _, err := n.blocks(); err == nil {
 		t.Errorf("ipledgerctl blocks answered after node mode was applied back")
 	}
 	n.settle(t, time.Minute)
 }
 
-// blocks is `ipledgerctl blocks -o json` on the node's agent.
-func (n *node) blocks() (api.Cluster, error) {
-	var cl api.Cluster
-	out, _, err := n.ctl("blocks", "-o", "json")
-	if err != nil {
-		return cl, err
+// blocks is `ipledgerctl blocks -o json` on the node's agent (an error in
+// node mode) and whether it said the node is degraded (on stderr).
+func (n *node) blocks() ([]api.BlockView, bool, error) {
+	cmd := exec.Command(filepath.Join(n.bin, "ipledgerctl"), "--socket", n.sock, "blocks", "-o", "json")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return nil, false, fmt.Errorf("ipledgerctl blocks: %v: %s", err, errb.String())
 	}
-	if err := json.Unmarshal([]byte(out), &cl); err != nil {
-		return cl, fmt.Errorf("blocks -o json: %v: %q", err, out)
+	var bs []api.BlockView
+	if err := json.Unmarshal(out.Bytes(), &bs); err != nil {
+		return nil, false, fmt.Errorf("blocks -o json: %v: %q", err, out.String())
 	}
-	return cl, nil
+	return bs, strings.Contains(errb.String(), "degraded"), nil
 }
 
 // ownedBlocks: the blocks the agent says it owns (CIDR -> epoch) and the
 // addresses it uses in them.
-func (n *node) ownedBlocks(t testing.TB, cl api.Cluster) (map[string]int64, int) {
+func (n *node) ownedBlocks(t testing.TB, bs []api.BlockView) (map[string]int64, int) {
 	t.Helper()
 	owned, used := map[string]int64{}, 0
-	for _, b := range cl.Blocks {
+	for _, b := range bs {
 		if b.State == api.BlockLost {
 			t.Errorf("ipledgerctl blocks: block %s lost", b.Block)
 		}
