@@ -132,8 +132,9 @@ func clusterMode(t *testing.T, n *node) {
 	t.Logf("%d pods Running in %v", pods, time.Since(t1).Round(time.Millisecond))
 	n.checkLeases(t, running)
 	lease := "ipledger-" + c.NodeName
-	if _, err := c.Kubectl("get", "lease", "-n", "ipledger", lease); err != nil {
-		t.Fatalf("node lease %s not in namespace ipledger (POD_NAMESPACE from the DaemonSet): %v", lease, err)
+	leaseUID, err := c.Kubectl("get", "lease", "-n", "ipledger", lease, "-o", "jsonpath={.metadata.uid}")
+	if err != nil || leaseUID == "" {
+		t.Fatalf("node lease %s not in namespace ipledger (POD_NAMESPACE from the DaemonSet): %q %v", lease, leaseUID, err)
 	}
 
 	// The API's blocks owned by this node, and the agent's view of them.
@@ -154,8 +155,8 @@ func clusterMode(t *testing.T, n *node) {
 		if b.Spec.Network != network {
 			t.Errorf("IPBlock %s: network %q, want %s", b.Spec.CIDR, b.Spec.Network, network)
 		}
-		if b.Spec.Lease != "ipledger/"+lease {
-			t.Errorf("IPBlock %s: lease %q, want ipledger/%s", b.Spec.CIDR, b.Spec.Lease, lease)
+		if b.Spec.Lease != leaseUID {
+			t.Errorf("IPBlock %s: lease %q, want %q (the uid of Lease ipledger/%s)", b.Spec.CIDR, b.Spec.Lease, leaseUID, lease)
 		}
 		owned = append(owned, cidr)
 		apiOwned[cidr.String()] = b.Spec.Epoch
