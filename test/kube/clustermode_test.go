@@ -220,6 +220,7 @@ func clusterMode(t *testing.T, n *node) {
 		t.Errorf("ipledgerctl blocks answered after node mode was applied back")
 	}
 	n.settle(t, time.Minute)
+	t.Logf("deploy/ipledger.yaml applied back: node mode, ipledgerctl blocks refused, no lease, audit balanced")
 }
 
 // blocks is `ipledgerctl blocks -o json` on the node's agent (an error in
