@@ -7,7 +7,7 @@ BINS    := ipledger ipledger-veth ipledgerd ipledgerctl
 # Tests build the binaries themselves; keep the whole suite well under 30 minutes.
 TESTFLAGS ?= -count=1 -timeout 25m
 
-.PHONY: all build image test deps bench bench-smoke demo lint fuzz clean
+.PHONY: all build image manifests test deps bench bench-smoke demo lint fuzz clean
 
 all: build
 
@@ -22,6 +22,11 @@ build:
 IMAGE_TAG ?= ipledger:dev
 image: build
 	$(GO) run ./tools/image --bin $(BIN) --out $(BIN)/ipledger-image.tar --tag $(IMAGE_TAG)
+
+# manifests: deploy/cluster/ipledger.yaml, the copy of deploy/ipledger.yaml that the
+# cluster-mode overlay (kubectl apply -k deploy/cluster) builds on.
+manifests:
+	cp deploy/ipledger.yaml deploy/cluster/ipledger.yaml
 
 deps:
 	./scripts/install-deps.sh

@@ -38,6 +38,34 @@ type node struct {
 	sock     string // the agent's socket on the host
 	stateDir string // the agent's state dir on the host
 	manifest string // deploy/ipledger.yaml as applied
+	metrics  int    // the agent's metrics port on the node's loopback
+}
+
+// render points a manifest from deploy/ at the test node: its host paths at
+// the node's dirs (the agent's state dir at stateDir), its pool at
+// poolSubnet, its metrics port at n.metrics, shorter reconcile timings.
+func (n *node) render(m, stateDir string) (string, error) {
+	c := n.c
+	for _, r := range [][2]string{
+		{"/opt/cni/bin", c.CNIBinDir},
+		{"/etc/cni/net.d", c.CNIConfDir},
+		{"/var/lib/ipledger", stateDir},
+		{"/run/ipledger", filepath.Dir(n.sock)},
+		{"unix:///run/containerd/containerd.sock", c.Containerd.Endpoint()},
+		{"/run/containerd", filepath.Dir(strings.TrimPrefix(c.Containerd.Endpoint(), "unix://"))},
+		{"/run/netns", c.NetnsDir},
+		{"10.244.0.0/24", poolSubnet},
+		{"127.0.0.1:9780", fmt.Sprintf("127.0.0.1:%d", n.metrics)},
+		{"port: 9780", fmt.Sprintf("port: %d", n.metrics)},
+		{`"--release-grace", "60s"`, `"--release-grace", "10s", "--reuse-delay", "2s"`},
+		{`"--reconcile-interval", "30s"`, `"--reconcile-interval", "3s"`},
+	} {
+		if !strings.Contains(m, r[0]) {
+			return "", fmt.Errorf("the manifest no longer holds %q; update this test's substitutions", r[0])
+		}
+		m = strings.ReplaceAll(m, r[0], r[1])
+	}
+	return m, nil
 }
 
 // busyboxImage writes a docker-archive holding Debian's static busybox.
@@ -88,29 +116,12 @@ func startNode(t testing.TB) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	metrics, err := freePort()
-	if err != nil {
+	if n.metrics, err = freePort(); err != nil {
 		t.Fatal(err)
 	}
-	m := string(raw)
-	for _, r := range [][2]string{
-		{"/opt/cni/bin", c.CNIBinDir},
-		{"/etc/cni/net.d", c.CNIConfDir},
-		{"/var/lib/ipledger", n.stateDir},
-		{"/run/ipledger", filepath.Dir(n.sock)},
-		{"unix:///run/containerd/containerd.sock", c.Containerd.Endpoint()},
-		{"/run/containerd", filepath.Dir(strings.TrimPrefix(c.Containerd.Endpoint(), "unix://"))},
-		{"/run/netns", c.NetnsDir},
-		{"10.244.0.0/24", poolSubnet},
-		{"127.0.0.1:9780", fmt.Sprintf("127.0.0.1:%d", metrics)},
-		{"port: 9780", fmt.Sprintf("port: %d", metrics)},
-		{`"--release-grace", "60s"`, `"--release-grace", "10s", "--reuse-delay", "2s"`},
-		{`"--reconcile-interval", "30s"`, `"--reconcile-interval", "3s"`},
-	} {
-		if !strings.Contains(m, r[0]) {
-			t.Fatalf("deploy/ipledger.yaml no longer holds %q; update this test's substitutions", r[0])
-		}
-		m = strings.ReplaceAll(m, r[0], r[1])
+	m, err := n.render(string(raw), n.stateDir)
+	if err != nil {
+		t.Fatal(err)
 	}
 	n.manifest = m
 	t2 := time.Now()
@@ -430,4 +441,5 @@ func TestKubernetesNode(t *testing.T) {
 	t.Run("Seed000Jobs", func(t *testing.T) { seed000(t, n) })
 	t.Run("Seed001ChainedTeardownFails", func(t *testing.T) { seed001(t, n) })
 	t.Run("AgentDeleted", func(t *testing.T) { agentDeleted(t, n) })
+	t.Run("ClusterMode", func(t *testing.T) { clusterMode(t, n) })
 }

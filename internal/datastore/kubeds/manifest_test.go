@@ -1,6 +1,9 @@
 package kubeds_test
 
 import (
+	"bytes"
+	"os"
+	"path/filepath"
 	"reflect"
 	"testing"
 
@@ -13,7 +16,10 @@ import (
 // parses into the objects one kubectl apply installs: the CRDs and RBAC of
 // cluster mode next to the node-mode DaemonSet, which still runs without API
 // credentials (no token mounted), on the host network, with its install-cni
-// init container and the agent's command as before.
+// init container and the agent's command as before, and with NODE_NAME and
+// POD_NAMESPACE from the downward API (cluster mode's defaults for
+// --node-name and --kube-namespace). deploy/cluster/ipledger.yaml, the base
+// of the cluster-mode overlay, is the same file.
 func TestManifestHoldsClusterModeAndKeepsTheNodeDaemonSet(t *testing.T) {
 	docs, err := kubeds.Documents(manifest(t))
 	if err != nil {
@@ -77,7 +83,29 @@ func TestManifestHoldsClusterModeAndKeepsTheNodeDaemonSet(t *testing.T) {
 	if !reflect.DeepEqual(cmd, wantCmd) {
 		t.Errorf("agent command %v, want %v", cmd, wantCmd)
 	}
+	env, _, _ := unstructured.NestedSlice(ctrs[0].(map[string]any), "env")
+	wantEnv := []any{
+		map[string]any{"name": "NODE_NAME", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "spec.nodeName"}}},
+		map[string]any{"name": "POD_NAMESPACE", "valueFrom": map[string]any{"fieldRef": map[string]any{"fieldPath": "metadata.namespace"}}},
+	}
+	if !reflect.DeepEqual(env, wantEnv) {
+		t.Errorf("agent env %v, want %v", env, wantEnv)
+	}
 	if c := inits[0].(map[string]any)["command"].([]any); len(c) < 2 || c[1] != "install-cni" {
 		t.Errorf("init container command %v, want ipledgerd install-cni", c)
+	}
+}
+
+// TestClusterOverlayBaseIsTheManifest: the cluster-mode overlay
+// (kubectl apply -k deploy/cluster) builds on a copy of deploy/ipledger.yaml
+// (kustomize loads nothing from outside its directory); the copy must not
+// drift from the manifest.
+func TestClusterOverlayBaseIsTheManifest(t *testing.T) {
+	cp, err := os.ReadFile(filepath.Join(filepath.Dir(manifestPath), "cluster", "ipledger.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(cp, manifest(t)) {
+		t.Fatalf("deploy/cluster/ipledger.yaml differs from %s: run `make manifests`", manifestPath)
 	}
 }
