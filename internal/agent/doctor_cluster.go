@@ -129,10 +129,14 @@ func (s *Server) leasesIn(network string, blocks []netip.Prefix) []string {
 	return out
 }
 
-// age prints a duration to the second (or the millisecond below one second).
+// age prints a duration to the millisecond below one second, to the tenth of a
+// second below a minute, else to the second.
 func age(d time.Duration) string {
-	if d < time.Second {
+	switch {
+	case d < time.Second:
 		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
 	}
 	return d.Round(time.Second).String()
 }

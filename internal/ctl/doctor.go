@@ -127,10 +127,11 @@ func Diagnose(env *Env, socket, nsPath string) []CheckLine {
 	} else if len(d.Pools) == 0 {
 		add(LevelOK, "no pools yet")
 	}
-	for _, p := range d.Pools {
-		if len(d.ClusterChecks) > 0 {
-			break
-		}
+	pools := d.Pools
+	if len(d.ClusterChecks) > 0 {
+		pools = nil // judged above, block by block
+	}
+	for _, p := range pools {
 		switch {
 		case p.Exhausted:
 			add(LevelFail, "pool %s exhausted: %d of %d addresses in use, %d cooling down; ADDs fail; fix: look for leaks (ipledgerctl audit), wait out --reuse-delay, or widen the network's ranges", p.Network, p.InUse, p.Usable, p.Cooling)
