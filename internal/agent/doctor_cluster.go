@@ -86,6 +86,8 @@ func (s *Server) clusterChecks(pools []api.PoolUse) []api.Check {
 				fix = "fix: restore the datastore connection; the node allocates again once its lease renews"
 			}
 			add(api.CheckFail, "cluster network %s degraded: %s; %d blocks owned, %d free addresses in them; ADDs fail and CNI STATUS reports it; %s", n, st.Reason, owned, free, fix)
+		case owned == 0:
+			add(api.CheckWarn, "cluster network %s: the node owns no block (another node reclaimed them, or it gave them back); the next ADD must claim one, which fails when the cluster pool has none left; fix: see the free blocks with ipledgerctl blocks, and widen the network's ranges if none is free", n)
 		default:
 			add(api.CheckWarn, "cluster network %s: no free address in the node's %d blocks; the next ADD must claim a block, which fails when the cluster pool has none left; fix: see the free blocks with ipledgerctl blocks, and widen the network's ranges if none is free", n, owned)
 		}
