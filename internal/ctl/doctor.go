@@ -16,9 +16,9 @@ import (
 
 // Check levels, worst last; the exit status of doctor is the worst level's.
 const (
-	LevelOK   = "OK"
-	LevelWarn = "WARN"
-	LevelFail = "FAIL"
+	LevelOK   = api.CheckOK
+	LevelWarn = api.CheckWarn
+	LevelFail = api.CheckFail
 )
 
 // CheckLine is one line of doctor's output.
