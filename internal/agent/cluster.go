@@ -29,6 +29,8 @@ import (
 //     the node's lease is provable now.
 //   - Blocks lists the datastore's blocks (an unreachable datastore is an error).
 //   - Counts are the manager's figures, for metrics.
+//   - Health is the datastore's and the node lease's state, for doctor; it makes no
+//     datastore call.
 type Cluster interface {
 	Node() string
 	EnsureNetwork(ctx context.Context, network string, ranges []pool.RangeSet, blockBits []int) error
@@ -37,6 +39,7 @@ type Cluster interface {
 	Provable() bool
 	Blocks(ctx context.Context) ([]cluster.BlockView, error)
 	Counts() cluster.Counts
+	Health() cluster.Health
 }
 
 var _ Cluster = (*cluster.Manager)(nil)

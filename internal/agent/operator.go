@@ -129,6 +129,9 @@ func (s *Server) doctor(ctx context.Context) *api.Response {
 			d.NotReady = s.sandboxAges(nr)
 		}
 	}
+	if s.cfg.Cluster != nil {
+		d.ClusterChecks = s.clusterChecks(d.Pools)
+	}
 	return &api.Response{Doctor: d}
 }
 

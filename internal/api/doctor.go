@@ -34,6 +34,23 @@ type Diagnosis struct {
 	ClockSteps int       `json:"clockSteps"`
 	LastStep   string    `json:"lastStep,omitempty"`
 	Now        time.Time `json:"now"`
+	// ClusterChecks: in cluster mode, the agent's verdicts on its datastore, its node
+	// lease, each cluster network's blocks and the leases left in lost blocks (the
+	// agent judges them: it holds the lease's monotonic clock). Absent in node mode.
+	ClusterChecks []Check `json:"clusterChecks,omitempty"`
+}
+
+// Check levels, worst last (doctor's exit status is the worst level's).
+const (
+	CheckOK   = "OK"
+	CheckWarn = "WARN"
+	CheckFail = "FAIL"
+)
+
+// Check is one doctor line: a level and a text that names what to do.
+type Check struct {
+	Level string `json:"level"`
+	Text  string `json:"text"`
 }
 
 // PoolUse is the usage of one network's pool (addresses, all range sets summed;

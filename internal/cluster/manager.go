@@ -110,6 +110,9 @@ type Manager struct {
 	lapsed    bool          // blocks suspended (or unverified) until a renewal and re-verification
 	reachable bool          // the last datastore call succeeded
 	lastErr   error
+	called    bool          // a datastore call's outcome was noted (health.go)
+	lastCall  time.Duration // monotonic: when the last outcome was noted
+	lastOK    time.Duration // monotonic: the last successful call, or Start
 	nets      map[string]PoolRecord
 	owned     map[string]ownedBlock // by datastore key
 	empty     map[string]emptyObs   // hand-back observations, by key
@@ -225,8 +228,9 @@ func (m *Manager) ctx(parent context.Context) (context.Context, context.CancelFu
 func (m *Manager) note(err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.called, m.lastCall = true, m.mono()
 	if err == nil || !errors.Is(err, datastore.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
-		m.reachable = true
+		m.reachable, m.lastOK = true, m.lastCall
 		if err == nil {
 			m.lastErr = nil
 		}
@@ -248,7 +252,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		return err
 	}
 	m.mu.Lock()
-	m.started, m.lapsed = true, true
+	m.started, m.lapsed, m.lastOK = true, true, m.mono()
 	m.mu.Unlock()
 	err := m.Renew(ctx)
 	if !m.opts.Manual {

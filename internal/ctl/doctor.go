@@ -16,9 +16,9 @@ import (
 
 // Check levels, worst last; the exit status of doctor is the worst level's.
 const (
-	LevelOK   = "OK"
-	LevelWarn = "WARN"
-	LevelFail = "FAIL"
+	LevelOK   = api.CheckOK
+	LevelWarn = api.CheckWarn
+	LevelFail = api.CheckFail
 )
 
 // CheckLine is one line of doctor's output.
@@ -76,8 +76,10 @@ func doctor(env *Env, socket string, args []string) int {
 }
 
 // Diagnose runs doctor's checks: agent reachable, runtime reachable and its version,
-// the host's loopback UP, the spool's backlog, pools within 10% of exhaustion,
-// NotReady sandboxes older than an hour, books balanced, clock steps seen.
+// the host's loopback UP, the spool's backlog, pools within 10% of exhaustion (in
+// cluster mode instead: the datastore, the node lease, each network's blocks and the
+// leases in lost blocks, as the agent judged them), NotReady sandboxes older than an
+// hour, books balanced, clock steps seen.
 func Diagnose(env *Env, socket, nsPath string) []CheckLine {
 	var out []CheckLine
 	add := func(level, format string, a ...any) { out = append(out, CheckLine{level, fmt.Sprintf(format, a...)}) }
@@ -116,10 +118,20 @@ func Diagnose(env *Env, socket, nsPath string) []CheckLine {
 	} else {
 		add(LevelOK, "spool empty")
 	}
-	if len(d.Pools) == 0 {
+	if len(d.ClusterChecks) > 0 {
+		// cluster mode: the node's pools are its blocks; the agent judged them, its
+		// datastore and its node lease (it holds the lease's monotonic clock)
+		for _, c := range d.ClusterChecks {
+			add(c.Level, "%s", c.Text)
+		}
+	} else if len(d.Pools) == 0 {
 		add(LevelOK, "no pools yet")
 	}
-	for _, p := range d.Pools {
+	pools := d.Pools
+	if len(d.ClusterChecks) > 0 {
+		pools = nil // judged above, block by block
+	}
+	for _, p := range pools {
 		switch {
 		case p.Exhausted:
 			add(LevelFail, "pool %s exhausted: %d of %d addresses in use, %d cooling down; ADDs fail; fix: look for leaks (ipledgerctl audit), wait out --reuse-delay, or widen the network's ranges", p.Network, p.InUse, p.Usable, p.Cooling)

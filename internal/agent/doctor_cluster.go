@@ -1,0 +1,144 @@
+package agent
+
+import (
+	"fmt"
+	"net/netip"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/ledger"
+)
+
+// clusterChecks are doctor's cluster-mode checks: the datastore (last call's outcome
+// and age), the node lease (time left before fencing), each network's blocks, and the
+// leases left in blocks the node lost. They read the manager's and the ledger's state
+// only: doctor makes no datastore call, so it answers while the datastore is away.
+func (s *Server) clusterChecks(pools []api.PoolUse) []api.Check {
+	c := s.cfg.Cluster
+	h := c.Health()
+	var out []api.Check
+	add := func(level, format string, a ...any) {
+		out = append(out, api.Check{Level: level, Text: fmt.Sprintf(format, a...)})
+	}
+	ds := s.cfg.Datastore
+	if ds == "" {
+		ds = "datastore"
+	}
+	dsFix := fmt.Sprintf("fix: check the %s datastore (etcd members' health, or the kube-apiserver) and this node's path to it (--etcd-endpoints or the in-cluster credentials), and read ipledgerd's log", ds)
+	switch {
+	case !h.Called:
+		add(api.CheckWarn, "datastore (%s): not contacted yet since the agent started; %s", ds, dsFix)
+	case h.Reachable:
+		add(api.CheckOK, "datastore (%s) reachable: the last call, %s ago, succeeded", ds, age(h.LastCallAge))
+	case h.SinceSuccess > h.LeaseTTL:
+		add(api.CheckFail, "datastore (%s) unreachable for %s, longer than the node lease's TTL (%s): the last call, %s ago, failed: %s; other nodes may reclaim this node's blocks after their quarantine; %s", ds, age(h.SinceSuccess), h.LeaseTTL, age(h.LastCallAge), h.LastError, dsFix)
+	case h.Provable:
+		add(api.CheckWarn, "datastore (%s): the last call, %s ago, failed: %s; the node lease is still provable for %s, so ADDs are served from the node's blocks meanwhile; %s", ds, age(h.LastCallAge), h.LastError, age(h.ProvableFor), dsFix)
+	default:
+		add(api.CheckWarn, "datastore (%s): the last call, %s ago, failed: %s (unreachable for %s, the lease TTL is %s); %s", ds, age(h.LastCallAge), h.LastError, age(h.SinceSuccess), h.LeaseTTL, dsFix)
+	}
+	if h.Provable {
+		add(api.CheckOK, "node lease of %s provable: %s left before fencing unless it renews (TTL %s)", h.Node, age(h.ProvableFor), h.LeaseTTL)
+	} else {
+		add(api.CheckFail, "node lease of %s NOT provable: the node is fenced, its blocks are suspended and ADDs fail (DELs still work); fix: restore the datastore connection (see the datastore line); allocation resumes after the next renewal, on the blocks no other node reclaimed meanwhile", h.Node)
+	}
+
+	nets := map[string]bool{}
+	for _, n := range h.Networks {
+		nets[n] = true
+	}
+	for _, p := range pools {
+		nets[p.Network] = true
+	}
+	names := make([]string, 0, len(nets))
+	for n := range nets {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	setUp := map[string]bool{}
+	for _, n := range h.Networks {
+		setUp[n] = true
+	}
+	var lost []string
+	for _, n := range names {
+		owned, free := 0, 0
+		var lostBlocks []netip.Prefix
+		for _, b := range s.cfg.Ledger.Blocks(n) {
+			if b.State == ledger.BlockLost {
+				lostBlocks = append(lostBlocks, b.Prefix)
+				continue
+			}
+			owned++
+			free += max(int(b.Usable)-b.Used, 0)
+		}
+		lost = append(lost, s.leasesIn(n, lostBlocks)...)
+		st := c.Status(n)
+		switch {
+		case !setUp[n]:
+			add(api.CheckOK, "cluster network %s: %d blocks owned, %d free addresses in them; not set up since the agent started: its next ADD sets it up", n, owned, free)
+		case st.Available:
+			add(api.CheckOK, "cluster network %s: %d blocks owned, %d free addresses in them", n, owned, free)
+		case st.Degraded:
+			fix := "fix: restore the datastore connection so the node can claim a block, or free addresses here by deleting pods this node no longer needs"
+			if !st.Provable {
+				fix = "fix: restore the datastore connection; the node allocates again once its lease renews"
+			}
+			add(api.CheckFail, "cluster network %s degraded: %s; %d blocks owned, %d free addresses in them; ADDs fail and CNI STATUS reports it; %s", n, st.Reason, owned, free, fix)
+		case owned == 0:
+			add(api.CheckWarn, "cluster network %s: the node owns no block (another node reclaimed them, or it gave them back); the next ADD must claim one, which fails when the cluster pool has none left; fix: see the free blocks with ipledgerctl blocks, and widen the network's ranges if none is free", n)
+		default:
+			add(api.CheckWarn, "cluster network %s: no free address in the node's %d blocks; the next ADD must claim a block, which fails when the cluster pool has none left; fix: see the free blocks with ipledgerctl blocks, and widen the network's ranges if none is free", n, owned)
+		}
+	}
+	if len(lost) > 0 {
+		add(api.CheckWarn, "%d leases in blocks this node lost: %s; another node may hand out these addresses while the pods still use them; fix: drain this node (kubectl drain) or delete those pods so they restart with addresses from the node's own blocks (their DEL releases them here only)", len(lost), strings.Join(lost, ", "))
+	} else {
+		add(api.CheckOK, "no lease in a block this node lost")
+	}
+	return out
+}
+
+// leasesIn names the network's leases with an address in one of blocks.
+func (s *Server) leasesIn(network string, blocks []netip.Prefix) []string {
+	if len(blocks) == 0 {
+		return nil
+	}
+	var out []string
+	for _, ls := range s.cfg.Ledger.Leases(network) {
+		for _, ip := range ls.IPs {
+			var in netip.Prefix
+			for _, b := range blocks {
+				if b.Contains(ip.Addr()) {
+					in = b
+				}
+			}
+			if !in.IsValid() {
+				continue
+			}
+			who := ls.Key.ContainerID
+			if len(who) > 12 {
+				who = who[:12]
+			}
+			if ls.Pod.Name != "" {
+				who = ls.Pod.Namespace + "/" + ls.Pod.Name
+			}
+			out = append(out, fmt.Sprintf("pod %s (%s, %s in lost block %s)", who, network, ip.Addr(), in))
+			break
+		}
+	}
+	return out
+}
+
+// age prints a duration to the millisecond below one second, to the tenth of a
+// second below a minute, else to the second.
+func age(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	}
+	return d.Round(time.Second).String()
+}

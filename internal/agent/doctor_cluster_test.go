@@ -1,0 +1,166 @@
+package agent_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/clock/clocktest"
+	"github.com/ipledger/ipledger/internal/datastore/memds"
+	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
+)
+
+// clusterDoctor asks the agent's operator API for its diagnosis and returns the
+// cluster checks, each line checked for a level and a fix.
+func clusterDoctor(t *testing.T, n *clusterNode) []api.Check {
+	t.Helper()
+	r := n.s.Handle(context.Background(), api.Request{Version: api.Version, Op: api.OpDoctor})
+	if r.Error != nil || r.Doctor == nil {
+		t.Fatalf("doctor: %+v", r.Error)
+	}
+	for _, c := range r.Doctor.ClusterChecks {
+		t.Logf("%-4s %s", c.Level, c.Text)
+		switch c.Level {
+		case api.CheckOK:
+		case api.CheckWarn, api.CheckFail:
+			if !strings.Contains(c.Text, "fix:") {
+				t.Errorf("%s line names no fix: %q", c.Level, c.Text)
+			}
+		default:
+			t.Errorf("check with level %q: %q", c.Level, c.Text)
+		}
+	}
+	return r.Doctor.ClusterChecks
+}
+
+// want asserts that exactly one check starts with prefix, at level, and contains
+// every one of parts.
+func want(t *testing.T, checks []api.Check, prefix, level string, parts ...string) {
+	t.Helper()
+	var found []api.Check
+	for _, c := range checks {
+		if strings.HasPrefix(c.Text, prefix) {
+			found = append(found, c)
+		}
+	}
+	if len(found) != 1 {
+		t.Errorf("%d checks start with %q, want 1", len(found), prefix)
+		return
+	}
+	if found[0].Level != level {
+		t.Errorf("check %q: level %s, want %s", found[0].Text, found[0].Level, level)
+	}
+	for _, p := range parts {
+		if !strings.Contains(found[0].Text, p) {
+			t.Errorf("check %q does not say %q", found[0].Text, p)
+		}
+	}
+}
+
+func addPod(t *testing.T, n *clusterNode, name string) *api.Response {
+	t.Helper()
+	return n.s.Handle(context.Background(), api.Request{Version: api.Version, Op: api.OpAdd, Network: "pods",
+		ContainerID: "sandbox-" + name, IfName: "eth0", Pod: ledger.Pod{Namespace: "shop", Name: name, UID: "uid-" + name},
+		Ranges: ledgertest.Ranges(t, `[[{"subnet":"10.60.0.0/27"}]]`), BlockSize: 29})
+}
+
+// TestDoctorClusterMode: through the agent's operator API, doctor's cluster checks
+// follow the datastore and the node lease on the test clock (lease TTL 3 s, margin
+// 0.3 s): all OK when healthy; a failed last call WARNs while the lease is provable;
+// full blocks with the datastore away FAIL the network as degraded; past the lease
+// the node lease FAILs (fenced), and the datastore FAILs once unreachable longer
+// than the TTL; back online, full blocks WARN that the next ADD must claim one; and
+// after another node reclaimed this node's block, the pods left in it are named.
+func TestDoctorClusterMode(t *testing.T) {
+	clk := clocktest.New()
+	ds := memds.New(clk)
+	a := newClusterNode(t, ds, clk, "node-a")
+	if r := addPod(t, a, "web-0"); r.Error != nil {
+		t.Fatalf("ADD: %+v", r.Error)
+	}
+
+	t.Log("healthy")
+	cs := clusterDoctor(t, a)
+	for _, c := range cs {
+		if c.Level != api.CheckOK {
+			t.Errorf("healthy node: %s %s", c.Level, c.Text)
+		}
+	}
+	want(t, cs, "datastore (memory) reachable", api.CheckOK, "0s ago")
+	want(t, cs, "node lease of node-a provable", api.CheckOK, "2.7s left before fencing")
+	want(t, cs, "cluster network pods:", api.CheckOK, "1 blocks owned, 5 free addresses")
+	want(t, cs, "no lease in a block", api.CheckOK)
+	if len(cs) != 4 {
+		t.Errorf("%d cluster checks, want 4 (datastore, lease, one network, lost blocks)", len(cs))
+	}
+
+	t.Log("datastore away, lease still provable")
+	ds.SetAvailable(false)
+	clk.Advance(time.Second)
+	_ = a.m.Sweep(context.Background()) // a failed call, noted
+	clk.Advance(500 * time.Millisecond)
+	cs = clusterDoctor(t, a)
+	want(t, cs, "datastore (memory): the last call, 500ms ago, failed", api.CheckWarn, "unavailable", "still provable for 1.2s")
+	want(t, cs, "node lease of node-a provable", api.CheckOK, "1.2s left")
+	want(t, cs, "cluster network pods:", api.CheckOK, "1 blocks owned, 5 free")
+
+	t.Log("blocks full, datastore away: degraded")
+	for i := 1; i <= 5; i++ {
+		if r := addPod(t, a, fmt.Sprint("web-", i)); r.Error != nil {
+			t.Fatalf("ADD web-%d from the owned block: %+v", i, r.Error)
+		}
+	}
+	cs = clusterDoctor(t, a)
+	want(t, cs, "cluster network pods degraded", api.CheckFail, "datastore is unreachable", "1 blocks owned, 0 free", "restore the datastore")
+
+	t.Log("past the lease: fenced")
+	clk.Advance(1500 * time.Millisecond) // 3 s after the last renewal
+	cs = clusterDoctor(t, a)
+	want(t, cs, "node lease of node-a NOT provable", api.CheckFail, "fenced", "ADDs fail")
+	want(t, cs, "datastore (memory): the last call", api.CheckWarn, "unreachable for 3s")
+	want(t, cs, "cluster network pods degraded", api.CheckFail, "node lease not provable")
+	clk.Advance(time.Second)
+	cs = clusterDoctor(t, a)
+	want(t, cs, "datastore (memory) unreachable for 4s, longer than the node lease's TTL (3s)", api.CheckFail, "the last call, 3s ago, failed")
+
+	t.Log("datastore back, blocks full")
+	ds.SetAvailable(true)
+	if err := a.m.Renew(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	cs = clusterDoctor(t, a)
+	want(t, cs, "datastore (memory) reachable", api.CheckOK)
+	want(t, cs, "node lease of node-a provable", api.CheckOK)
+	want(t, cs, "cluster network pods: no free address in the node's 1 blocks", api.CheckWarn, "next ADD must claim a block", "ipledgerctl blocks")
+
+	t.Log("another node reclaims node-a's block while node-a does not renew")
+	b := newClusterNode(t, ds, clk, "node-b")
+	for i := 0; b.m.Counts().Reclaims == 0; i++ {
+		if i > 30 {
+			t.Fatal("node-b never reclaimed node-a's block")
+		}
+		clk.Advance(time.Second)
+		_ = b.m.Renew(context.Background())
+		_ = b.m.Sweep(context.Background())
+	}
+	if err := a.m.Renew(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	cs = clusterDoctor(t, a)
+	want(t, cs, "6 leases in blocks this node lost", api.CheckWarn, "pod shop/web-0 (pods, 10.60.0.2 in lost block 10.60.0.0/29)", "drain this node", "delete those pods")
+	want(t, cs, "node lease of node-a provable", api.CheckOK)
+	want(t, cs, "cluster network pods: the node owns no block", api.CheckWarn, "next ADD must claim one")
+
+	// deleting the pods clears the warning
+	for i := 0; i <= 5; i++ {
+		if r := a.s.Handle(context.Background(), api.Request{Version: api.Version, Op: api.OpDel, Network: "pods", ContainerID: fmt.Sprint("sandbox-web-", i), IfName: "eth0"}); r.Error != nil {
+			t.Fatalf("DEL web-%d: %+v", i, r.Error)
+		}
+	}
+	cs = clusterDoctor(t, a)
+	want(t, cs, "no lease in a block", api.CheckOK)
+}
