@@ -1,11 +1,7 @@
 package boltstore_test
 
 import (
-	"errors"
-	"fmt"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 
 	"github.com/ipledger/ipledger/internal/ledger"
@@ -47,11 +43,7 @@ func TestLockedByAnotherAgent(t *testing.T) { storetest.LockedByAnotherAgent(t, 
 // A full disk fails the operation cleanly and loses nothing already committed: the
 // state file lives on a tiny tmpfs that the test fills up.
 func TestDiskFull(t *testing.T) {
-	dir := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount tmpfs (the test needs root): %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	dir := storetest.Tmpfs(t, "256k")
 	p := filepath.Join(dir, "ledger.db")
 	st := open(t, p)
 	l, err := ledger.Open(st, ledger.Options{})
@@ -59,24 +51,7 @@ func TestDiskFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := ledgertest.Ranges(t, `[[{"subnet":"10.0.0.0/16"}]]`)
-	acked := map[ledger.Key]string{}
-	var fullErr error
-	for i := 0; i < 20000 && fullErr == nil; i++ {
-		k := ledgertest.Key(fmt.Sprintf("c%05d-%s", i, strings.Repeat("x", 200)))
-		ls, _, err := l.Allocate(ledger.AllocateRequest{Key: k, Ranges: r})
-		if err != nil {
-			fullErr = err
-			break
-		}
-		acked[k] = ls.IPs[0].String()
-	}
-	if fullErr == nil {
-		t.Fatal("the disk never filled up")
-	}
-	if !errors.Is(fullErr, ledger.ErrStore) || !strings.Contains(fullErr.Error(), p) {
-		t.Fatalf("err = %v, want ErrStore naming %s", fullErr, p)
-	}
-	t.Logf("disk full after %d allocations: %v", len(acked), fullErr)
+	acked, _ := storetest.FillDisk(t, l, p, r)
 	ledgertest.Audit(t, l)
 	// further operations keep failing cleanly or succeed; never half-done
 	if _, _, err := l.Allocate(ledger.AllocateRequest{Key: ledgertest.Key("more"), Ranges: r}); err == nil {

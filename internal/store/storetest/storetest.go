@@ -23,6 +23,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
+	"github.com/ipledger/ipledger/internal/pool"
 )
 
 // Opener opens the store kept at path (the state file; a store may keep more files
@@ -339,4 +340,43 @@ func BoltFile(t *testing.T, path, bucket string, kv map[string]string) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// Tmpfs mounts a tmpfs of size on a new directory, unmounted in t.Cleanup (the tests
+// that fill a disk or reopen a store thousands of times need one; they need root).
+func Tmpfs(t *testing.T, size string) string {
+	t.Helper()
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Fatalf("mount tmpfs (the test needs root): %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	return dir
+}
+
+// FillDisk allocates in r (one lease after another, with long container IDs) until an
+// allocation fails, which must be within 20000 allocations and an ErrStore naming p
+// (the state file on a full disk). It returns the acknowledged leases (key -> IP) and
+// the failure.
+func FillDisk(t *testing.T, l *ledger.Ledger, p string, r []pool.RangeSet) (map[ledger.Key]string, error) {
+	t.Helper()
+	acked := map[ledger.Key]string{}
+	var fullErr error
+	for i := 0; i < 20000 && fullErr == nil; i++ {
+		k := ledgertest.Key(fmt.Sprintf("c%05d-%s", i, strings.Repeat("x", 200)))
+		ls, _, err := l.Allocate(ledger.AllocateRequest{Key: k, Ranges: r})
+		if err != nil {
+			fullErr = err
+			break
+		}
+		acked[k] = ls.IPs[0].String()
+	}
+	if fullErr == nil {
+		t.Fatal("the disk never filled up")
+	}
+	if !errors.Is(fullErr, ledger.ErrStore) || !strings.Contains(fullErr.Error(), p) {
+		t.Fatalf("err = %v, want ErrStore naming %s", fullErr, p)
+	}
+	t.Logf("disk full after %d allocations: %v", len(acked), fullErr)
+	return acked, fullErr
 }

@@ -112,7 +112,7 @@ func TestCrashChild(t *testing.T) {
 // loss cannot be staged here; this is the state such a loss leaves in the log: a
 // synced prefix and a damaged rest.)
 func TestTornTailEveryLength(t *testing.T) {
-	dir := tmpfs(t, "64m") // thousands of opens: without real fsyncs
+	dir := storetest.Tmpfs(t, "64m") // thousands of opens: without real fsyncs
 	src := filepath.Join(dir, "src", "ledger.db")
 	st := open(t, src)
 	l, err := ledger.Open(st, ledger.Options{})
@@ -210,7 +210,7 @@ func TestTornTailEveryLength(t *testing.T) {
 // state file and its log live on a tiny tmpfs that the test fills up (the log grows
 // until its chunk cannot be written, and checkpoints fail in bbolt).
 func TestDiskFull(t *testing.T) {
-	dir := tmpfs(t, "1m")
+	dir := storetest.Tmpfs(t, "1m")
 	p := filepath.Join(dir, "ledger.db")
 	ballast := filepath.Join(dir, "ballast") // removed later to free space
 	if err := os.WriteFile(ballast, make([]byte, 640<<10), 0o600); err != nil {
@@ -222,27 +222,13 @@ func TestDiskFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := ledgertest.Ranges(t, `[[{"subnet":"10.0.0.0/16"}]]`)
-	acked := map[ledger.Key]string{}
-	var fullErr error
-	for i := 0; i < 20000 && fullErr == nil; i++ {
-		k := ledgertest.Key(fmt.Sprintf("c%05d-%s", i, strings.Repeat("x", 200)))
-		ls, _, err := l.Allocate(ledger.AllocateRequest{Key: k, Ranges: r})
-		if err != nil {
-			fullErr = err
-			break
-		}
-		acked[k] = ls.IPs[0].String()
-	}
-	if fullErr == nil {
-		t.Fatal("the disk never filled up")
-	}
-	if !errors.Is(fullErr, ledger.ErrStore) || !strings.Contains(fullErr.Error(), p) || !strings.Contains(fullErr.Error(), "disk full") {
+	acked, fullErr := storetest.FillDisk(t, l, p, r)
+	if !strings.Contains(fullErr.Error(), "disk full") {
 		t.Fatalf("err = %v, want ErrStore naming %s and the full disk", fullErr, p)
 	}
 	if l.Broken() != nil {
 		t.Fatalf("a full disk broke the ledger: %v", l.Broken())
 	}
-	t.Logf("disk full after %d allocations: %v", len(acked), fullErr)
 	ledgertest.Audit(t, l)
 	// further operations keep failing cleanly or succeed; never half-done
 	if _, _, err := l.Allocate(ledger.AllocateRequest{Key: ledgertest.Key("more"), Ranges: r}); err == nil {

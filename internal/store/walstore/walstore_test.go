@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -33,18 +32,6 @@ func open(t testing.TB, path string, opts ...Option) *Store {
 
 // openStore is Open with the default options, as a storetest.Opener.
 func openStore(path string) (ledger.Store, error) { return Open(path) }
-
-// tmpfs mounts a small tmpfs on a new directory (the tests that reopen a store
-// thousands of times or fill a disk need one; they need root).
-func tmpfs(t *testing.T, size string) string {
-	t.Helper()
-	dir := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount tmpfs (the test needs root): %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
-	return dir
-}
 
 func TestLedgerSuite(t *testing.T) {
 	for _, seg := range []int64{DefaultSegmentBytes, 600} { // 600: a checkpoint every record or two
