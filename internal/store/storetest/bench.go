@@ -14,10 +14,9 @@ import (
 // BenchRanges is the one /16 pool of the benchmarks.
 const BenchRanges = `[[{"subnet":"10.20.0.0/16"}]]`
 
-// Fill writes n live leases in BenchRanges at path through boltstore without fsync
-// (the state file format both stores share), then reopens it durable with open; the
-// ledger is closed in b.Cleanup.
-func Fill(b testing.TB, path string, n int, open Opener) *ledger.Ledger {
+// FillFile writes n live leases in BenchRanges to a new state file at path through
+// boltstore without fsync (the state file format both stores share), and closes it.
+func FillFile(b testing.TB, path string, n int) {
 	b.Helper()
 	r := ledgertest.Ranges(b, BenchRanges)
 	st, err := boltstore.Open(path, boltstore.WithoutSync())
@@ -33,12 +32,21 @@ func Fill(b testing.TB, path string, n int, open Opener) *ledger.Ledger {
 			b.Fatal(err)
 		}
 	}
-	l.Close()
-	st2, err := open(path)
+	if err := l.Close(); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// Fill is FillFile, then the file reopened durable with open; the ledger is closed in
+// b.Cleanup.
+func Fill(b testing.TB, path string, n int, open Opener) *ledger.Ledger {
+	b.Helper()
+	FillFile(b, path, n)
+	st, err := open(path)
 	if err != nil {
 		b.Fatal(err)
 	}
-	l, err = ledger.Open(st2, ledger.Options{})
+	l, err := ledger.Open(st, ledger.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

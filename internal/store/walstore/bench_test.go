@@ -6,7 +6,6 @@ import (
 	"testing"
 
 	"github.com/ipledger/ipledger/internal/ledger"
-	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/store/boltstore"
 	"github.com/ipledger/ipledger/internal/store/storetest"
 )
@@ -29,21 +28,7 @@ func BenchmarkAllocateRelease(b *testing.B) {
 // clean close (an agent's start), on boltstore and on this store.
 func BenchmarkOpen64k(b *testing.B) {
 	path := filepath.Join(b.TempDir(), "ledger.db")
-	r := ledgertest.Ranges(b, `[[{"subnet":"10.20.0.0/16"}]]`)
-	bs, err := boltstore.Open(path, boltstore.WithoutSync())
-	if err != nil {
-		b.Fatal(err)
-	}
-	l, err := ledger.Open(bs, ledger.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	for i := 0; i < 64000; i++ {
-		if _, _, err := l.Allocate(ledger.AllocateRequest{Key: ledgertest.Key(fmt.Sprintf("fill%06d", i)), Ranges: r}); err != nil {
-			b.Fatal(err)
-		}
-	}
-	l.Close()
+	storetest.FillFile(b, path, 64000)
 	for _, tc := range []struct {
 		name string
 		open func() (ledger.Store, error)
