@@ -25,9 +25,13 @@ type Holding struct {
 	// Current: the address lies in a block the node owns at the datastore's epoch
 	// (false for a lease left in a block the node lost: Outside says why).
 	Current bool `json:"current"`
+	// Lost: the node's ledger holds the address's block lost (its agent flags the
+	// lease lost; a DEL releases it locally only).
+	Lost bool `json:"lost,omitempty"`
 }
 
-// DoubleHeld is an address held by more than one attachment in the cluster.
+// DoubleHeld is an address held by more than one attachment in the cluster, in one
+// network or several (Network is the first holder's).
 type DoubleHeld struct {
 	Network string     `json:"network"`
 	IP      netip.Addr `json:"ip"`
@@ -42,6 +46,10 @@ type Outside struct {
 	Network string     `json:"network"`
 	IP      netip.Addr `json:"ip"`
 	Why     string     `json:"why"`
+	// Block is the datastore's block holding the address (invalid when none does)
+	// and Owner its owner ("" when free).
+	Block netip.Prefix `json:"block"`
+	Owner string       `json:"owner"`
 }
 
 // AuditReport is the cluster audit's verdict: OK when no address is held twice and
@@ -75,7 +83,13 @@ func ReadBlocks(ctx context.Context, ds datastore.Store) ([]BlockRecord, error) 
 
 // Audit checks every node's books against each other and the datastore's blocks.
 // The caller reads the books of all nodes and then the blocks (ReadBlocks), with no
-// node allocating in between for an exact answer.
+// node allocating in between for an exact answer. It is the one implementation of
+// the cluster's rules (ipledgerctl cluster-audit adapts the agents' views to it):
+//   - no address is held by two attachments, on one node or two, in one network or
+//     two, whatever their blocks' states (DoubleHeld);
+//   - every held address lies in a block of the datastore that its node owns, and
+//     the node's ledger holds that block at the datastore's epoch and not lost
+//     (Outside, with Why; Holding.Lost marks a lease its agent flags lost).
 func Audit(blocks []BlockRecord, nodes []NodeBooks) AuditReport {
 	rep := AuditReport{Nodes: len(nodes), Blocks: len(blocks), DoubleHeld: []DoubleHeld{}, Outside: []Outside{}}
 	type bk struct {
@@ -104,11 +118,8 @@ func Audit(blocks []BlockRecord, nodes []NodeBooks) AuditReport {
 		}
 		return BlockRecord{}, false
 	}
-	type ak struct {
-		network string
-		ip      netip.Addr
-	}
-	holders := map[ak][]Holding{}
+	holders := map[netip.Addr][]Holding{}
+	var order []netip.Addr
 	for _, n := range nodes {
 		epochs := map[bk]ledger.BlockStatus{}
 		for _, b := range n.Blocks {
@@ -118,12 +129,16 @@ func Audit(blocks []BlockRecord, nodes []NodeBooks) AuditReport {
 			rep.Leases++
 			for _, p := range ls.IPs {
 				rep.Addresses++
-				a := ak{ls.Key.Network, p.Addr()}
+				a := p.Addr()
 				h := Holding{Node: n.Node, Key: ls.Key, Current: true}
-				b, ok := find(ls.Key.Network, p.Addr())
+				b, ok := find(ls.Key.Network, a)
+				if ok {
+					lb, held := epochs[bk{b.Network, b.CIDR}]
+					h.Lost = held && lb.State == ledger.BlockLost
+				}
 				out := func(why string) {
 					h.Current = false
-					rep.Outside = append(rep.Outside, Outside{Holding: h, Network: ls.Key.Network, IP: p.Addr(), Why: why})
+					rep.Outside = append(rep.Outside, Outside{Holding: h, Network: ls.Key.Network, IP: a, Why: why, Block: b.CIDR, Owner: b.Owner})
 				}
 				switch {
 				case !ok:
@@ -138,17 +153,20 @@ func Audit(blocks []BlockRecord, nodes []NodeBooks) AuditReport {
 						out(fmt.Sprintf("block %s is at epoch %d; the node's ledger has it %s at epoch %d", b.CIDR, b.Epoch, lb.State, lb.Epoch))
 					}
 				}
+				if holders[a] == nil {
+					order = append(order, a)
+				}
 				holders[a] = append(holders[a], h)
 			}
 		}
 	}
-	for a, hs := range holders {
-		if len(hs) > 1 {
-			rep.DoubleHeld = append(rep.DoubleHeld, DoubleHeld{Network: a.network, IP: a.ip, Holders: hs})
+	for _, a := range order {
+		if hs := holders[a]; len(hs) > 1 {
+			rep.DoubleHeld = append(rep.DoubleHeld, DoubleHeld{Network: hs[0].Key.Network, IP: a, Holders: hs})
 		}
 	}
-	sort.Slice(rep.DoubleHeld, func(i, j int) bool { return rep.DoubleHeld[i].IP.Less(rep.DoubleHeld[j].IP) })
-	sort.Slice(rep.Outside, func(i, j int) bool { return rep.Outside[i].IP.Less(rep.Outside[j].IP) })
+	sort.SliceStable(rep.DoubleHeld, func(i, j int) bool { return rep.DoubleHeld[i].IP.Less(rep.DoubleHeld[j].IP) })
+	sort.SliceStable(rep.Outside, func(i, j int) bool { return rep.Outside[i].IP.Less(rep.Outside[j].IP) })
 	rep.OK = len(rep.DoubleHeld) == 0 && len(rep.Outside) == 0
 	return rep
 }

@@ -590,22 +590,11 @@ func (m *Manager) ensurePoolRecord(ctx context.Context, want PoolRecord) error {
 		}
 		if !have.equal(want) {
 			return fmt.Errorf("%w: network %q: the cluster's pool has ranges %v with blocks /%v, this node's config has ranges %v with blocks /%v; every node must use the same ranges and blockSize for a network name (fix this node's config, or use another network name)",
-				ErrPoolMismatch, want.Network, rangesString(have.Ranges), have.BlockBits, rangesString(want.Ranges), want.BlockBits)
+				ErrPoolMismatch, want.Network, pool.SetsString(have.Ranges), have.BlockBits, pool.SetsString(want.Ranges), want.BlockBits)
 		}
 		return nil
 	}
 	return fmt.Errorf("pool record %s keeps changing", key)
-}
-
-func rangesString(sets []pool.RangeSet) string {
-	s := "["
-	for i, set := range sets {
-		if i > 0 {
-			s += " "
-		}
-		s += "[" + set.String() + "]"
-	}
-	return s + "]"
 }
 
 // Allocate allocates req from the node's blocks in the ledger; when a range set has

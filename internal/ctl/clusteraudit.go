@@ -3,10 +3,11 @@ package ctl
 import (
 	"fmt"
 	"net/netip"
-	"sort"
 	"strings"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/cluster"
+	"github.com/ipledger/ipledger/internal/ledger"
 )
 
 // NodeLeases is one node's live leases, as its agent listed them.
@@ -50,15 +51,16 @@ type ClusterAudit struct {
 // AuditCluster checks every node's leases against each other and against the
 // datastore's blocks: no address held by two leases (on one node or two), every lease
 // inside a block of its network, owned by its node unless its agent flags the lease
-// lost; two agents claiming one node name is a problem too.
+// lost; two agents claiming one node name is a problem too. The rules are
+// cluster.Audit's; this adapts the agents' views to its input (a lease its agent
+// flags lost stands for a block its node's ledger holds lost, and a block the
+// datastore gives the node for one its ledger holds at that epoch: the views carry no
+// ledger epochs) and reads a lost-flagged lease outside its node's blocks as the
+// known state it is (counted in Lost), not a problem.
 func AuditCluster(nodes []NodeLeases, blocks []api.BlockView) ClusterAudit {
 	rep := ClusterAudit{Problems: []string{}}
 	bad := func(format string, a ...any) { rep.Problems = append(rep.Problems, fmt.Sprintf(format, a...)) }
-	type block struct {
-		p     netip.Prefix
-		owner string
-	}
-	byNet := map[string][]block{}
+	var recs []cluster.BlockRecord
 	for _, b := range blocks {
 		if b.State == api.BlockLost {
 			continue // the answering node's ledger copy of a block it lost, not the datastore's record
@@ -69,21 +71,37 @@ func AuditCluster(nodes []NodeLeases, blocks []api.BlockView) ClusterAudit {
 			bad("block %q of network %s: not a CIDR", b.Block, b.Network)
 			continue
 		}
-		byNet[b.Network] = append(byNet[b.Network], block{p.Masked(), b.Owner})
+		recs = append(recs, cluster.BlockRecord{Network: b.Network, CIDR: p.Masked(), Owner: b.Owner, Epoch: uint64(b.Epoch)})
 	}
+	containing := func(network string, a netip.Addr) (cluster.BlockRecord, bool) {
+		for _, r := range recs {
+			if r.Network == network && r.CIDR.Contains(a) {
+				return r, true
+			}
+		}
+		return cluster.BlockRecord{}, false
+	}
+	type nodeKey struct {
+		node string
+		key  ledger.Key
+	}
+	lost := map[nodeKey]bool{}
 	seen := map[string]string{}
-	holders := map[netip.Addr][]Holder{}
+	books := make([]cluster.NodeBooks, 0, len(nodes))
 	for _, n := range nodes {
 		if prev, dup := seen[n.Node]; dup {
 			bad("node %s answers on two sockets (%s and %s)", n.Node, prev, n.Socket)
 		}
 		seen[n.Node] = n.Socket
 		rep.Nodes = append(rep.Nodes, n.Node)
+		nb := cluster.NodeBooks{Node: n.Node}
 		for _, l := range n.Leases {
 			rep.Leases++
-			h := Holder{Node: n.Node, Network: l.Network, ContainerID: l.ContainerID, IfName: l.IfName, Lost: l.Lost}
+			k := ledger.Key{Network: l.Network, ContainerID: l.ContainerID, IfName: l.IfName}
+			ls := ledger.Lease{Key: k}
 			if l.Lost {
 				rep.Lost++
+				lost[nodeKey{n.Node, k}] = true
 			}
 			for _, s := range l.IPs {
 				p, err := netip.ParsePrefix(s)
@@ -91,49 +109,55 @@ func AuditCluster(nodes []NodeLeases, blocks []api.BlockView) ClusterAudit {
 					bad("node %s, lease %s/%s/%s: address %q is not a CIDR", n.Node, l.Network, l.ContainerID, l.IfName, s)
 					continue
 				}
-				a := p.Addr()
-				holders[a] = append(holders[a], h)
-				var in *block
-				for i, b := range byNet[l.Network] {
-					if b.p.Contains(a) {
-						in = &byNet[l.Network][i]
-						break
-					}
-				}
-				switch {
-				case in == nil:
-					bad("node %s, lease %s/%s/%s: %s lies in no block of network %s", n.Node, l.Network, l.ContainerID, l.IfName, a, l.Network)
-				case in.owner != n.Node && !l.Lost:
-					owner := in.owner
-					if owner == "" {
-						owner = "nobody"
-					}
-					bad("node %s, lease %s/%s/%s: %s lies in block %s owned by %s, and the agent does not flag it lost", n.Node, l.Network, l.ContainerID, l.IfName, a, in.p, owner)
+				ls.IPs = append(ls.IPs, p)
+				if b, ok := containing(l.Network, p.Addr()); ok && l.Lost {
+					nb.Blocks = append(nb.Blocks, ledger.BlockStatus{BlockRecord: ledger.BlockRecord{Network: b.Network, Prefix: b.CIDR, Epoch: b.Epoch, State: ledger.BlockLost}})
 				}
 			}
+			nb.Leases = append(nb.Leases, ls)
+		}
+		// after the lost ones: a block the node owns is current in its ledger
+		for _, b := range recs {
+			if b.Owner == n.Node {
+				nb.Blocks = append(nb.Blocks, ledger.BlockStatus{BlockRecord: ledger.BlockRecord{Network: b.Network, Prefix: b.CIDR, Epoch: b.Epoch, State: ledger.BlockActive}})
+			}
+		}
+		books = append(books, nb)
+	}
+	audit := cluster.Audit(recs, books)
+	for _, o := range audit.Outside {
+		l := o.Key
+		switch {
+		case !o.Block.IsValid():
+			bad("node %s, lease %s/%s/%s: %s lies in no block of network %s", o.Node, l.Network, l.ContainerID, l.IfName, o.IP, l.Network)
+		case o.Owner != o.Node && !lost[nodeKey{o.Node, l}]:
+			owner := o.Owner
+			if owner == "" {
+				owner = "nobody"
+			}
+			bad("node %s, lease %s/%s/%s: %s lies in block %s owned by %s, and the agent does not flag it lost", o.Node, l.Network, l.ContainerID, l.IfName, o.IP, o.Block, owner)
+		case o.Owner != o.Node:
+			// flagged lost: counted in Lost, released locally only
+		default:
+			bad("node %s, lease %s/%s/%s: %s: %s", o.Node, l.Network, l.ContainerID, l.IfName, o.IP, o.Why)
 		}
 	}
-	addrs := make([]netip.Addr, 0, len(holders))
-	for a, hs := range holders {
-		if len(hs) > 1 {
-			addrs = append(addrs, a)
-		}
-	}
-	sort.Slice(addrs, func(i, j int) bool { return addrs[i].Less(addrs[j]) })
-	for _, a := range addrs {
-		hs := holders[a]
-		rep.Doubles = append(rep.Doubles, ClusterDouble{IP: a.String(), Holders: hs})
+	for _, d := range audit.DoubleHeld {
+		cd := ClusterDouble{IP: d.IP.String()}
 		var who []string
-		for _, h := range hs {
-			s := h.Node + ":" + h.Network + "/" + h.ContainerID + "/" + h.IfName
-			if h.Lost {
+		for _, h := range d.Holders {
+			hl := Holder{Node: h.Node, Network: h.Key.Network, ContainerID: h.Key.ContainerID, IfName: h.Key.IfName, Lost: lost[nodeKey{h.Node, h.Key}]}
+			cd.Holders = append(cd.Holders, hl)
+			s := hl.Node + ":" + hl.Network + "/" + hl.ContainerID + "/" + hl.IfName
+			if hl.Lost {
 				s += " (lost block)"
 			}
 			who = append(who, s)
 		}
-		bad("%s is held %d times: %s", a, len(hs), strings.Join(who, ", "))
+		rep.Doubles = append(rep.Doubles, cd)
+		bad("%s is held %d times: %s", d.IP, len(d.Holders), strings.Join(who, ", "))
 	}
-	rep.DoubleAssigned = len(addrs)
+	rep.DoubleAssigned = len(audit.DoubleHeld)
 	rep.OK = len(rep.Problems) == 0
 	return rep
 }

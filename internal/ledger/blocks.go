@@ -145,7 +145,7 @@ func (l *Ledger) DeclareCluster(network string, ranges []pool.RangeSet, blockBit
 	return l.do(func(c *change) error {
 		if ps := l.pools[network]; ps != nil {
 			if !pool.Equal(ps.rec.Ranges, ranges) {
-				return fmt.Errorf("%w: network %q already has ranges %v; a config for the same network name must use the same ranges", ErrPoolConflict, network, setsString(ps.rec.Ranges))
+				return fmt.Errorf("%w: network %q already has ranges %v; a config for the same network name must use the same ranges", ErrPoolConflict, network, pool.SetsString(ps.rec.Ranges))
 			}
 			if ps.rec.BlockBits == nil {
 				return fmt.Errorf("%w: network %q is a node-local pool in this node's ledger; it cannot become cluster-wide while the ledger holds it (use another network name, or move the state file aside)", ErrPoolConflict, network)
@@ -192,7 +192,7 @@ func (l *Ledger) clusterBlock(network string, prefix netip.Prefix) (*poolState, 
 		}
 		return ps, i, s.blocks[prefix], nil
 	}
-	return nil, 0, nil, fmt.Errorf("%w: %s is not a block of network %q (blocks of /%v in ranges %s)", ErrUnknownBlock, prefix, network, ps.rec.BlockBits, setsString(ps.rec.Ranges))
+	return nil, 0, nil, fmt.Errorf("%w: %s is not a block of network %q (blocks of /%v in ranges %s)", ErrUnknownBlock, prefix, network, ps.rec.BlockBits, pool.SetsString(ps.rec.Ranges))
 }
 
 // saveBlock remembers b's record before the current operation, to restore it if the
@@ -450,13 +450,6 @@ func (l *Ledger) Blocks(network string) []BlockStatus {
 // blocks past the reuse delay.
 func (c *change) pickBlock(ps *poolState, i int, uid string, mono time.Duration) (netip.Addr, error) {
 	s := ps.sets[i]
-	take := func(it *freeItem) netip.Addr {
-		s.removeFree(it)
-		f, m := it.f, it.mono
-		c.onUndo(func() { s.addFree(f, m) })
-		c.write(func(tx Tx) error { return tx.DeleteFree(f.Network, f.IP) })
-		return f.IP
-	}
 	if uid != "" {
 		var best *freeItem
 		for _, it := range s.byUID[uid] {
@@ -465,7 +458,7 @@ func (c *change) pickBlock(ps *poolState, i int, uid string, mono time.Duration)
 			}
 		}
 		if best != nil {
-			return take(best), nil
+			return c.takeFree(s, best), nil
 		}
 	}
 	// The node owns a few blocks; a linear scan over them finds the first with a
@@ -479,28 +472,15 @@ func (c *change) pickBlock(ps *poolState, i int, uid string, mono time.Duration)
 			continue
 		}
 		active++
-		for b.rec.NextFresh < b.size {
+		if b.rec.NextFresh < b.size {
 			c.saveBlock(b)
-			off := b.rec.NextFresh
-			b.rec.NextFresh++
-			a, ok := b.clip.Addr(off)
-			if !ok {
-				break
+			if a, ok := s.nextFresh(ps.held, b.clip, b.size, &b.rec.NextFresh); ok {
+				return a, nil
 			}
-			if b.clip.Reserved(a) {
-				continue
-			}
-			if _, held := ps.held[a]; held {
-				continue
-			}
-			if _, free := s.index[a]; free {
-				continue
-			}
-			return a, nil
 		}
 	}
 	if top := s.free.top(); top != nil && mono-top.mono >= c.l.opts.ReuseDelay {
-		return take(top), nil
+		return c.takeFree(s, top), nil
 	}
 	return netip.Addr{}, &BlockCapacityError{Network: ps.rec.Network, Set: i, Blocks: active, Waiting: s.free.Len()}
 }

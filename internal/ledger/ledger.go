@@ -571,7 +571,7 @@ func (c *change) ensurePool(network string, ranges []pool.RangeSet) (*poolState,
 	l := c.l
 	if ps := l.pools[network]; ps != nil {
 		if ranges != nil && !pool.Equal(ps.rec.Ranges, ranges) {
-			return nil, fmt.Errorf("%w: network %q already has ranges %v; a config for the same network name must use the same ranges (use another network name for a new pool, or release every lease of %q first)", ErrPoolConflict, network, setsString(ps.rec.Ranges), network)
+			return nil, fmt.Errorf("%w: network %q already has ranges %v; a config for the same network name must use the same ranges (use another network name for a new pool, or release every lease of %q first)", ErrPoolConflict, network, pool.SetsString(ps.rec.Ranges), network)
 		}
 		return ps, nil
 	}
@@ -593,17 +593,6 @@ func (c *change) ensurePool(network string, ranges []pool.RangeSet) (*poolState,
 	c.onUndo(func() { delete(l.pools, network) })
 	c.touchPool(ps)
 	return ps, nil
-}
-
-func setsString(sets []pool.RangeSet) string {
-	s := "["
-	for i, set := range sets {
-		if i > 0 {
-			s += " "
-		}
-		s += "[" + set.String() + "]"
-	}
-	return s + "]"
 }
 
 // AllocateRequest asks for the addresses of one attachment.
@@ -681,7 +670,7 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 	err = l.do(func(c *change) error {
 		if ls, ok := l.leases[req.Key]; ok {
 			if req.Ranges != nil && !pool.Equal(l.pools[req.Key.Network].rec.Ranges, req.Ranges) {
-				return fmt.Errorf("%w: network %q already has ranges %v; a config for the same network name must use the same ranges", ErrPoolConflict, req.Key.Network, setsString(l.pools[req.Key.Network].rec.Ranges))
+				return fmt.Errorf("%w: network %q already has ranges %v; a config for the same network name must use the same ranges", ErrPoolConflict, req.Key.Network, pool.SetsString(l.pools[req.Key.Network].rec.Ranges))
 			}
 			lease, existed = cloneLease(ls), true
 			return nil
@@ -751,6 +740,42 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 	return lease, existed, nil
 }
 
+// takeFree hands out the free address it (removing it from s's free list, undone
+// with the change) and deletes its free record at commit.
+func (c *change) takeFree(s *setState, it *freeItem) netip.Addr {
+	s.removeFree(it)
+	f, m := it.f, it.mono
+	c.onUndo(func() { s.addFree(f, m) })
+	c.write(func(tx Tx) error { return tx.DeleteFree(f.Network, f.IP) })
+	return f.IP
+}
+
+// nextFresh returns the first address of set at or after offset *next (below size)
+// that is neither reserved, nor held (held), nor waiting in s's free list, and moves
+// *next past every offset it looked at; false when there is none. The node-mode
+// cursor (the pool record's) and a block's cursor both move through it.
+func (s *setState) nextFresh(held map[netip.Addr]Key, set pool.RangeSet, size uint64, next *uint64) (netip.Addr, bool) {
+	for *next < size {
+		off := *next
+		*next++
+		a, ok := set.Addr(off)
+		if !ok {
+			break
+		}
+		if set.Reserved(a) {
+			continue
+		}
+		if _, h := held[a]; h {
+			continue
+		}
+		if _, free := s.index[a]; free {
+			continue
+		}
+		return a, true
+	}
+	return netip.Addr{}, false
+}
+
 // pick takes one address of range set i: the pod's own last address when it is free,
 // else a never-used one, else the least recently released one past the reuse delay
 // (measured on the monotonic clock: mono is now's reading).
@@ -758,13 +783,6 @@ func (c *change) pick(ps *poolState, i int, uid string, mono time.Duration) (net
 	s := ps.sets[i]
 	if s.bits != 0 {
 		return c.pickBlock(ps, i, uid, mono)
-	}
-	take := func(it *freeItem) netip.Addr {
-		s.removeFree(it)
-		f, m := it.f, it.mono
-		c.onUndo(func() { s.addFree(f, m) })
-		c.write(func(tx Tx) error { return tx.DeleteFree(f.Network, f.IP) })
-		return f.IP
 	}
 	if uid != "" {
 		var best *freeItem
@@ -774,30 +792,15 @@ func (c *change) pick(ps *poolState, i int, uid string, mono time.Duration) (net
 			}
 		}
 		if best != nil {
-			return take(best), nil
+			return c.takeFree(s, best), nil
 		}
 	}
 	c.touchPool(ps)
-	for ps.rec.NextFresh[i] < s.size {
-		off := ps.rec.NextFresh[i]
-		ps.rec.NextFresh[i]++
-		a, ok := s.set.Addr(off)
-		if !ok {
-			break
-		}
-		if s.set.Reserved(a) {
-			continue
-		}
-		if _, held := ps.held[a]; held {
-			continue
-		}
-		if _, free := s.index[a]; free {
-			continue
-		}
+	if a, ok := s.nextFresh(ps.held, s.set, s.size, &ps.rec.NextFresh[i]); ok {
 		return a, nil
 	}
 	if top := s.free.top(); top != nil && mono-top.mono >= c.l.opts.ReuseDelay {
-		return take(top), nil
+		return c.takeFree(s, top), nil
 	}
 	return netip.Addr{}, fmt.Errorf("%w: network %q range set %d (%s): all %d usable addresses are in use (%d more released less than the reuse delay of %s ago)",
 		ErrPoolExhausted, ps.rec.Network, i, s.set.String(), s.usable, s.free.Len(), c.l.opts.ReuseDelay)

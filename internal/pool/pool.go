@@ -332,6 +332,15 @@ func (s RangeSet) String() string {
 	return strings.Join(parts, ",")
 }
 
+// SetsString prints range sets as [[set] [set] ...], for messages.
+func SetsString(sets []RangeSet) string {
+	parts := make([]string, len(sets))
+	for i, set := range sets {
+		parts[i] = "[" + set.String() + "]"
+	}
+	return "[" + strings.Join(parts, " ") + "]"
+}
+
 // u128 is a 128-bit unsigned integer for address arithmetic.
 type u128 struct{ hi, lo uint64 }
 

@@ -9,36 +9,13 @@ import (
 
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
-	"github.com/ipledger/ipledger/internal/store/boltstore"
+	"github.com/ipledger/ipledger/internal/store/storetest"
 )
 
 // fill opens a ledger at path holding n live leases in one /16 pool. The filling runs
 // without fsync; the ledger returned is reopened durable.
-func fill(b *testing.B, path string, n int) *ledger.Ledger { return fillT(b, path, n) }
-
-func fillT(b testing.TB, path string, n int) *ledger.Ledger {
-	b.Helper()
-	r := ledgertest.Ranges(b, `[[{"subnet":"10.20.0.0/16"}]]`)
-	st, err := boltstore.Open(path, boltstore.WithoutSync())
-	if err != nil {
-		b.Fatal(err)
-	}
-	l, err := ledger.Open(st, ledger.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	for i := 0; i < n; i++ {
-		if _, _, err := l.Allocate(ledger.AllocateRequest{Key: ledgertest.Key(fmt.Sprintf("fill%06d", i)), Pod: ledger.Pod{Namespace: "ns", Name: fmt.Sprint("pod", i), UID: fmt.Sprint("uid", i)}, Ranges: r}); err != nil {
-			b.Fatal(err)
-		}
-	}
-	l.Close()
-	l, err = ledger.Open(open(b, path), ledger.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { l.Close() })
-	return l
+func fill(b testing.TB, path string, n int) *ledger.Ledger {
+	return storetest.Fill(b, path, n, openStore)
 }
 
 // BenchmarkAllocateRelease: one durable allocate and one durable release per op, with
@@ -46,18 +23,7 @@ func fillT(b testing.TB, path string, n int) *ledger.Ledger {
 func BenchmarkAllocateRelease(b *testing.B) {
 	for _, n := range []int{1000, 16000, 64000} { // a /16 has 65533 usable addresses
 		b.Run(fmt.Sprintf("live=%dk", n/1000), func(b *testing.B) {
-			l := fill(b, filepath.Join(b.TempDir(), "ledger.db"), n)
-			r := ledgertest.Ranges(b, `[[{"subnet":"10.20.0.0/16"}]]`)
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				k := ledgertest.Key(fmt.Sprint("bench", i))
-				if _, _, err := l.Allocate(ledger.AllocateRequest{Key: k, Ranges: r}); err != nil {
-					b.Fatal(err)
-				}
-				if _, _, err := l.Release(k, ledger.ReasonDEL, ""); err != nil {
-					b.Fatal(err)
-				}
-			}
+			storetest.AllocateRelease(b, fill(b, filepath.Join(b.TempDir(), "ledger.db"), n))
 		})
 	}
 }
@@ -68,7 +34,7 @@ func BenchmarkHeap64k(b *testing.B) {
 	runtime.GC()
 	var before, after runtime.MemStats
 	runtime.ReadMemStats(&before)
-	l := fillT(b, filepath.Join(b.TempDir(), "ledger.db"), 64000)
+	l := fill(b, filepath.Join(b.TempDir(), "ledger.db"), 64000)
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 	b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/(1<<20), "MiB-heap")

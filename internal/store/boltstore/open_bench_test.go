@@ -5,13 +5,13 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/store/boltstore"
+	"github.com/ipledger/ipledger/internal/store/storetest"
 )
 
 var open64k struct {
@@ -84,7 +84,7 @@ func BenchmarkOpen64k(b *testing.B) {
 	var cpu time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		c0 := cpuTime(b)
+		c0 := storetest.CPUTime(b)
 		st, err := boltstore.Open(path)
 		if err != nil {
 			b.Fatal(err)
@@ -94,7 +94,7 @@ func BenchmarkOpen64k(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.StopTimer()
-		cpu += cpuTime(b) - c0
+		cpu += storetest.CPUTime(b) - c0
 		if i == 0 {
 			if got := len(l.Leases("net")); got != 64000 {
 				b.Fatalf("%d leases, want 64000", got)
@@ -106,13 +106,4 @@ func BenchmarkOpen64k(b *testing.B) {
 	// On a shared machine the wall time swings with the neighbours' load; the CPU
 	// time of the whole process (GC workers included) per open is steadier.
 	b.ReportMetric(float64(cpu.Microseconds())/1000/float64(b.N), "cpu-ms/op")
-}
-
-// cpuTime is the user and system CPU time of this process so far.
-func cpuTime(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

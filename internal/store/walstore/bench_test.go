@@ -3,13 +3,11 @@ package walstore
 import (
 	"fmt"
 	"path/filepath"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/ipledger/ipledger/internal/ledger"
-	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/store/boltstore"
+	"github.com/ipledger/ipledger/internal/store/storetest"
 )
 
 // BenchmarkAllocateRelease: one durable allocate and one durable release per op
@@ -19,38 +17,9 @@ import (
 func BenchmarkAllocateRelease(b *testing.B) {
 	for _, n := range []int{1000, 64000} {
 		b.Run(fmt.Sprintf("live=%dk", n/1000), func(b *testing.B) {
-			path := filepath.Join(b.TempDir(), "ledger.db")
-			r := ledgertest.Ranges(b, `[[{"subnet":"10.20.0.0/16"}]]`)
 			// fill without fsync through boltstore, then reopen durable on the log
-			bs, err := boltstore.Open(path, boltstore.WithoutSync())
-			if err != nil {
-				b.Fatal(err)
-			}
-			l, err := ledger.Open(bs, ledger.Options{})
-			if err != nil {
-				b.Fatal(err)
-			}
-			for i := 0; i < n; i++ {
-				if _, _, err := l.Allocate(ledger.AllocateRequest{Key: ledgertest.Key(fmt.Sprintf("fill%06d", i)), Pod: ledger.Pod{Namespace: "ns", Name: fmt.Sprint("pod", i), UID: fmt.Sprint("uid", i)}, Ranges: r}); err != nil {
-					b.Fatal(err)
-				}
-			}
-			l.Close()
-			l, err = ledger.Open(open(b, path), ledger.Options{})
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.Cleanup(func() { l.Close() })
-			b.ResetTimer()
-			for i := 0; i < b.N; i++ {
-				k := ledgertest.Key(fmt.Sprint("bench", i))
-				if _, _, err := l.Allocate(ledger.AllocateRequest{Key: k, Ranges: r}); err != nil {
-					b.Fatal(err)
-				}
-				if _, _, err := l.Release(k, ledger.ReasonDEL, ""); err != nil {
-					b.Fatal(err)
-				}
-			}
+			l := storetest.Fill(b, filepath.Join(b.TempDir(), "ledger.db"), n, openStore)
+			storetest.AllocateRelease(b, l)
 		})
 	}
 }
@@ -59,21 +28,7 @@ func BenchmarkAllocateRelease(b *testing.B) {
 // clean close (an agent's start), on boltstore and on this store.
 func BenchmarkOpen64k(b *testing.B) {
 	path := filepath.Join(b.TempDir(), "ledger.db")
-	r := ledgertest.Ranges(b, `[[{"subnet":"10.20.0.0/16"}]]`)
-	bs, err := boltstore.Open(path, boltstore.WithoutSync())
-	if err != nil {
-		b.Fatal(err)
-	}
-	l, err := ledger.Open(bs, ledger.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	for i := 0; i < 64000; i++ {
-		if _, _, err := l.Allocate(ledger.AllocateRequest{Key: ledgertest.Key(fmt.Sprintf("fill%06d", i)), Ranges: r}); err != nil {
-			b.Fatal(err)
-		}
-	}
-	l.Close()
+	storetest.FillFile(b, path, 64000)
 	for _, tc := range []struct {
 		name string
 		open func() (ledger.Store, error)
@@ -84,8 +39,10 @@ func BenchmarkOpen64k(b *testing.B) {
 		b.Run(tc.name, func(b *testing.B) {
 			// CPU time as well as wall time: on a shared machine the wall time
 			// mostly measures the neighbours
-			cpu0 := cpuTime()
-			defer func() { b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/1000/float64(b.N), "cpu-ms/op") }()
+			cpu0 := storetest.CPUTime(b)
+			defer func() {
+				b.ReportMetric(float64((storetest.CPUTime(b)-cpu0).Microseconds())/1000/float64(b.N), "cpu-ms/op")
+			}()
 			for i := 0; i < b.N; i++ {
 				st, err := tc.open()
 				if err != nil {
@@ -99,11 +56,4 @@ func BenchmarkOpen64k(b *testing.B) {
 			}
 		})
 	}
-}
-
-// cpuTime is the process's user and system CPU time.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -1,15 +1,12 @@
 package walstore
 
 import (
-	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -17,144 +14,21 @@ import (
 
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
+	"github.com/ipledger/ipledger/internal/store/storetest"
 )
 
 // crashSegment is the segment size of the crash children: a checkpoint every few
 // operations, so that kills land in checkpoints too.
 const crashSegment = 2048
 
-// crashRun is what one killed child left: its acknowledged changes.
-type crashRun struct {
-	acks    int
-	pending string // the operation begun and not acknowledged
-	midOp   bool
-}
-
-// runCrashChild starts the child on p. With step set, the child kills itself (SIGKILL)
-// the after-th time it reaches step; else the parent kills it after a random pause.
-func runCrashChild(t *testing.T, p string, run int, step string, after int, rng *rand.Rand, live map[string]string) crashRun {
-	t.Helper()
-	exe, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(exe, "-test.run=^TestCrashChild$")
-	cmd.Env = append(os.Environ(), "IPLEDGER_WAL_CRASH_CHILD="+p, fmt.Sprintf("IPLEDGER_WAL_CRASH_RUN=%d", run),
-		"IPLEDGER_WAL_CRASH_STEP="+step, fmt.Sprintf("IPLEDGER_WAL_CRASH_AFTER=%d", after))
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	var lines []string
-	read := make(chan struct{})
-	go func() {
-		defer close(read)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			lines = append(lines, sc.Text())
-		}
-	}()
-	exited := make(chan struct{})
-	go func() {
-		wait := time.Duration(20+rng.IntN(120)) * time.Millisecond
-		if step != "" {
-			wait = 30 * time.Second // the child kills itself; this is a backstop
-		}
-		select {
-		case <-read:
-		case <-time.After(wait):
-		}
-		cmd.Process.Signal(syscall.SIGKILL)
-		close(exited)
-	}()
-	<-read
-	<-exited
-	err = cmd.Wait()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.Sys().(syscall.WaitStatus).Signal() != syscall.SIGKILL {
-		t.Fatalf("run %d (step %q): child ended with %v, not by SIGKILL; it printed:\n%s", run, step, err, strings.Join(lines, "\n"))
-	}
-	var r crashRun
-	for _, line := range lines {
-		f := strings.Fields(line)
-		switch {
-		case len(f) == 2 && f[0] == "BEGIN":
-			r.pending = f[1]
-			continue
-		case len(f) == 3 && f[0] == "ALLOC":
-			live[f[1]] = f[2]
-		case len(f) == 2 && f[0] == "REL":
-			delete(live, f[1])
-		case len(f) >= 1 && f[0] == "ERR":
-			t.Fatalf("child: %s", line)
-		}
-		r.acks++
-		r.pending = ""
-	}
-	r.midOp = r.pending != ""
-	return r
-}
-
-// checkAfterCrash reopens p and checks that every acknowledged change is there, that
-// nothing never begun is, and that the books balance; it returns what is live.
-func checkAfterCrash(t *testing.T, p string, what string, live map[string]string, pending string) map[string]string {
-	t.Helper()
-	st, err := Open(p, WithSegmentBytes(crashSegment))
-	if err != nil {
-		t.Fatalf("after %s: reopen: %v", what, err)
-	}
-	l, err := ledger.Open(st, ledger.Options{})
-	if err != nil {
-		t.Fatalf("after %s: open ledger: %v", what, err)
-	}
-	defer l.Close()
-	ledgertest.Audit(t, l)
-	for cid, ip := range live {
-		ls, ok := l.Lease(ledgertest.Key(cid))
-		if cid == pending && !ok {
-			continue // its release was begun and may have landed
-		}
-		if !ok || ls.IPs[0].String() != ip {
-			t.Fatalf("after %s: acknowledged lease %s=%s is missing (got %v)", what, cid, ip, ls.IPs)
-		}
-	}
-	now := map[string]string{}
-	for _, ls := range l.Leases("") {
-		if _, ok := live[ls.Key.ContainerID]; !ok && ls.Key.ContainerID != pending {
-			t.Fatalf("after %s: lease %s exists but was never begun or was acknowledged released", what, ls.Key)
-		}
-		now[ls.Key.ContainerID] = ls.IPs[0].String()
-	}
-	return now
-}
+// openCrash opens the crash children's store (and reopens it after each kill).
+func openCrash(path string) (ledger.Store, error) { return Open(path, WithSegmentBytes(crashSegment)) }
 
 // TestCrashConsistency: a child allocates and releases in a loop on this store
 // (checkpointing every few operations), printing an acknowledgement after each
 // success; the test SIGKILLs it at random moments, reopens the ledger and checks that
 // every acknowledged change is there and the books balance.
-func TestCrashConsistency(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "ledger.db")
-	rng := rand.New(rand.NewPCG(1, uint64(time.Now().UnixNano())))
-	live := map[string]string{}
-	const kills = 60
-	acks, midOp := 0, 0
-	for run := range kills {
-		r := runCrashChild(t, p, run, "", 0, rng, live)
-		acks += r.acks
-		if r.midOp {
-			midOp++
-		}
-		live = checkAfterCrash(t, p, fmt.Sprintf("kill %d", run), live, r.pending)
-	}
-	t.Logf("%d kills (%d inside an operation), %d acknowledged operations, %d live leases at the end", kills, midOp, acks, len(live))
-	if acks < kills || midOp < kills/4 {
-		t.Fatalf("%d acknowledged operations and %d kills inside one over %d kills: the child did not run its loop", acks, midOp, kills)
-	}
-}
+func TestCrashConsistency(t *testing.T) { storetest.CrashConsistency(t, openCrash) }
 
 // TestCrashAtEachStep kills the child at each step of a commit and of a checkpoint
 // where a crash leaves the files in a different state: before the record is written,
@@ -181,31 +55,31 @@ func TestCrashAtEachStep(t *testing.T) {
 			live := map[string]string{}
 			// a run killed at a random moment first, so that the log holds records
 			// for the next start to replay
-			r := runCrashChild(t, p, 0, "", 0, rng, live)
-			live = checkAfterCrash(t, p, "the first kill", live, r.pending)
+			r := storetest.RunCrashChild(t, p, 0, "", 0, rng, live)
+			live = storetest.CheckAfterCrash(t, openCrash, p, "the first kill", live, r.Pending)
 			acks := 0
 			for run := 1; run <= 5; run++ {
 				if s.step == "open-replayed" {
 					// a random kill leaves records in the log; the next child is
 					// killed in its Open, after replaying them into ledger.db and
 					// before emptying the log
-					r := runCrashChild(t, p, 100+run, "", 0, rng, live)
-					if r.acks == 0 {
-						live = checkAfterCrash(t, p, "a random kill", live, r.pending)
+					r := storetest.RunCrashChild(t, p, 100+run, "", 0, rng, live)
+					if r.Acks == 0 {
+						live = storetest.CheckAfterCrash(t, openCrash, p, "a random kill", live, r.Pending)
 						continue
 					}
-					r2 := runCrashChild(t, p, run, s.step, 1, rng, live)
-					if r2.acks != 0 {
-						t.Fatalf("run %d: the child answered %d operations before its start was done", run, r2.acks)
+					r2 := storetest.RunCrashChild(t, p, run, s.step, 1, rng, live)
+					if r2.Acks != 0 {
+						t.Fatalf("run %d: the child answered %d operations before its start was done", run, r2.Acks)
 					}
 					// the killed child's replay is kept or redone: nothing is lost
-					live = checkAfterCrash(t, p, fmt.Sprintf("a kill at %s", s.step), live, r.pending)
-					acks += r.acks
+					live = storetest.CheckAfterCrash(t, openCrash, p, fmt.Sprintf("a kill at %s", s.step), live, r.Pending)
+					acks += r.Acks
 					continue
 				}
-				r := runCrashChild(t, p, run, s.step, 1+rng.IntN(s.maxAfter), rng, live)
-				acks += r.acks
-				live = checkAfterCrash(t, p, fmt.Sprintf("a kill at %s (run %d)", s.step, run), live, r.pending)
+				r := storetest.RunCrashChild(t, p, run, s.step, 1+rng.IntN(s.maxAfter), rng, live)
+				acks += r.Acks
+				live = storetest.CheckAfterCrash(t, openCrash, p, fmt.Sprintf("a kill at %s (run %d)", s.step, run), live, r.Pending)
 			}
 			if acks == 0 {
 				t.Fatalf("no run acknowledged anything before its kill at %s", s.step)
@@ -217,12 +91,7 @@ func TestCrashAtEachStep(t *testing.T) {
 
 // TestCrashChild is the child of the crash tests; it does nothing when run alone.
 func TestCrashChild(t *testing.T) {
-	p := os.Getenv("IPLEDGER_WAL_CRASH_CHILD")
-	if p == "" {
-		return
-	}
-	if step := os.Getenv("IPLEDGER_WAL_CRASH_STEP"); step != "" {
-		after, _ := strconv.Atoi(os.Getenv("IPLEDGER_WAL_CRASH_AFTER"))
+	if step, after := storetest.CrashStep(); step != "" {
 		n := 0
 		crashPoint = func(s string) {
 			if s == step {
@@ -233,50 +102,7 @@ func TestCrashChild(t *testing.T) {
 			}
 		}
 	}
-	run := os.Getenv("IPLEDGER_WAL_CRASH_RUN")
-	st, err := Open(p, WithSegmentBytes(crashSegment))
-	if err != nil {
-		fmt.Println("ERR", err)
-		os.Exit(1)
-	}
-	l, err := ledger.Open(st, ledger.Options{})
-	if err != nil {
-		fmt.Println("ERR", err)
-		os.Exit(1)
-	}
-	r := ledgertest.Ranges(t, `[[{"subnet":"10.20.0.0/16"}]]`)
-	w := bufio.NewWriter(os.Stdout)
-	held := []string{}
-	for _, ls := range l.Leases("") {
-		held = append(held, ls.Key.ContainerID)
-	}
-	for i := 0; ; i++ {
-		if len(held) > 0 && i%3 == 2 {
-			cid := held[0]
-			held = held[1:]
-			fmt.Fprintln(w, "BEGIN", cid)
-			w.Flush()
-			if _, _, err := l.Release(ledgertest.Key(cid), ledger.ReasonDEL, ""); err != nil {
-				fmt.Fprintln(w, "ERR", err)
-				w.Flush()
-				os.Exit(1)
-			}
-			fmt.Fprintln(w, "REL", cid)
-		} else {
-			cid := fmt.Sprintf("r%s-%d", run, i)
-			fmt.Fprintln(w, "BEGIN", cid)
-			w.Flush()
-			ls, _, err := l.Allocate(ledger.AllocateRequest{Key: ledgertest.Key(cid), Ranges: r})
-			if err != nil {
-				fmt.Fprintln(w, "ERR", err)
-				w.Flush()
-				os.Exit(1)
-			}
-			held = append(held, cid)
-			fmt.Fprintln(w, "ALLOC", cid, ls.IPs[0])
-		}
-		w.Flush()
-	}
+	storetest.CrashChild(t, openCrash)
 }
 
 // TestTornTailEveryLength: the log file of five commits, cut at every byte length
@@ -286,7 +112,7 @@ func TestCrashChild(t *testing.T) {
 // loss cannot be staged here; this is the state such a loss leaves in the log: a
 // synced prefix and a damaged rest.)
 func TestTornTailEveryLength(t *testing.T) {
-	dir := tmpfs(t, "64m") // thousands of opens: without real fsyncs
+	dir := storetest.Tmpfs(t, "64m") // thousands of opens: without real fsyncs
 	src := filepath.Join(dir, "src", "ledger.db")
 	st := open(t, src)
 	l, err := ledger.Open(st, ledger.Options{})
@@ -384,7 +210,7 @@ func TestTornTailEveryLength(t *testing.T) {
 // state file and its log live on a tiny tmpfs that the test fills up (the log grows
 // until its chunk cannot be written, and checkpoints fail in bbolt).
 func TestDiskFull(t *testing.T) {
-	dir := tmpfs(t, "1m")
+	dir := storetest.Tmpfs(t, "1m")
 	p := filepath.Join(dir, "ledger.db")
 	ballast := filepath.Join(dir, "ballast") // removed later to free space
 	if err := os.WriteFile(ballast, make([]byte, 640<<10), 0o600); err != nil {
@@ -396,27 +222,13 @@ func TestDiskFull(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := ledgertest.Ranges(t, `[[{"subnet":"10.0.0.0/16"}]]`)
-	acked := map[ledger.Key]string{}
-	var fullErr error
-	for i := 0; i < 20000 && fullErr == nil; i++ {
-		k := ledgertest.Key(fmt.Sprintf("c%05d-%s", i, strings.Repeat("x", 200)))
-		ls, _, err := l.Allocate(ledger.AllocateRequest{Key: k, Ranges: r})
-		if err != nil {
-			fullErr = err
-			break
-		}
-		acked[k] = ls.IPs[0].String()
-	}
-	if fullErr == nil {
-		t.Fatal("the disk never filled up")
-	}
-	if !errors.Is(fullErr, ledger.ErrStore) || !strings.Contains(fullErr.Error(), p) || !strings.Contains(fullErr.Error(), "disk full") {
+	acked, fullErr := storetest.FillDisk(t, l, p, r)
+	if !strings.Contains(fullErr.Error(), "disk full") {
 		t.Fatalf("err = %v, want ErrStore naming %s and the full disk", fullErr, p)
 	}
 	if l.Broken() != nil {
 		t.Fatalf("a full disk broke the ledger: %v", l.Broken())
 	}
-	t.Logf("disk full after %d allocations: %v", len(acked), fullErr)
 	ledgertest.Audit(t, l)
 	// further operations keep failing cleanly or succeed; never half-done
 	if _, _, err := l.Allocate(ledger.AllocateRequest{Key: ledgertest.Key("more"), Ranges: r}); err == nil {

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -19,6 +18,7 @@ import (
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/store/boltstore"
+	"github.com/ipledger/ipledger/internal/store/storetest"
 )
 
 func open(t testing.TB, path string, opts ...Option) *Store {
@@ -30,17 +30,8 @@ func open(t testing.TB, path string, opts ...Option) *Store {
 	return st
 }
 
-// tmpfs mounts a small tmpfs on a new directory (the tests that reopen a store
-// thousands of times or fill a disk need one; they need root).
-func tmpfs(t *testing.T, size string) string {
-	t.Helper()
-	dir := t.TempDir()
-	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size="+size, "tmpfs", dir).CombinedOutput(); err != nil {
-		t.Fatalf("mount tmpfs (the test needs root): %v: %s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
-	return dir
-}
+// openStore is Open with the default options, as a storetest.Opener.
+func openStore(path string) (ledger.Store, error) { return Open(path) }
 
 func TestLedgerSuite(t *testing.T) {
 	for _, seg := range []int64{DefaultSegmentBytes, 600} { // 600: a checkpoint every record or two
@@ -70,42 +61,7 @@ func TestFaultSoak(t *testing.T) {
 	ledgertest.Soak(t, st, ledgertest.SoakConfig{Ops: 10000, Workers: 8, FaultRate: 0.2, Seed: 1})
 }
 
-func TestCorruptFile(t *testing.T) {
-	dir := t.TempDir()
-	cases := map[string][]byte{
-		"garbage": []byte(strings.Repeat("not a ledger ", 2000)),
-		"empty":   {},
-	}
-	real := filepath.Join(dir, "real.db")
-	st := open(t, real)
-	l := ledgertest.Open(t, st, ledger.Options{})
-	if _, _, err := l.Allocate(ledger.AllocateRequest{Key: ledgertest.Key("a"), Ranges: ledgertest.Ranges(t, `[[{"subnet":"10.0.0.0/24"}]]`)}); err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(real)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cases["truncated"] = b[:100]
-	cases["foreign bbolt"] = boltFile(t, filepath.Join(dir, "foreign.src"), "other", nil)
-	cases["other schema"] = boltFile(t, filepath.Join(dir, "schema.src"), "meta", map[string]string{"schema": "99"})
-	for name, content := range cases {
-		t.Run(name, func(t *testing.T) {
-			p := filepath.Join(dir, name+".db")
-			if err := os.WriteFile(p, content, 0o600); err != nil {
-				t.Fatal(err)
-			}
-			_, err := Open(p)
-			if !errors.Is(err, ledger.ErrCorrupt) || !strings.Contains(err.Error(), p) || !strings.Contains(err.Error(), "move the file aside") {
-				t.Fatalf("err = %v, want ErrCorrupt naming %s and the fix", err, p)
-			}
-			after, _ := os.ReadFile(p)
-			if string(after) != string(content) {
-				t.Fatal("opening a corrupt file changed it")
-			}
-		})
-	}
-}
+func TestCorruptFile(t *testing.T) { storetest.CorruptFile(t, openStore) }
 
 // A damaged record followed by an intact one is corruption, not a torn tail: Open
 // refuses, naming the log file and the fix, and changes nothing.
@@ -142,15 +98,7 @@ func TestCorruptLogInTheMiddle(t *testing.T) {
 	}
 }
 
-func TestLockedByAnotherAgent(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "ledger.db")
-	st := open(t, p)
-	defer st.Close()
-	_, err := Open(p)
-	if err == nil || !strings.Contains(err.Error(), "locked by another process") {
-		t.Fatalf("err = %v, want a clear 'locked' error", err)
-	}
-}
+func TestLockedByAnotherAgent(t *testing.T) { storetest.LockedByAnotherAgent(t, openStore) }
 
 // A state file written by boltstore (an older ipledgerd) opens and keeps working, and
 // after a clean Close an older ipledgerd reads everything from ledger.db alone.
@@ -336,38 +284,6 @@ func readUint(b []byte) uint64 {
 		v = v<<8 | uint64(c)
 	}
 	return v
-}
-
-// boltFile writes a bbolt file with one bucket holding kv and returns its bytes.
-func boltFile(t *testing.T, path, bucket string, kv map[string]string) []byte {
-	t.Helper()
-	db, err := bolt.Open(path, 0o600, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = db.Update(func(tx *bolt.Tx) error {
-		b, err := tx.CreateBucket([]byte(bucket))
-		if err != nil {
-			return err
-		}
-		for k, v := range kv {
-			if err := b.Put([]byte(k), []byte(v)); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
-	if cerr := db.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
 }
 
 // A commit costs one fdatasync, of the log, and writes nothing to ledger.db; a
