@@ -271,6 +271,7 @@ func TestChaosKubernetes(t *testing.T) {
 			}
 		}
 	}
+	auditPhase(t, tally, "end (the joined nodes too)", live)
 	for _, b := range blocksOf(t, live[0]) {
 		for _, n := range everyone {
 			if b.Owner == n.name && n.PID() == 0 {
