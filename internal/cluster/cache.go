@@ -77,15 +77,15 @@ func (m *Manager) relist(ctx context.Context, network string) ([]cachedBlock, er
 		c = &blockCache{}
 		m.caches[network] = c
 	}
-	old, oldDone := c.stop, c.done
+	if c.stop != nil {
+		// ends the old watch; its goroutine changes nothing any more (gen), so
+		// the claim does not wait for it
+		c.stop()
+	}
 	c.gen++
 	c.kvs, c.live, c.stop, c.done = fresh, false, nil, nil
 	gen := c.gen
 	m.cacheMu.Unlock()
-	if old != nil {
-		old()
-		<-oldDone
-	}
 	// The watch outlives this claim: its context is the manager's, ended by Stop or
 	// by the next relist.
 	wctx, wcancel := context.WithCancel(context.Background())
