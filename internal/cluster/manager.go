@@ -950,7 +950,10 @@ func (m *Manager) giveBack(ctx context.Context, key string, b ledger.BlockStatus
 // reclaim frees the blocks of dead nodes. It reads the blocks before the leases, so
 // that an owner which renews and re-affirms its blocks after that read makes the
 // compare-and-swap fail. It also re-adopts blocks the datastore gives this node that
-// its ledger lacks (a give-back whose outcome was unknown).
+// its ledger lacks (a give-back whose outcome was unknown). It lists the blocks of
+// every network afresh rather than reading the claims' watched cache: it runs off
+// the ADD path (every Interval, under stepMu, not claimMu), spans every network, and
+// its reads-before-leases ordering needs a read made now.
 func (m *Manager) reclaim(ctx context.Context) error {
 	cctx, cancel := m.ctx(ctx)
 	defer cancel()
