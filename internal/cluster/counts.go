@@ -13,16 +13,19 @@ type Counts struct {
 	HandBacks   uint64 // empty blocks given back after the grace
 	Reclaims    uint64 // dead nodes' blocks freed by this manager
 	Suspensions uint64 // times the node's blocks were suspended (lease not provable)
+	// BlockLists: times a claim listed its network's blocks (no live watched copy,
+	// or a claim on the copy found nothing: it was stale)
+	BlockLists uint64
 }
 
 type counters struct {
-	claims, handBacks, reclaims, suspensions atomic.Uint64
+	claims, handBacks, reclaims, suspensions, blockLists atomic.Uint64
 }
 
 // Counts returns the manager's figures.
 func (m *Manager) Counts() Counts {
 	c := Counts{Claims: m.counts.claims.Load(), HandBacks: m.counts.handBacks.Load(),
-		Reclaims: m.counts.reclaims.Load(), Suspensions: m.counts.suspensions.Load()}
+		Reclaims: m.counts.reclaims.Load(), Suspensions: m.counts.suspensions.Load(), BlockLists: m.counts.blockLists.Load()}
 	for _, b := range m.l.Blocks("") {
 		if b.State != ledger.BlockLost {
 			c.Owned++

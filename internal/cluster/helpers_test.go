@@ -29,6 +29,7 @@ import (
 type netDS struct {
 	datastore.Store
 	cut    atomic.Bool
+	lag    sync.Mutex   // held: watch events wait (see Watch)
 	writes atomic.Int64 // Create, Update, Delete, Acquire, Renew, Release sent
 	// reclaims counts successful Updates that set a block's owner to "" (give-backs
 	// and reclaims).
@@ -82,6 +83,40 @@ func (d *netDS) List(ctx context.Context, prefix string) ([]datastore.KV, int64,
 	return d.Store.List(ctx, prefix)
 }
 func (d *netDS) Leases() datastore.Leases { return netLeases{d} }
+
+// Watch passes the store's watch on, event by event; while lag is held no event is
+// passed on (a watch that lags behind the store, so the manager's cache is stale).
+func (d *netDS) Watch(ctx context.Context, prefix string, from int64) (datastore.Watch, error) {
+	w, err := d.Store.Watch(ctx, prefix, from)
+	if err != nil {
+		return nil, err
+	}
+	lw := &lagWatch{w: w, ch: make(chan datastore.Event)}
+	go func() {
+		defer close(lw.ch)
+		for ev := range w.Events() {
+			d.lag.Lock()
+			//lint:ignore SA2001 an empty critical section: it waits while the test holds lag
+			d.lag.Unlock()
+			select {
+			case lw.ch <- ev:
+			case <-ctx.Done():
+				for range w.Events() {
+				}
+				return
+			}
+		}
+	}()
+	return lw, nil
+}
+
+type lagWatch struct {
+	w  datastore.Watch
+	ch chan datastore.Event
+}
+
+func (l *lagWatch) Events() <-chan datastore.Event { return l.ch }
+func (l *lagWatch) Err() error                     { return l.w.Err() }
 
 type netLeases struct{ d *netDS }
 

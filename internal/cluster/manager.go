@@ -125,6 +125,9 @@ type Manager struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	counts counters // for metrics (counts.go)
+
+	cacheMu sync.Mutex
+	caches  map[string]*blockCache // by network (cache.go)
 }
 
 type ownedBlock struct {
@@ -188,7 +191,8 @@ func New(ds datastore.Store, l *ledger.Ledger, opts Options) (*Manager, error) {
 	}
 	m := &Manager{ds: ds, l: l, opts: opts, log: log.With("node", opts.Node),
 		nets: map[string]PoolRecord{}, owned: map[string]ownedBlock{}, empty: map[string]emptyObs{},
-		obs: map[string]*leaseObs{}, gone: map[string]bool{}, lapsed: true}
+		obs: map[string]*leaseObs{}, gone: map[string]bool{}, lapsed: true,
+		caches: map[string]*blockCache{}}
 	l.SetAllocationGuard(m.guard)
 	return m, nil
 }
@@ -292,6 +296,7 @@ func (m *Manager) Stop(ctx context.Context) error {
 		<-m.done
 		m.cancel = nil
 	}
+	m.stopWatches()
 	m.mu.Lock()
 	l, started := m.lease, m.started
 	m.started = false
@@ -662,20 +667,38 @@ func (m *Manager) claim(ctx context.Context, network string, set int) error {
 	if !ok || set < 0 || set >= len(cfg.Ranges) {
 		return fmt.Errorf("%w: %q range set %d", ErrUnknownNetwork, network, set)
 	}
+	// Candidates come from the watched cache; a claim that finds none there (or
+	// whose every write lost because the cache was stale) lists afresh and tries
+	// once more. Every write is a compare-and-swap either way.
+	blocks, cached := m.cachedBlocks(network)
+	if !cached {
+		var err error
+		if blocks, err = m.relist(ctx, network); err != nil {
+			return err
+		}
+	}
+	err := m.claimFrom(ctx, network, set, cfg, blocks)
+	if cached && errors.Is(err, ErrNoFreeBlock) {
+		if blocks, err = m.relist(ctx, network); err != nil {
+			return err
+		}
+		err = m.claimFrom(ctx, network, set, cfg, blocks)
+	}
+	return err
+}
+
+// claimFrom claims a block of network's range set among blocks (the network's block
+// records as last known): a free one, else a never-claimed prefix.
+func (m *Manager) claimFrom(ctx context.Context, network string, set int, cfg PoolRecord, blocks []cachedBlock) error {
 	cctx, cancel := m.ctx(ctx)
 	defer cancel()
-	kvs, _, err := m.ds.List(cctx, BlocksPrefix(network))
-	m.note(err)
-	if err != nil {
-		return fmt.Errorf("listing blocks of %q: %w", network, err)
-	}
 	existing := map[netip.Prefix]bool{}
 	var free []datastore.KV
 	var freeRecs []BlockRecord
-	for _, kv := range kvs {
-		rec, err := decodeBlock(kv)
-		if err != nil {
-			m.log.Warn("skipping a block record", "err", err)
+	for _, b := range blocks {
+		kv, rec := b.kv, b.rec
+		if b.err != nil {
+			m.log.Warn("skipping a block record", "err", b.err)
 			continue
 		}
 		existing[rec.CIDR] = true
@@ -786,6 +809,9 @@ func (m *Manager) took(rec BlockRecord, rev int64) error {
 	m.mu.Lock()
 	m.owned[BlockKey(rec.Network, rec.CIDR)] = ownedBlock{rec: rec, rev: rev}
 	m.mu.Unlock()
+	if val, err := json.Marshal(rec); err == nil {
+		m.cacheWrite(rec.Network, BlockKey(rec.Network, rec.CIDR), val, rev)
+	}
 	m.log.Info("block claimed", "network", rec.Network, "block", rec.CIDR.String(), "epoch", rec.Epoch)
 	return nil
 }
@@ -919,7 +945,10 @@ func (m *Manager) giveBack(ctx context.Context, key string, b ledger.BlockStatus
 // reclaim frees the blocks of dead nodes. It reads the blocks before the leases, so
 // that an owner which renews and re-affirms its blocks after that read makes the
 // compare-and-swap fail. It also re-adopts blocks the datastore gives this node that
-// its ledger lacks (a give-back whose outcome was unknown).
+// its ledger lacks (a give-back whose outcome was unknown). It lists the blocks of
+// every network afresh rather than reading the claims' watched cache: it runs off
+// the ADD path (every Interval, under stepMu, not claimMu), spans every network, and
+// its reads-before-leases ordering needs a read made now.
 func (m *Manager) reclaim(ctx context.Context) error {
 	cctx, cancel := m.ctx(ctx)
 	defer cancel()

@@ -787,12 +787,21 @@ func testClaimSpreadTakesEveryBlock(t *testing.T, newC func(*testing.T) *cl) {
 	firsts := map[string]bool{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
+	// every node makes its first claim before any makes a second: claims from the
+	// watched cache are fast enough that two nodes could take all 128 blocks before
+	// a third one, scheduled late on a loaded machine, makes its first
+	var first sync.WaitGroup
+	first.Add(len(agents))
 	for _, a := range agents {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			for i := 0; ; i++ {
 				p, err := a.m.Claim(ctx, "net", 0)
+				if i == 0 {
+					first.Done()
+					first.Wait()
+				}
 				if errors.Is(err, cluster.ErrNoFreeBlock) {
 					return
 				}
