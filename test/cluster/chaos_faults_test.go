@@ -73,6 +73,34 @@ func hold(t *testing.T, n *node, tag string, count int) map[string]netip.Addr {
 	return out
 }
 
+// killAndRestart is the chaos runs' agent-kill phase: fault makes victim hold 10
+// leases, kills it with SIGKILL and restarts it on its state dir; check asserts that it
+// kept every lease, none flagged lost, then releases them.
+func killAndRestart(t *testing.T, victim *node, tag string) (fault, check func()) {
+	var held map[string]netip.Addr
+	var before []api.LeaseView
+	fault = func() {
+		held = hold(t, victim, tag, 10)
+		before = victim.Leases(t)
+		victim.Kill()
+		t.Logf("kill -9 of %s (holding %d leases), restarted on its state", victim.name, len(held))
+		victim.Restart()
+	}
+	check = func() {
+		after := victim.Leases(t)
+		if len(after) != len(before) {
+			t.Fatalf("%s: %d leases after kill -9 and restart, %d before", victim.name, len(after), len(before))
+		}
+		for _, l := range after {
+			if l.Lost {
+				t.Fatalf("%s: lease %s flagged lost after a restart within the quarantine", victim.name, l.ContainerID)
+			}
+		}
+		releaseHeld(t, victim, held)
+	}
+	return fault, check
+}
+
 func releaseHeld(t *testing.T, n *node, held map[string]netip.Addr) {
 	t.Helper()
 	for cid := range held {
@@ -181,26 +209,8 @@ func TestChaosFaults(t *testing.T) {
 			others := without(live, victim)
 			switch kind {
 			case "agent-kill":
-				var held map[string]netip.Addr
-				var before []api.LeaseView
-				phase(kind+" "+victim.name, others, func() {
-					held = hold(t, victim, fmt.Sprint("k", r), 10)
-					before = victim.Leases(t)
-					victim.Kill()
-					t.Logf("kill -9 of %s (holding %d leases), restarted on its state", victim.name, len(held))
-					victim.Restart()
-				}, func() {
-					after := victim.Leases(t)
-					if len(after) != len(before) {
-						t.Fatalf("%s: %d leases after kill -9 and restart, %d before", victim.name, len(after), len(before))
-					}
-					for _, l := range after {
-						if l.Lost {
-							t.Fatalf("%s: lease %s flagged lost after a restart within the quarantine", victim.name, l.ContainerID)
-						}
-					}
-					releaseHeld(t, victim, held)
-				})
+				fault, check := killAndRestart(t, victim, fmt.Sprint("k", r))
+				phase(kind+" "+victim.name, others, fault, check)
 			case "etcd-kill":
 				phase(kind, live, func() {
 					i := etcdLeader(t, ec)

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	kubeenv "github.com/ipledger/ipledger/internal/testenv/kube"
 )
@@ -149,26 +148,8 @@ func TestChaosKubernetes(t *testing.T) {
 			others := without(live, victim)
 			switch kind {
 			case "agent-kill":
-				var held map[string]netip.Addr
-				var before []api.LeaseView
-				phase(kind+" "+victim.name, others, func() {
-					held = hold(t, victim, fmt.Sprint("k", r), 10)
-					before = victim.Leases(t)
-					victim.Kill()
-					t.Logf("kill -9 of %s (holding %d leases), restarted on its state", victim.name, len(held))
-					victim.Restart()
-				}, func() {
-					after := victim.Leases(t)
-					if len(after) != len(before) {
-						t.Fatalf("%s: %d leases after kill -9 and restart, %d before", victim.name, len(after), len(before))
-					}
-					for _, l := range after {
-						if l.Lost {
-							t.Fatalf("%s: lease %s flagged lost after a restart within the quarantine", victim.name, l.ContainerID)
-						}
-					}
-					releaseHeld(t, victim, held)
-				})
+				fault, check := killAndRestart(t, victim, fmt.Sprint("k", r))
+				phase(kind+" "+victim.name, others, fault, check)
 			case "apiserver-restart":
 				phase(kind, live, func() {
 					pid := kube.PID()
