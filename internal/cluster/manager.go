@@ -817,9 +817,7 @@ func (m *Manager) took(rec BlockRecord, rev int64) error {
 }
 
 // NodeGone tells the manager that node's Node object was deleted (Kubernetes): its
-// blocks are reclaimed as soon as its lease has run out, without the quarantine. The
-// mark is dropped when the node's lease is seen written again afterwards (a Node
-// re-created under the same name).
+// blocks are reclaimed as soon as its lease has run out, without the quarantine.
 func (m *Manager) NodeGone(node string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -980,13 +978,6 @@ func (m *Manager) reclaim(ctx context.Context) error {
 		live[l.Node] = true
 		o := m.obs[l.Node]
 		if o == nil || o.gone || o.rev != l.Revision {
-			if o != nil && m.gone[l.Node] {
-				// Written since its Node was deleted: an agent holds that name again
-				// (a Node re-created under the same name, or the deletion raced a last
-				// renewal). Its next lapse waits out the quarantine like anyone's;
-				// forgetting the deletion can only delay a reclaim, never hurry one.
-				delete(m.gone, l.Node)
-			}
 			m.obs[l.Node] = &leaseObs{rev: l.Revision, seen: now, ttl: l.TTL}
 		}
 	}

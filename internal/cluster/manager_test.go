@@ -488,42 +488,6 @@ func testNodeGone(t *testing.T, newC func(*testing.T) *cl) {
 	c.allowOutside = true
 }
 
-// A Node deleted and created again under the same name (a replaced machine, a node
-// re-joined) is alive again once its lease is written after the deletion: its next
-// lapse waits out the quarantine like any other node's, not just its lease.
-func TestNodeGoneThenBack(t *testing.T) { forBackends(t, testNodeGoneThenBack) }
-
-func testNodeGoneThenBack(t *testing.T, newC func(*testing.T) *cl) {
-	c := newC(t)
-	r := ranges(t, v4)
-	b := c.agent("node-b", r, []int{26})
-	b.mustAlloc(t, "p")
-	w := c.agent("node-w", r, []int{26})
-	step := func() { _ = w.m.Renew(ctx); _ = w.m.Sweep(ctx) }
-	step()
-	w.m.NodeGone("node-b")
-	c.clk.Advance(ttl / 3)
-	if err := b.m.Renew(ctx); err != nil {
-		t.Fatalf("node-b renews after its Node was deleted and created again: %v", err)
-	}
-	step()
-	b.ds.cut.Store(true)
-	step()
-	c.clk.Advance(ttl + time.Second)
-	step()
-	step()
-	if rec := blockRec(t, c.ds, "10.20.0.0/26"); rec.Owner != "node-b" {
-		t.Fatalf("a node back after its deletion lost its block when its lease ran out, without the quarantine: %+v", rec)
-	}
-	c.clk.Advance(ttl) // the quarantine (the lease TTL here)
-	step()
-	step()
-	if rec := blockRec(t, c.ds, "10.20.0.0/26"); rec.Owner != "" {
-		t.Fatalf("block not reclaimed after the lease and the quarantine: %+v", rec)
-	}
-	c.allowOutside = true
-}
-
 // A second node configured with other ranges or another block size for the same
 // network is refused with an error naming both configs.
 func TestPoolConfigConflict(t *testing.T) { forBackends(t, testPoolConfigConflict) }
