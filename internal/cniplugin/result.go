@@ -224,8 +224,10 @@ func writeSorted(b *bytes.Buffer, members []kv) {
 	b.WriteByte('}')
 }
 
-func strVal(s string) func(*bytes.Buffer)  { return func(b *bytes.Buffer) { writeStr(b, s) } }
-func intVal(v int) func(*bytes.Buffer)     { return func(b *bytes.Buffer) { b.WriteString(strconv.Itoa(v)) } }
+func strVal(s string) func(*bytes.Buffer) { return func(b *bytes.Buffer) { writeStr(b, s) } }
+func intVal(v int) func(*bytes.Buffer) {
+	return func(b *bytes.Buffer) { b.WriteString(strconv.Itoa(v)) }
+}
 func strsVal(v []string) func(*bytes.Buffer) {
 	return func(b *bytes.Buffer) {
 		b.WriteByte('[')
