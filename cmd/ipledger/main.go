@@ -2,11 +2,12 @@
 package main
 
 import (
-	"github.com/containernetworking/cni/pkg/skel"
+	"os"
 
+	"github.com/ipledger/ipledger/internal/cniplugin"
 	"github.com/ipledger/ipledger/internal/ipam"
 )
 
 func main() {
-	skel.PluginMainFuncs(ipam.New().Funcs(), ipam.Versions, "ipledger: IPAM plugin, a client of ipledgerd")
+	os.Exit(cniplugin.Main(cniplugin.OS(), ipam.New().Funcs(), ipam.Versions, "ipledger: IPAM plugin, a client of ipledgerd"))
 }

@@ -1,6 +1,6 @@
 // Package ipam is the logic of the `ipledger` CNI IPAM plugin: a thin client that
 // turns each CNI call into one request to the node agent. Its main is one
-// skel.PluginMainFuncs call.
+// cniplugin.Main call.
 package ipam
 
 import (
@@ -10,9 +10,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/types"
-
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/cniplugin"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/pool"
 )
@@ -23,9 +22,15 @@ const (
 	DefaultTimeout = 10 * time.Second
 )
 
-// NetConf is the network configuration the plugin reads from stdin.
+// NetConf is the network configuration the plugin reads from stdin: the spec's
+// fields an IPAM plugin reads, and its ipam section.
 type NetConf struct {
-	types.NetConf
+	CNIVersion       string           `json:"cniVersion,omitempty"`
+	Name             string           `json:"name,omitempty"`
+	Type             string           `json:"type,omitempty"`
+	Capabilities     map[string]bool  `json:"capabilities,omitempty"`
+	DNS              cniplugin.DNS    `json:"dns,omitempty"`
+	RawPrevResult    json.RawMessage  `json:"prevResult,omitempty"`
 	IPAM             Config           `json:"ipam"`
 	ValidAttachments []api.Attachment `json:"cni.dev/valid-attachments,omitempty"`
 	Attachments      []api.Attachment `json:"cni.dev/attachments,omitempty"`
@@ -37,13 +42,13 @@ type NetConf struct {
 // Socket published its spool (spool.Resolve), so the two cannot drift apart. The
 // field spoolDir of earlier releases is accepted and ignored.
 type Config struct {
-	Type     string          `json:"type"`
-	Socket   string          `json:"socket,omitempty"`
-	SpoolDir string          `json:"spoolDir,omitempty"` // deprecated, ignored
-	Timeout  string          `json:"timeout,omitempty"`
-	Ranges   json.RawMessage `json:"ranges,omitempty"`
-	Routes   []*types.Route  `json:"routes,omitempty"`
-	DataDir  string          `json:"dataDir,omitempty"` // host-local's; accepted and ignored
+	Type     string             `json:"type"`
+	Socket   string             `json:"socket,omitempty"`
+	SpoolDir string             `json:"spoolDir,omitempty"` // deprecated, ignored
+	Timeout  string             `json:"timeout,omitempty"`
+	Ranges   json.RawMessage    `json:"ranges,omitempty"`
+	Routes   []*cniplugin.Route `json:"routes,omitempty"`
+	DataDir  string             `json:"dataDir,omitempty"` // host-local's; accepted and ignored
 	// BlockSize is cluster mode's block prefix length (0: /26 for IPv4, /122 for
 	// IPv6); the agent checks it against the ranges. Node mode ignores it.
 	BlockSize int `json:"blockSize,omitempty"`
@@ -60,7 +65,7 @@ type rawRoute struct {
 
 // ParseConfig decodes and validates stdin. needRanges is false for DEL, GC and STATUS,
 // which must work even when the ranges are not given.
-func ParseConfig(stdin []byte, needRanges bool) (*NetConf, *types.Error) {
+func ParseConfig(stdin []byte, needRanges bool) (*NetConf, *cniplugin.Error) {
 	var conf NetConf
 	if err := decodeNetConf(stdin, &conf); err != nil { // json.Unmarshal, by hand for the common shape
 		var probe struct {
@@ -71,20 +76,20 @@ func ParseConfig(stdin []byte, needRanges bool) (*NetConf, *types.Error) {
 		if json.Unmarshal(stdin, &probe) == nil {
 			for i, r := range probe.IPAM.Routes {
 				if _, _, perr := net.ParseCIDR(r.Dst); perr != nil {
-					return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.routes[%d].dst: %q is not a CIDR (want e.g. \"0.0.0.0/0\")", i, r.Dst), "")
+					return nil, cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.routes[%d].dst: %q is not a CIDR (want e.g. \"0.0.0.0/0\")", i, r.Dst), "")
 				}
 				if r.GW != "" && net.ParseIP(r.GW) == nil {
-					return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.routes[%d].gw: %q is not an IP address", i, r.GW), "")
+					return nil, cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.routes[%d].gw: %q is not an IP address", i, r.GW), "")
 				}
 			}
 		}
-		return nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("network configuration is not valid JSON of the expected shape: %v", err), "")
+		return nil, cniplugin.NewError(cniplugin.ErrDecodingFailure, fmt.Sprintf("network configuration is not valid JSON of the expected shape: %v", err), "")
 	}
 	if conf.Name == "" {
-		return nil, types.NewError(types.ErrInvalidNetworkConfig, "name: missing; the network name identifies the pool", "")
+		return nil, cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, "name: missing; the network name identifies the pool", "")
 	}
 	if err := (ledger.Key{Network: conf.Name, ContainerID: "x", IfName: "x"}).Validate(); err != nil {
-		return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("name: %v", err), "")
+		return nil, cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, fmt.Sprintf("name: %v", err), "")
 	}
 	c := &conf.IPAM
 	if c.Socket == "" {
@@ -94,7 +99,7 @@ func ParseConfig(stdin []byte, needRanges bool) (*NetConf, *types.Error) {
 	if c.Timeout != "" {
 		d, err := time.ParseDuration(c.Timeout)
 		if err != nil || d <= 0 {
-			return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.timeout: %q is not a positive duration (e.g. \"10s\")", c.Timeout), "")
+			return nil, cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.timeout: %q is not a positive duration (e.g. \"10s\")", c.Timeout), "")
 		}
 		c.timeout = d
 	}
@@ -106,7 +111,7 @@ func ParseConfig(stdin []byte, needRanges bool) (*NetConf, *types.Error) {
 		}
 		sets, err := pool.ParseRangeSets(c.Ranges)
 		if err != nil && needRanges {
-			return nil, types.NewError(types.ErrInvalidNetworkConfig, "ipam."+strings.TrimPrefix(err.Error(), pool.ErrInvalidRange.Error()+": "), "")
+			return nil, cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, "ipam."+strings.TrimPrefix(err.Error(), pool.ErrInvalidRange.Error()+": "), "")
 		}
 		// DEL, CHECK, GC and STATUS do not use the ranges: a broken ranges field
 		// must not stop a DEL from releasing (the runtime may never retry it)
@@ -114,14 +119,14 @@ func ParseConfig(stdin []byte, needRanges bool) (*NetConf, *types.Error) {
 			c.ranges = sets
 		}
 	} else if needRanges {
-		return nil, types.NewError(types.ErrInvalidNetworkConfig, "ipam.ranges: missing; give e.g. [[{\"subnet\": \"10.0.0.0/24\"}]]", "")
+		return nil, cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, "ipam.ranges: missing; give e.g. [[{\"subnet\": \"10.0.0.0/24\"}]]", "")
 	}
 	if c.BlockSize < 0 || c.BlockSize > 128 {
-		return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.blockSize: %d is not a prefix length; give e.g. 26 (IPv4 /26 blocks, IPv6 /122) or leave it out", c.BlockSize), "")
+		return nil, cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.blockSize: %d is not a prefix length; give e.g. 26 (IPv4 /26 blocks, IPv6 /122) or leave it out", c.BlockSize), "")
 	}
 	for i, r := range c.Routes {
 		if r == nil || r.Dst.IP == nil {
-			return nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.routes[%d].dst: missing", i), "")
+			return nil, cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.routes[%d].dst: missing", i), "")
 		}
 	}
 	return &conf, nil
@@ -133,13 +138,13 @@ const maxArgValue = 512
 // PodArgs parses CNI_ARGS ("K=V;K=V"): the pod's namespace, name and UID. Unknown keys
 // are ignored (the runtime sends IgnoreUnknown); malformed pairs or values are errors
 // naming CNI_ARGS.
-func PodArgs(s string) (ledger.Pod, *types.Error) {
+func PodArgs(s string) (ledger.Pod, *cniplugin.Error) {
 	var pod ledger.Pod
 	if s == "" {
 		return pod, nil
 	}
 	if len(s) > 16<<10 {
-		return pod, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_ARGS: %d bytes; at most 16384", len(s)), "")
+		return pod, cniplugin.NewError(cniplugin.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_ARGS: %d bytes; at most 16384", len(s)), "")
 	}
 	for i, pair := range strings.Split(s, ";") {
 		if pair == "" {
@@ -147,14 +152,14 @@ func PodArgs(s string) (ledger.Pod, *types.Error) {
 		}
 		k, v, ok := strings.Cut(pair, "=")
 		if !ok || k == "" {
-			return pod, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_ARGS: pair %d (%q) is not KEY=VALUE; the format is K1=V1;K2=V2", i, clip(pair)), "")
+			return pod, cniplugin.NewError(cniplugin.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_ARGS: pair %d (%q) is not KEY=VALUE; the format is K1=V1;K2=V2", i, clip(pair)), "")
 		}
 		if len(v) > maxArgValue {
-			return pod, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_ARGS: %s is %d bytes; at most %d", clip(k), len(v), maxArgValue), "")
+			return pod, cniplugin.NewError(cniplugin.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_ARGS: %s is %d bytes; at most %d", clip(k), len(v), maxArgValue), "")
 		}
 		for _, c := range []byte(v) {
 			if c < ' ' || c == 0x7f {
-				return pod, types.NewError(types.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_ARGS: %s holds a control character", clip(k)), "")
+				return pod, cniplugin.NewError(cniplugin.ErrInvalidEnvironmentVariables, fmt.Sprintf("CNI_ARGS: %s holds a control character", clip(k)), "")
 			}
 		}
 		switch k {
@@ -181,7 +186,7 @@ func clip(s string) string {
 // checkRangeCount refuses more than api.MaxRanges ranges before they are parsed and
 // checked against each other. Shapes it cannot count are left to ParseRangeSets,
 // whose errors name the field.
-func checkRangeCount(raw json.RawMessage) *types.Error {
+func checkRangeCount(raw json.RawMessage) *cniplugin.Error {
 	var sets [][]json.RawMessage
 	if json.Unmarshal(raw, &sets) != nil {
 		return nil
@@ -191,7 +196,7 @@ func checkRangeCount(raw json.RawMessage) *types.Error {
 		n += len(s)
 	}
 	if n > api.MaxRanges {
-		return types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.ranges: %d ranges; at most %d in one network", n, api.MaxRanges), "")
+		return cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.ranges: %d ranges; at most %d in one network", n, api.MaxRanges), "")
 	}
 	return nil
 }
@@ -204,32 +209,32 @@ func checkRangeCount(raw json.RawMessage) *types.Error {
 // warnings, for stderr). It fails only when stdin is not a JSON object, or the name or
 // the socket is missing or malformed: without them the attachment or its agent is
 // unknown.
-func ParseDelConfig(stdin []byte) (conf *NetConf, warnings []string, cerr *types.Error) {
+func ParseDelConfig(stdin []byte) (conf *NetConf, warnings []string, cerr *cniplugin.Error) {
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(stdin, &top); err != nil || top == nil {
-		return nil, nil, types.NewError(types.ErrDecodingFailure, fmt.Sprintf("network configuration is not a JSON object: %v", err), "")
+		return nil, nil, cniplugin.NewError(cniplugin.ErrDecodingFailure, fmt.Sprintf("network configuration is not a JSON object: %v", err), "")
 	}
 	conf = &NetConf{}
 	if raw, ok := top["cniVersion"]; ok {
-		json.Unmarshal(raw, &conf.CNIVersion) // skel has checked it
+		json.Unmarshal(raw, &conf.CNIVersion) // Main has checked it
 	}
 	if err := json.Unmarshal(top["name"], &conf.Name); err != nil || conf.Name == "" {
-		return nil, nil, types.NewError(types.ErrInvalidNetworkConfig, "name: missing or not a string; the network name identifies the attachment", "")
+		return nil, nil, cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, "name: missing or not a string; the network name identifies the attachment", "")
 	}
 	if err := (ledger.Key{Network: conf.Name, ContainerID: "x", IfName: "x"}).Validate(); err != nil {
-		return nil, nil, types.NewError(types.ErrInvalidNetworkConfig, fmt.Sprintf("name: %v", err), "")
+		return nil, nil, cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, fmt.Sprintf("name: %v", err), "")
 	}
 	c := &conf.IPAM
 	c.Socket, c.timeout = DefaultSocket, DefaultTimeout
 	var ipam map[string]json.RawMessage
 	if raw, ok := top["ipam"]; ok {
 		if err := json.Unmarshal(raw, &ipam); err != nil {
-			return nil, nil, types.NewError(types.ErrInvalidNetworkConfig, "ipam: not an object; DEL needs ipam.socket from it", "")
+			return nil, nil, cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, "ipam: not an object; DEL needs ipam.socket from it", "")
 		}
 	}
 	if raw, ok := ipam["socket"]; ok && string(raw) != "null" {
 		if err := json.Unmarshal(raw, &c.Socket); err != nil || c.Socket == "" {
-			return nil, nil, types.NewError(types.ErrInvalidNetworkConfig, "ipam.socket: not a path; DEL needs it to reach ipledgerd", "")
+			return nil, nil, cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, "ipam.socket: not a path; DEL needs it to reach ipledgerd", "")
 		}
 	}
 	if raw, ok := ipam["timeout"]; ok && string(raw) != "null" {

@@ -55,7 +55,7 @@ func TestDelLenient(t *testing.T) {
 	}{
 		{"not JSON", `{"cniVersion":"1.0.0",`, types.ErrDecodingFailure, []string{"JSON"}},
 		{"no name", strings.Replace(good, `"name":"lenient",`, ``, 1), types.ErrInvalidNetworkConfig, []string{"name"}},
-		{"name not a string", strings.Replace(good, `"name":"lenient"`, `"name":7`, 1), types.ErrDecodingFailure, []string{"name"}}, // skel refuses it first
+		{"name not a string", strings.Replace(good, `"name":"lenient"`, `"name":7`, 1), types.ErrDecodingFailure, []string{"name"}}, // the dispatcher refuses it first
 		{"socket not a string", strings.Replace(good, `"socket":`+sock, `"socket":1`, 1), types.ErrInvalidNetworkConfig, []string{"ipam.socket"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {

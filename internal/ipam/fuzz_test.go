@@ -1,10 +1,9 @@
 package ipam
 
 import (
+	"github.com/ipledger/ipledger/internal/cniplugin"
 	"strings"
 	"testing"
-
-	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/pool"
@@ -80,7 +79,7 @@ func FuzzPodArgs(f *testing.F) {
 	f.Fuzz(func(t *testing.T, s string) {
 		pod, cerr := PodArgs(s)
 		if cerr != nil {
-			if cerr.Code != types.ErrInvalidEnvironmentVariables || !strings.HasPrefix(cerr.Msg, "CNI_ARGS") {
+			if cerr.Code != cniplugin.ErrInvalidEnvironmentVariables || !strings.HasPrefix(cerr.Msg, "CNI_ARGS") {
 				t.Fatalf("rejection %+v", cerr)
 			}
 			return

@@ -106,7 +106,7 @@ func TestVerbsEveryVersion(t *testing.T) {
 				t.Fatalf("VERSION lists %v, lacks %s", vi.SupportedVersions(), v)
 			}
 			out, cerr := execPlugin(t, call{Cmd: "VERSION", Stdin: fmt.Sprintf(`{"cniVersion":%q}`, v)})
-			// skel answers in its own result format whatever the request's version
+			// VERSION answers in its own format whatever the request's version (as skel does)
 			if cerr != nil || !strings.Contains(string(out), `"`+v+`"`) {
 				t.Fatalf("VERSION with cniVersion %s: %s %v", v, out, cerr)
 			}

@@ -2,6 +2,7 @@ package ipam
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,18 +12,14 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/types"
-	current "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/containernetworking/cni/pkg/version"
-
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/cniplugin"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/spool"
 )
 
 // Versions are the CNI versions the plugin speaks.
-var Versions = version.PluginSupports("0.3.1", "0.4.0", "1.0.0", "1.1.0")
+var Versions = []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"}
 
 // Plugin error codes beyond the spec's well-known ones.
 const (
@@ -45,9 +42,9 @@ func New() *Plugin {
 	return &Plugin{Call: api.Call, Stdout: os.Stdout, Stderr: os.Stderr, Now: time.Now}
 }
 
-// Funcs are the plugin's verbs for skel.
-func (p *Plugin) Funcs() skel.CNIFuncs {
-	return skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, GC: p.GC, Status: p.Status}
+// Funcs are the plugin's verbs for cniplugin.Main.
+func (p *Plugin) Funcs() cniplugin.Funcs {
+	return cniplugin.Funcs{Add: p.Add, Del: p.Del, Check: p.Check, GC: p.GC, Status: p.Status}
 }
 
 func (p *Plugin) call(conf *NetConf, req api.Request) (*api.Response, error) {
@@ -57,38 +54,38 @@ func (p *Plugin) call(conf *NetConf, req api.Request) (*api.Response, error) {
 }
 
 // toCNI maps an agent error to the CNI error a runtime sees.
-func toCNI(err error, socket string) *types.Error {
+func toCNI(err error, socket string) *cniplugin.Error {
 	if errors.Is(err, api.ErrUnreachable) {
-		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("ipledgerd is not reachable on %s; try again later", socket), err.Error())
+		return cniplugin.NewError(cniplugin.ErrTryAgainLater, fmt.Sprintf("ipledgerd is not reachable on %s; try again later", socket), err.Error())
 	}
 	if errors.Is(err, api.ErrNoAnswer) {
-		return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("ipledgerd on %s gave no answer; try again later", socket), err.Error())
+		return cniplugin.NewError(cniplugin.ErrTryAgainLater, fmt.Sprintf("ipledgerd on %s gave no answer; try again later", socket), err.Error())
 	}
 	var ae *api.Error
 	if errors.As(err, &ae) {
 		switch ae.Code {
 		case api.CodeExhausted:
-			return types.NewError(ErrPoolExhausted, ae.Msg, "")
+			return cniplugin.NewError(ErrPoolExhausted, ae.Msg, "")
 		case api.CodeConflict:
-			return types.NewError(types.ErrInvalidNetworkConfig, ae.Msg, "")
+			return cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, ae.Msg, "")
 		case api.CodeInvalid:
-			return types.NewError(types.ErrInvalidNetworkConfig, ae.Msg, "")
+			return cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, ae.Msg, "")
 		case api.CodeNotFound, api.CodeMismatch:
-			return types.NewError(ErrCheckFailed, ae.Msg, "")
+			return cniplugin.NewError(ErrCheckFailed, ae.Msg, "")
 		case api.CodeStore:
-			return types.NewError(types.ErrIOFailure, ae.Msg, "")
+			return cniplugin.NewError(cniplugin.ErrIOFailure, ae.Msg, "")
 		case api.CodeUnavailable:
-			return types.NewError(types.ErrTryAgainLater, ae.Msg, "")
+			return cniplugin.NewError(cniplugin.ErrTryAgainLater, ae.Msg, "")
 		}
-		return types.NewError(ErrAgent, ae.Msg, "")
+		return cniplugin.NewError(ErrAgent, ae.Msg, "")
 	}
-	return types.NewError(types.ErrInternal, err.Error(), "")
+	return cniplugin.NewError(cniplugin.ErrInternal, err.Error(), "")
 }
 
-func keyOf(conf *NetConf, args *skel.CmdArgs) (ledger.Key, *types.Error) {
+func keyOf(conf *NetConf, args *cniplugin.Args) (ledger.Key, *cniplugin.Error) {
 	k := ledger.Key{Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName}
 	if err := k.Validate(); err != nil {
-		return k, types.NewError(types.ErrInvalidEnvironmentVariables, err.Error(), "")
+		return k, cniplugin.NewError(cniplugin.ErrInvalidEnvironmentVariables, err.Error(), "")
 	}
 	return k, nil
 }
@@ -104,7 +101,7 @@ func netnsID(path string) ledger.NetNS {
 }
 
 // Add allocates the attachment's addresses through the agent.
-func (p *Plugin) Add(args *skel.CmdArgs) error {
+func (p *Plugin) Add(args *cniplugin.Args) error {
 	conf, cerr := ParseConfig(args.StdinData, true)
 	if cerr != nil {
 		return cerr
@@ -119,7 +116,7 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	}
 	ns := netnsID(args.Netns)
 	if self := netnsID("/proc/self/ns/net"); ns.Ino != 0 && ns.Ino == self.Ino && ns.Dev == self.Dev {
-		return types.NewError(types.ErrInvalidNetNS, fmt.Sprintf("CNI_NETNS %s is the plugin's own (host) network namespace; refusing to allocate for it", args.Netns), "")
+		return cniplugin.NewError(cniplugin.ErrInvalidNetNS, fmt.Sprintf("CNI_NETNS %s is the plugin's own (host) network namespace; refusing to allocate for it", args.Netns), "")
 	}
 	resp, err := p.call(conf, api.Request{Op: api.OpAdd, Network: k.Network, ContainerID: k.ContainerID, IfName: k.IfName,
 		Ranges: conf.IPAM.ranges, BlockSize: conf.IPAM.BlockSize, Pod: pod, NetNS: ns})
@@ -127,15 +124,15 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 		return toCNI(err, conf.IPAM.Socket)
 	}
 	if resp.Lease == nil {
-		return types.NewError(ErrAgent, "agent answered ADD without a lease", "")
+		return cniplugin.NewError(ErrAgent, "agent answered ADD without a lease", "")
 	}
-	result := &current.Result{CNIVersion: current.ImplementedSpecVersion}
+	var result cniplugin.Result
 	for i, s := range resp.Lease.IPs {
 		pfx, err := netip.ParsePrefix(s)
 		if err != nil {
-			return types.NewError(ErrAgent, fmt.Sprintf("agent answered a bad address %q", s), "")
+			return cniplugin.NewError(ErrAgent, fmt.Sprintf("agent answered a bad address %q", s), "")
 		}
-		ipc := &current.IPConfig{Address: net.IPNet{IP: pfx.Addr().AsSlice(), Mask: net.CIDRMask(pfx.Bits(), pfx.Addr().BitLen())}}
+		ipc := cniplugin.IPConfig{Address: net.IPNet{IP: pfx.Addr().AsSlice(), Mask: net.CIDRMask(pfx.Bits(), pfx.Addr().BitLen())}}
 		if i < len(resp.Lease.Gateways) && resp.Lease.Gateways[i] != "" {
 			ipc.Gateway = net.ParseIP(resp.Lease.Gateways[i])
 		}
@@ -143,18 +140,12 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 	}
 	result.Routes = conf.IPAM.Routes
 	result.DNS = conf.DNS
-	// netns is not needed after this point; clear it so that skel's post-check cannot
-	// fail an ADD whose lease is already durable (we checked the identity above)
-	args.Netns = ""
-	if b, ok := fastResult(result, conf.CNIVersion); ok { // the library's bytes, without its reflection
-		_, err := p.Stdout.Write(b)
-		return err
-	}
-	out, err := result.GetAsVersion(conf.CNIVersion)
+	out, err := result.Encode(conf.CNIVersion)
 	if err != nil {
-		return types.NewError(types.ErrIncompatibleCNIVersion, fmt.Sprintf("cniVersion %q: %v", conf.CNIVersion, err), "")
+		return cniplugin.NewError(cniplugin.ErrIncompatibleCNIVersion, err.Error(), "")
 	}
-	return out.PrintTo(p.Stdout)
+	_, err = p.Stdout.Write(out)
+	return err
 }
 
 // Del releases the attachment's lease. It never needs CNI_NETNS, reads only the
@@ -162,10 +153,9 @@ func (p *Plugin) Add(args *skel.CmdArgs) error {
 // unknown attachment and, when the agent is unreachable, spools the DEL durably where
 // the agent serving the socket published its spool, and succeeds. With no published
 // spool it fails (the runtime retries): a DEL answered success must be applied.
-func (p *Plugin) Del(args *skel.CmdArgs) error {
-	// skel re-checks CNI_NETNS after DEL; a stale or reused path must not fail a
-	// release that has happened (seed 003), and DEL never uses it.
-	args.Netns = ""
+func (p *Plugin) Del(args *cniplugin.Args) error {
+	// DEL never reads CNI_NETNS: a stale or reused path must not fail a release
+	// (seed 003).
 	conf, warnings, cerr := ParseDelConfig(args.StdinData)
 	if cerr != nil {
 		return cerr
@@ -190,10 +180,10 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 		socket := conf.IPAM.Socket
 		dir, rerr := spool.Resolve(socket)
 		if rerr != nil {
-			return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("ipledgerd is not reachable on %s and the DEL cannot be spooled: %v", socket, rerr), err.Error())
+			return cniplugin.NewError(cniplugin.ErrTryAgainLater, fmt.Sprintf("ipledgerd is not reachable on %s and the DEL cannot be spooled: %v", socket, rerr), err.Error())
 		}
 		if serr := spool.Write(dir, spool.Entry{Key: k, Spooled: p.Now().UTC(), CNIVerb: "DEL", PodUID: pod.UID}); serr != nil {
-			return types.NewError(types.ErrTryAgainLater, fmt.Sprintf("ipledgerd is not reachable on %s and the DEL could not be spooled in %s: %v", socket, dir, serr), err.Error())
+			return cniplugin.NewError(cniplugin.ErrTryAgainLater, fmt.Sprintf("ipledgerd is not reachable on %s and the DEL could not be spooled in %s: %v", socket, dir, serr), err.Error())
 		}
 		fmt.Fprintf(p.Stderr, "ipledger: agent unreachable on %s; DEL of %s spooled in %s\n", socket, k, dir)
 		return nil
@@ -202,7 +192,7 @@ func (p *Plugin) Del(args *skel.CmdArgs) error {
 }
 
 // Check verifies that the attachment holds its lease and the addresses of prevResult.
-func (p *Plugin) Check(args *skel.CmdArgs) error {
+func (p *Plugin) Check(args *cniplugin.Args) error {
 	conf, cerr := ParseConfig(args.StdinData, false)
 	if cerr != nil {
 		return cerr
@@ -212,16 +202,10 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 		return kerr
 	}
 	var ips []string
-	if conf.RawPrevResult != nil {
-		if err := version.ParsePrevResult(&conf.NetConf); err != nil {
-			return types.NewError(types.ErrDecodingFailure, fmt.Sprintf("prevResult: %v", err), "")
-		}
-		prev, err := current.NewResultFromResult(conf.PrevResult)
-		if err != nil {
-			return types.NewError(types.ErrDecodingFailure, fmt.Sprintf("prevResult: %v", err), "")
-		}
-		for _, ip := range prev.IPs {
-			ips = append(ips, ip.Address.String())
+	if len(conf.RawPrevResult) > 0 && string(conf.RawPrevResult) != "null" {
+		var cerr *cniplugin.Error
+		if ips, cerr = prevResultIPs(conf.RawPrevResult); cerr != nil {
+			return cerr
 		}
 	}
 	_, err := p.call(conf, api.Request{Op: api.OpCheck, Network: k.Network, ContainerID: k.ContainerID, IfName: k.IfName, IPs: ips, NetNS: netnsID(args.Netns)})
@@ -232,7 +216,7 @@ func (p *Plugin) Check(args *skel.CmdArgs) error {
 }
 
 // GC releases, reason GC, every lease of the network not in cni.dev/valid-attachments.
-func (p *Plugin) GC(args *skel.CmdArgs) error {
+func (p *Plugin) GC(args *cniplugin.Args) error {
 	conf, cerr := ParseConfig(args.StdinData, false)
 	if cerr != nil {
 		return cerr
@@ -244,7 +228,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 	if valid == nil {
 		// without the list every lease would look invalid: do nothing rather than
 		// release live pods' addresses
-		return types.NewError(types.ErrInvalidNetworkConfig, "cni.dev/valid-attachments: missing; GC needs the list of valid attachments", "")
+		return cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, "cni.dev/valid-attachments: missing; GC needs the list of valid attachments", "")
 	}
 	if _, err := p.call(conf, api.Request{Op: api.OpGC, Network: conf.Name, Valid: valid}); err != nil {
 		return toCNI(err, conf.IPAM.Socket)
@@ -254,7 +238,7 @@ func (p *Plugin) GC(args *skel.CmdArgs) error {
 
 // Status reports whether the plugin can serve ADDs: the agent answers and the
 // network's pool has an address to give.
-func (p *Plugin) Status(args *skel.CmdArgs) error {
+func (p *Plugin) Status(args *cniplugin.Args) error {
 	conf, cerr := ParseConfig(args.StdinData, false)
 	if cerr != nil {
 		return cerr
@@ -264,11 +248,34 @@ func (p *Plugin) Status(args *skel.CmdArgs) error {
 		return nil
 	}
 	if errors.Is(err, api.ErrUnreachable) {
-		return types.NewError(types.ErrPluginNotAvailable, fmt.Sprintf("ipledgerd is not reachable on %s", conf.IPAM.Socket), err.Error())
+		return cniplugin.NewError(cniplugin.ErrPluginNotAvailable, fmt.Sprintf("ipledgerd is not reachable on %s", conf.IPAM.Socket), err.Error())
 	}
 	var ae *api.Error
 	if errors.As(err, &ae) && ae.Code == api.CodeExhausted {
-		return types.NewError(types.ErrPluginNotAvailable, ae.Msg, "")
+		return cniplugin.NewError(cniplugin.ErrPluginNotAvailable, ae.Msg, "")
 	}
 	return toCNI(err, conf.IPAM.Socket)
+}
+
+// prevResultIPs reads the addresses of a CHECK's prevResult (spec 0.4.0 and later:
+// "ips", each with an "address" in CIDR form), written as the CNI library writes them
+// back (the address as given, with its prefix length).
+func prevResultIPs(raw json.RawMessage) ([]string, *cniplugin.Error) {
+	var prev struct {
+		IPs []struct {
+			Address string `json:"address"`
+		} `json:"ips"`
+	}
+	if err := json.Unmarshal(raw, &prev); err != nil {
+		return nil, cniplugin.NewError(cniplugin.ErrDecodingFailure, fmt.Sprintf("prevResult: %v", err), "")
+	}
+	ips := make([]string, 0, len(prev.IPs))
+	for i, ip := range prev.IPs {
+		a, n, err := net.ParseCIDR(ip.Address)
+		if err != nil {
+			return nil, cniplugin.NewError(cniplugin.ErrDecodingFailure, fmt.Sprintf("prevResult.ips[%d].address: %q is not an address with a prefix length (e.g. \"10.0.0.5/24\")", i, ip.Address), "")
+		}
+		ips = append(ips, (&net.IPNet{IP: a, Mask: n.Mask}).String())
+	}
+	return ips, nil
 }

@@ -14,11 +14,9 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/types"
-
 	"github.com/ipledger/ipledger/internal/agent"
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/cniplugin"
 	"github.com/ipledger/ipledger/internal/ipam"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/reconcile"
@@ -141,8 +139,8 @@ func (b *ipledgerSys) call(ctx context.Context, _ string, req api.Request) (*api
 	return resp, nil
 }
 
-func (b *ipledgerSys) args(sb *sandbox, netns string) *skel.CmdArgs {
-	return &skel.CmdArgs{ContainerID: sb.id, Netns: netns, IfName: ifName, StdinData: b.conf,
+func (b *ipledgerSys) args(sb *sandbox, netns string) *cniplugin.Args {
+	return &cniplugin.Args{ContainerID: sb.id, Netns: netns, IfName: ifName, StdinData: b.conf,
 		Args: "IgnoreUnknown=1;K8S_POD_NAMESPACE=" + podNamespace + ";K8S_POD_NAME=" + sb.pod.name + ";K8S_POD_UID=" + sb.pod.uid}
 }
 
@@ -162,7 +160,7 @@ func (b *ipledgerSys) add(sb *sandbox) (netip.Addr, error) {
 		}
 	}
 	if err != nil {
-		var te *types.Error
+		var te *cniplugin.Error
 		if errors.As(err, &te) && te.Code == ipam.ErrPoolExhausted {
 			return netip.Addr{}, fmt.Errorf("%w: %v", errExhausted, err)
 		}
@@ -311,7 +309,7 @@ func (h *hostLocal) exec(verb string, sb *sandbox, netns string) ([]byte, error)
 	var out, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &stderr
 	if err := cmd.Run(); err != nil {
-		var cniErr types.Error
+		var cniErr cniplugin.Error
 		if json.Unmarshal(out.Bytes(), &cniErr) == nil && cniErr.Msg != "" {
 			if strings.Contains(cniErr.Msg, "no IP addresses available") {
 				return nil, fmt.Errorf("%w: host-local: %s", errExhausted, cniErr.Msg)
