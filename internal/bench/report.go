@@ -200,7 +200,7 @@ const (
 // boundName names the lower bound's row at a fill (the bound does not depend on it;
 // it is measured in each fill's loop to sit beside that loop's floor).
 func boundName(pct int, q string, bits int) string {
-	return fmt.Sprintf("lower bound (exec + round trip + fdatasync) %s, beside %d%% of a /%d", q, pct, bits)
+	return fmt.Sprintf("lower bound (exec + round trip + fdatasync) %s, beside %d%% of a /%d (baseline host-local DEL)", q, pct, bits)
 }
 
 func fillName(verb string, pct int, q string, bits int) string {
