@@ -56,3 +56,27 @@ func FuzzDecodeNetConf(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) { checkNetConf(t, data) })
 }
+
+// FuzzCountRanges: the count by hand agrees with encoding/json's wherever it answers.
+func FuzzCountRanges(f *testing.F) {
+	for _, s := range []string{`[[{"subnet":"10.0.0.0/24"}]]`, `[[],[{},{}]]`, `[null]`, `[]`, `[[1,"x",[2]],[{"a":[1,2]}]]`, `[[{}] ]`, `{}`, `[[`} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		n, ok := countRanges(data)
+		if !ok {
+			return
+		}
+		var sets [][]json.RawMessage
+		if err := json.Unmarshal(data, &sets); err != nil {
+			t.Fatalf("%q: counted %d by hand, encoding/json refuses it: %v", data, n, err)
+		}
+		want := 0
+		for _, s := range sets {
+			want += len(s)
+		}
+		if n != want {
+			t.Fatalf("%q: counted %d by hand, encoding/json %d", data, n, want)
+		}
+	})
+}
