@@ -493,18 +493,43 @@ func (c *change) commit() error {
 		c.l.reread(err)
 		return err
 	}
-	for _, fn := range c.after {
-		fn()
-	}
 	return nil
 }
 
 // opReq is one state change waiting for its commit.
 type opReq struct {
-	op   func(c *change) error
-	err  error
-	lead bool
-	done chan struct{}
+	op    func(c *change) error
+	err   error
+	after []func() // its log lines, once its change is durable
+	lead  bool
+	done  chan struct{}
+}
+
+// LogLines holds the log lines of changes that a caller chose to write later
+// (AllocateRequest.LogLater, ReleaseLogLater): the agent writes them once it has
+// answered, so that a request's answer never waits for its log line. The changes are
+// durable before the call returns either way; a line is a report of the change, not
+// its record. The zero value is empty. It is not safe for concurrent use.
+type LogLines struct{ fns []func() }
+
+// Write writes the lines held and forgets them.
+func (ll *LogLines) Write() {
+	fns := ll.fns
+	ll.fns = nil
+	for _, fn := range fns {
+		fn()
+	}
+}
+
+// deliver hands the log lines of a change to later, or writes them when later is nil.
+func deliver(fns []func(), later *LogLines) {
+	if later != nil {
+		later.fns = append(later.fns, fns...)
+		return
+	}
+	for _, fn := range fns {
+		fn()
+	}
 }
 
 // do applies op to the ledger and returns once its change is durable (or has failed
@@ -512,7 +537,15 @@ type opReq struct {
 // applies every operation queued so far in one transaction with one fsync, answers
 // them all, and hands the lead to the next waiting caller. Each operation sees the
 // effects of those before it; one that fails is undone alone.
-func (l *Ledger) do(op func(c *change) error) error {
+//
+// The operation's log lines (change.onCommit) are written by its own caller once the
+// batch's callers have been answered, outside the ledger's lock: by do before it
+// returns, or through later (doLater).
+func (l *Ledger) do(op func(c *change) error) error { return l.doLater(op, nil) }
+
+// doLater is do, handing the operation's log lines to later (nil: written before it
+// returns).
+func (l *Ledger) doLater(op func(c *change) error, later *LogLines) error {
 	r := &opReq{op: op, done: make(chan struct{})}
 	l.qmu.Lock()
 	l.queue = append(l.queue, r)
@@ -522,6 +555,9 @@ func (l *Ledger) do(op func(c *change) error) error {
 	if !lead {
 		<-r.done
 		if !r.lead {
+			if r.err == nil {
+				deliver(r.after, later)
+			}
 			return r.err
 		}
 	}
@@ -540,6 +576,8 @@ func (l *Ledger) do(op func(c *change) error) error {
 				c.rollbackTo(m)
 				q.err = err
 			}
+			// capped: a later operation's lines never write over this one's
+			q.after = c.after[m.a:len(c.after):len(c.after)]
 		}
 		err = c.commit()
 	}
@@ -562,6 +600,9 @@ func (l *Ledger) do(op func(c *change) error) error {
 		l.leading = false
 	}
 	l.qmu.Unlock()
+	if r.err == nil {
+		deliver(r.after, later)
+	}
 	return r.err
 }
 
@@ -612,6 +653,9 @@ type AllocateRequest struct {
 	// (attachment and creation time): one whose attachment holds another lease by the
 	// time the request is applied (released and allocated again meanwhile) is kept.
 	SupersedeHolders []Holder
+	// LogLater, when set, receives the allocation's log lines instead of their being
+	// written before Allocate returns (see LogLines).
+	LogLater *LogLines
 }
 
 // Holder identifies one lease: an attachment and the time its lease was created. A
@@ -667,7 +711,7 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 	if err := req.Validate(); err != nil {
 		return Lease{}, false, err
 	}
-	err = l.do(func(c *change) error {
+	err = l.doLater(func(c *change) error {
 		if ls, ok := l.leases[req.Key]; ok {
 			if req.Ranges != nil && !pool.Equal(l.pools[req.Key.Network].rec.Ranges, req.Ranges) {
 				return fmt.Errorf("%w: network %q already has ranges %v; a config for the same network name must use the same ranges", ErrPoolConflict, req.Key.Network, pool.SetsString(l.pools[req.Key.Network].rec.Ranges))
@@ -733,7 +777,7 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 			l.log.Info("allocated", "attachment", req.Key.String(), "ips", fmt.Sprint(snapshot.IPs), "podUID", req.Pod.UID)
 		})
 		return nil
-	})
+	}, req.LogLater)
 	if err != nil {
 		return Lease{}, false, err
 	}
@@ -883,15 +927,21 @@ func (c *change) release(k Key, reason Reason, detail string, now time.Time, mon
 // Release frees the lease of attachment k, recording reason. Releasing an attachment
 // that holds nothing succeeds with released false (a DEL is idempotent).
 func (l *Ledger) Release(k Key, reason Reason, detail string) (released Lease, ok bool, err error) {
-	return l.releaseIf(k, reason, detail, func(*Lease) bool { return true })
+	return l.releaseIf(k, reason, detail, func(*Lease) bool { return true }, nil)
 }
 
-// releaseIf releases the lease of k when cond holds for it.
-func (l *Ledger) releaseIf(k Key, reason Reason, detail string, cond func(*Lease) bool) (released Lease, ok bool, err error) {
+// ReleaseLogLater is Release, handing the release's log lines to later instead of
+// writing them before it returns (see LogLines).
+func (l *Ledger) ReleaseLogLater(k Key, reason Reason, detail string, later *LogLines) (released Lease, ok bool, err error) {
+	return l.releaseIf(k, reason, detail, func(*Lease) bool { return true }, later)
+}
+
+// releaseIf releases the lease of k when cond holds for it; later as in doLater.
+func (l *Ledger) releaseIf(k Key, reason Reason, detail string, cond func(*Lease) bool, later *LogLines) (released Lease, ok bool, err error) {
 	if err := validRelease(reason, detail); err != nil {
 		return Lease{}, false, err
 	}
-	err = l.do(func(c *change) error {
+	err = l.doLater(func(c *change) error {
 		ls, held := l.leases[k]
 		if !held || !cond(ls) {
 			return nil
@@ -905,7 +955,7 @@ func (l *Ledger) releaseIf(k Key, reason Reason, detail string, cond func(*Lease
 			l.log.Info("released", "attachment", k.String(), "ips", fmt.Sprint(snapshot.IPs), "reason", string(reason), "detail", detail)
 		})
 		return nil
-	})
+	}, later)
 	if err != nil {
 		return Lease{}, false, err
 	}
