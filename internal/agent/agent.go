@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -107,6 +108,10 @@ type Server struct {
 	sem   chan struct{}
 	conns connSet
 	clock *clockWatch // wall-clock steps seen, for doctor and metrics
+	// idle hands a connection to a parked worker (unbuffered: only a worker waiting
+	// in receive takes it); idleN counts the parked workers.
+	idle  chan *trackedConn
+	idleN atomic.Int32
 }
 
 // New checks cfg and returns a server.
@@ -134,7 +139,8 @@ func New(cfg Config) (*Server, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, log: log, locks: keyLocks{m: map[ledger.Key]*keyLock{}}, stats: newStats(),
-		sem: make(chan struct{}, cfg.MaxConns), conns: connSet{m: map[*trackedConn]struct{}{}}, clock: &clockWatch{}}
+		sem: make(chan struct{}, cfg.MaxConns), conns: connSet{m: map[*trackedConn]struct{}{}}, clock: &clockWatch{},
+		idle: make(chan *trackedConn)}
 	if cfg.SpoolDir != "" {
 		s.spool = spool.Open(cfg.SpoolDir, cfg.Clock.Mono)
 	}
@@ -314,6 +320,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}()
 	stopClose := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stopClose()
+	// the parked connection workers end with Serve
+	wctx, stopWorkers := context.WithCancel(ctx)
+	defer stopWorkers()
 	var result error
 	var delay time.Duration
 	for {
@@ -343,7 +352,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			continue
 		}
 		delay = 0
-		if !s.admit(ctx, conn) {
+		if !s.admit(wctx, conn) {
 			break
 		}
 	}
@@ -385,13 +394,51 @@ func (s *Server) admit(ctx context.Context, conn net.Conn) bool {
 	}
 	tc := s.conns.add(conn)
 	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		defer func() { <-s.sem }()
-		defer s.conns.remove(tc)
-		s.handleConn(ctx, tc)
-	}()
+	select {
+	case s.idle <- tc:
+	default:
+		go s.work(ctx, tc)
+	}
 	return true
+}
+
+// Connection workers: a connection goes to a parked worker when one waits, else to a
+// new goroutine; after its connection a worker parks, unless maxIdleWorkers already
+// do (then it ends), until the next connection or the end of ctx (Serve's).
+//
+// Why not a goroutine per connection: a new goroutine grew its stack through the
+// request path on every call (runtime.newstack and copystack were 6% of the agent's
+// CPU under sequential calls) and was created from the accept loop. A parked worker
+// keeps its stack. Measured with two agents called in turn (1500 rounds, 3 runs,
+// both orders): ADD p50 0.01-0.02 ms lower back to back, 0.03-0.05 ms lower with 2
+// ms between calls; DEL and STATUS alike.
+func (s *Server) work(ctx context.Context, tc *trackedConn) {
+	for {
+		s.serveConn(ctx, tc)
+		if s.idleN.Add(1) > maxIdleWorkers {
+			s.idleN.Add(-1)
+			return
+		}
+		select {
+		case tc = <-s.idle:
+			s.idleN.Add(-1)
+		case <-ctx.Done():
+			s.idleN.Add(-1)
+			return
+		}
+	}
+}
+
+// maxIdleWorkers bounds the parked workers: CNI calls on a node come one or a few at
+// a time; a burst's extra goroutines end after it.
+const maxIdleWorkers = 4
+
+// serveConn serves one admitted connection and gives its slot back.
+func (s *Server) serveConn(ctx context.Context, tc *trackedConn) {
+	defer s.wg.Done()
+	defer func() { <-s.sem }()
+	defer s.conns.remove(tc)
+	s.handleConn(ctx, tc)
 }
 
 // readers are the connections' request readers: one per connection at a time, reused
