@@ -73,7 +73,9 @@ type Ledger struct {
 type poolState struct {
 	rec  PoolRecord
 	sets []*setState
-	held map[netip.Addr]Key
+	// held maps every address of a live lease to that lease (the *Lease of
+	// Ledger.leases, not a copy of its key: a fifth of the books at 64k leases).
+	held map[netip.Addr]*Lease
 }
 
 type setState struct {
@@ -189,9 +191,9 @@ func (l *Ledger) load(keep map[freeMark]time.Duration) error {
 			}
 			for _, p := range ls.IPs {
 				if other, dup := ps.held[p.Addr()]; dup {
-					return fmt.Errorf("%w: %s is held by both %s and %s", ErrCorrupt, p.Addr(), other, ls.Key)
+					return fmt.Errorf("%w: %s is held by both %s and %s", ErrCorrupt, p.Addr(), other.Key, ls.Key)
 				}
-				ps.held[p.Addr()] = ls.Key
+				ps.held[p.Addr()] = &c
 				if ps.rec.BlockBits != nil {
 					b := ps.blockOf(p.Addr())
 					if b == nil {
@@ -288,7 +290,7 @@ func newPoolState(p PoolRecord) (*poolState, error) {
 	if p.BlockBits != nil && len(p.BlockBits) != len(p.Ranges) {
 		return nil, fmt.Errorf("blockBits has %d entries for %d range sets", len(p.BlockBits), len(p.Ranges))
 	}
-	ps := &poolState{rec: p, held: map[netip.Addr]Key{}}
+	ps := &poolState{rec: p, held: map[netip.Addr]*Lease{}}
 	for i, set := range p.Ranges {
 		size := set.Size()
 		usable := size
@@ -332,7 +334,7 @@ func (ps *poolState) presize() int {
 		return 0
 	}
 	live := min(p.Allocations-p.Releases, presizeMax)
-	ps.held = make(map[netip.Addr]Key, live)
+	ps.held = make(map[netip.Addr]*Lease, live)
 	perSet := live / uint64(len(ps.sets))
 	for i, s := range ps.sets {
 		if i >= len(p.NextFresh) { // a cluster-scoped pool keeps its cursors per block
@@ -757,7 +759,7 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 			}
 			r, _ := ps.sets[i].set.RangeOf(a)
 			ls.IPs = append(ls.IPs, netip.PrefixFrom(a, r.Subnet.Bits()))
-			ps.held[a] = req.Key
+			ps.held[a] = ls
 			c.onUndo(func() { delete(ps.held, a) })
 			if b := ps.sets[i].blockOf(a); b != nil {
 				b.held++
@@ -798,7 +800,7 @@ func (c *change) takeFree(s *setState, it *freeItem) netip.Addr {
 // that is neither reserved, nor held (held), nor waiting in s's free list, and moves
 // *next past every offset it looked at; false when there is none. The node-mode
 // cursor (the pool record's) and a block's cursor both move through it.
-func (s *setState) nextFresh(held map[netip.Addr]Key, set pool.RangeSet, size uint64, next *uint64) (netip.Addr, bool) {
+func (s *setState) nextFresh(held map[netip.Addr]*Lease, set pool.RangeSet, size uint64, next *uint64) (netip.Addr, bool) {
 	for *next < size {
 		off := *next
 		*next++
@@ -901,7 +903,7 @@ func (c *change) release(k Key, reason Reason, detail string, now time.Time, mon
 			c.onUndo(func() { s.removeFree(s.index[a]) })
 		}
 		delete(ps.held, a)
-		c.onUndo(func() { ps.held[a] = k })
+		c.onUndo(func() { ps.held[a] = ls })
 		ps.rec.Releases++
 		r := Release{Network: k.Network, IP: a, Key: k, Pod: ls.Pod, From: ls.Created, To: now, Reason: reason, Detail: detail, Seq: f.Seq}
 		keep := l.opts.HistoryKeep
@@ -1025,8 +1027,11 @@ func (l *Ledger) Holder(network string, ip netip.Addr) (Key, bool) {
 	if ps == nil {
 		return Key{}, false
 	}
-	k, ok := ps.held[ip]
-	return k, ok
+	ls, ok := ps.held[ip]
+	if !ok {
+		return Key{}, false
+	}
+	return ls.Key, true
 }
 
 // PoolStatus describes a network's pool.
