@@ -31,3 +31,31 @@ func TestOpenLedgerRestoresGC(t *testing.T) {
 		}
 	}
 }
+
+// TestSteadyGC: without GOGC in the environment the agent runs with
+// steadyGCPercent; a GOGC the operator set (applied by the runtime) is left alone.
+func TestSteadyGC(t *testing.T) {
+	orig := debug.SetGCPercent(100)
+	t.Cleanup(func() { debug.SetGCPercent(orig) })
+	for _, tc := range []struct {
+		env     string
+		runtime int // what the runtime applied from the environment
+		want    int
+	}{
+		{env: "", runtime: 100, want: steadyGCPercent},
+		{env: "200", runtime: 200, want: 200},
+		{env: "off", runtime: -1, want: -1},
+		{env: "100", runtime: 100, want: 100},
+	} {
+		debug.SetGCPercent(tc.runtime)
+		steadyGC(func(k string) string {
+			if k == "GOGC" {
+				return tc.env
+			}
+			return ""
+		})
+		if got := debug.SetGCPercent(100); got != tc.want {
+			t.Errorf("GOGC=%q: the collector's target is %d, want %d", tc.env, got, tc.want)
+		}
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -107,6 +108,10 @@ type Server struct {
 	sem   chan struct{}
 	conns connSet
 	clock *clockWatch // wall-clock steps seen, for doctor and metrics
+	// idle hands a connection to a parked worker (unbuffered: only a worker waiting
+	// in receive takes it); idleN counts the parked workers.
+	idle  chan *trackedConn
+	idleN atomic.Int32
 }
 
 // New checks cfg and returns a server.
@@ -134,7 +139,8 @@ func New(cfg Config) (*Server, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{cfg: cfg, log: log, locks: keyLocks{m: map[ledger.Key]*keyLock{}}, stats: newStats(),
-		sem: make(chan struct{}, cfg.MaxConns), conns: connSet{m: map[*trackedConn]struct{}{}}, clock: &clockWatch{}}
+		sem: make(chan struct{}, cfg.MaxConns), conns: connSet{m: map[*trackedConn]struct{}{}}, clock: &clockWatch{},
+		idle: make(chan *trackedConn)}
 	if cfg.SpoolDir != "" {
 		s.spool = spool.Open(cfg.SpoolDir, cfg.Clock.Mono)
 	}
@@ -213,13 +219,14 @@ func Listen(path string) (net.Listener, error) {
 // settleSpooled applies the pending spooled DEL of k, if any. The caller holds k's
 // lock. It fails only when the entry could not be applied (the store failed); an entry
 // rejected as untrustworthy is logged, counted and moved aside, and does not fail it.
-func (s *Server) settleSpooled(k ledger.Key) error {
+// The ledger's log line of the release goes to later (nil: written at once).
+func (s *Server) settleSpooled(k ledger.Key, later *ledger.LogLines) error {
 	if s.spool == nil {
 		return nil
 	}
 	applied, err := s.spool.Take(k, func(e spool.Entry) error {
 		detail := "spooled DEL (plugin clock " + e.Spooled.Format(time.RFC3339) + ")"
-		_, ok, err := s.cfg.Ledger.Release(k, ledger.ReasonDEL, detail)
+		_, ok, err := s.cfg.Ledger.ReleaseLogLater(k, ledger.ReasonDEL, detail, later)
 		if err != nil {
 			return err
 		}
@@ -258,7 +265,7 @@ func (s *Server) ApplySpool() {
 	}
 	for _, k := range keys {
 		unlock := s.locks.lock(k)
-		err := s.settleSpooled(k)
+		err := s.settleSpooled(k, nil)
 		unlock()
 		if err != nil {
 			s.log.Error("DEL spool: entry kept for the next pass", "attachment", k.String(), "err", err)
@@ -313,6 +320,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	}()
 	stopClose := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stopClose()
+	// the parked connection workers end with Serve
+	wctx, stopWorkers := context.WithCancel(ctx)
+	defer stopWorkers()
 	var result error
 	var delay time.Duration
 	for {
@@ -342,7 +352,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			continue
 		}
 		delay = 0
-		if !s.admit(ctx, conn) {
+		if !s.admit(wctx, conn) {
 			break
 		}
 	}
@@ -384,20 +394,70 @@ func (s *Server) admit(ctx context.Context, conn net.Conn) bool {
 	}
 	tc := s.conns.add(conn)
 	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		defer func() { <-s.sem }()
-		defer s.conns.remove(tc)
-		s.handleConn(ctx, tc)
-	}()
+	select {
+	case s.idle <- tc:
+	default:
+		go s.work(ctx, tc)
+	}
 	return true
 }
 
+// Connection workers: a connection goes to a parked worker when one waits, else to a
+// new goroutine; after its connection a worker parks, unless maxIdleWorkers already
+// do (then it ends), until the next connection or the end of ctx (Serve's).
+//
+// Why not a goroutine per connection: a new goroutine grew its stack through the
+// request path on every call (runtime.newstack and copystack were 6% of the agent's
+// CPU under sequential calls) and was created from the accept loop. A parked worker
+// keeps its stack. Measured with two agents called in turn (1500 rounds, 3 runs,
+// both orders): ADD p50 0.01-0.02 ms lower back to back, 0.03-0.05 ms lower with 2
+// ms between calls; DEL and STATUS alike.
+func (s *Server) work(ctx context.Context, tc *trackedConn) {
+	for {
+		s.serveConn(ctx, tc)
+		if s.idleN.Add(1) > maxIdleWorkers {
+			s.idleN.Add(-1)
+			return
+		}
+		select {
+		case tc = <-s.idle:
+			s.idleN.Add(-1)
+		case <-ctx.Done():
+			s.idleN.Add(-1)
+			return
+		}
+	}
+}
+
+// maxIdleWorkers bounds the parked workers: CNI calls on a node come one or a few at
+// a time; a burst's extra goroutines end after it.
+const maxIdleWorkers = 4
+
+// serveConn serves one admitted connection and gives its slot back.
+func (s *Server) serveConn(ctx context.Context, tc *trackedConn) {
+	defer s.wg.Done()
+	defer func() { <-s.sem }()
+	defer s.conns.remove(tc)
+	s.handleConn(ctx, tc)
+}
+
+// readers are the connections' request readers: one per connection at a time, reused
+// (a new 4 KiB reader per request was a third of the agent's allocations).
+var readers = sync.Pool{New: func() any { return bufio.NewReader(nil) }}
+
+// handleConn reads one request, answers it, and then writes what need not delay the
+// answer: the ledger's log lines of the request's changes (durable before the answer
+// either way; the line reports the change, it is not its record) and the request's
+// metrics.
 func (s *Server) handleConn(ctx context.Context, tc *trackedConn) {
 	conn := tc.conn
 	defer conn.Close()
 	conn.SetReadDeadline(time.Now().Add(s.cfg.ReadTimeout))
-	req, err := api.ReadRequest(bufio.NewReader(conn))
+	br := readers.Get().(*bufio.Reader)
+	br.Reset(conn)
+	req, err := api.ReadRequest(br)
+	br.Reset(nil)
+	readers.Put(br)
 	if !s.conns.startHandling(tc) {
 		return // evicted before its request was read
 	}
@@ -418,7 +478,16 @@ func (s *Server) handleConn(ctx context.Context, tc *trackedConn) {
 		resp = errResp(&api.Error{Code: api.CodeInvalid, Msg: err.Error()})
 	default:
 		// requests in flight finish even when shutdown starts
-		resp = s.Handle(context.WithoutCancel(ctx), req)
+		var later ledger.LogLines
+		start := time.Now()
+		resp, counted := s.handle(context.WithoutCancel(ctx), req, &later)
+		took := time.Since(start)
+		s.answer(conn, resp)
+		later.Write()
+		if counted {
+			s.stats.observe(opLabel(req.Op), took, resp)
+		}
+		return
 	}
 	s.answer(conn, resp)
 }
@@ -514,18 +583,29 @@ func errorOf(err error) *api.Error {
 	return &api.Error{Code: code, Msg: err.Error()}
 }
 
-// Handle answers one request.
+// Handle answers one request: its changes are durable and their log lines written
+// when it returns, and the request is counted in the metrics.
 func (s *Server) Handle(ctx context.Context, req api.Request) *api.Response {
 	start := time.Now()
-	if req.Version != api.Version {
-		return errResp(&api.Error{Code: api.CodeInvalid, Msg: fmt.Sprintf("protocol version %d; this agent speaks %d: use plugin and agent binaries of one release", req.Version, api.Version)})
+	resp, counted := s.handle(ctx, req, nil)
+	if counted {
+		s.stats.observe(opLabel(req.Op), time.Since(start), resp)
 	}
-	var resp *api.Response
+	return resp
+}
+
+// handle answers one request, handing the ledger's log lines of an ADD or a DEL to
+// later (nil: written before it returns). counted is false for a request the
+// metrics do not count (another protocol version).
+func (s *Server) handle(ctx context.Context, req api.Request, later *ledger.LogLines) (resp *api.Response, counted bool) {
+	if req.Version != api.Version {
+		return errResp(&api.Error{Code: api.CodeInvalid, Msg: fmt.Sprintf("protocol version %d; this agent speaks %d: use plugin and agent binaries of one release", req.Version, api.Version)}), false
+	}
 	switch req.Op {
 	case api.OpAdd:
-		resp = s.add(ctx, req)
+		resp = s.add(ctx, req, later)
 	case api.OpDel:
-		resp = s.del(req)
+		resp = s.del(req, later)
 	case api.OpCheck:
 		resp = s.check(req)
 	case api.OpGC:
@@ -549,8 +629,7 @@ func (s *Server) Handle(ctx context.Context, req api.Request) *api.Response {
 	default:
 		resp = errResp(&api.Error{Code: api.CodeInvalid, Msg: fmt.Sprintf("op %q is not one of add, del, check, gc, status, leases, audit, history, release, ping, doctor, blocks", clip(req.Op))})
 	}
-	s.stats.observe(opLabel(req.Op), time.Since(start), resp)
-	return resp
+	return resp, true
 }
 
 // opUnknown is the metric label of every op the agent does not know: a client's
@@ -595,7 +674,7 @@ func (s *Server) viewIn(ls ledger.Lease, ranges []pool.RangeSet) api.LeaseView {
 	return v
 }
 
-func (s *Server) add(ctx context.Context, req api.Request) *api.Response {
+func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLines) *api.Response {
 	k := req.Key()
 	if err := k.Validate(); err != nil {
 		return errResp(errorOf(err))
@@ -610,10 +689,10 @@ func (s *Server) add(ctx context.Context, req api.Request) *api.Response {
 	defer unlock()
 	// a DEL of this attachment spooled before this ADD was sent is applied first: it
 	// must release the lease it was meant for now, not a lease this ADD answers
-	if err := s.settleSpooled(k); err != nil {
+	if err := s.settleSpooled(k, later); err != nil {
 		return errResp(errorOf(err))
 	}
-	areq := ledger.AllocateRequest{Key: k, Pod: req.Pod, NetNS: req.NetNS, Ranges: req.Ranges}
+	areq := ledger.AllocateRequest{Key: k, Pod: req.Pod, NetNS: req.NetNS, Ranges: req.Ranges, LogLater: later}
 	if req.Pod.UID != "" && s.cfg.Guard != nil {
 		if _, held := s.cfg.Ledger.Lease(k); !held {
 			var olds []ledger.Lease
@@ -651,7 +730,7 @@ func (s *Server) add(ctx context.Context, req api.Request) *api.Response {
 	return &api.Response{Lease: &v, Existed: existed}
 }
 
-func (s *Server) del(req api.Request) *api.Response {
+func (s *Server) del(req api.Request, later *ledger.LogLines) *api.Response {
 	k := req.Key()
 	if err := k.Validate(); err != nil {
 		return errResp(errorOf(err))
@@ -660,10 +739,10 @@ func (s *Server) del(req api.Request) *api.Response {
 	defer unlock()
 	// a pending spooled DEL of this attachment is applied with it, so that it cannot
 	// outlive this DEL and meet a later lease
-	if err := s.settleSpooled(k); err != nil {
+	if err := s.settleSpooled(k, later); err != nil {
 		return errResp(errorOf(err))
 	}
-	_, ok, err := s.cfg.Ledger.Release(k, ledger.ReasonDEL, req.Detail)
+	_, ok, err := s.cfg.Ledger.ReleaseLogLater(k, ledger.ReasonDEL, req.Detail, later)
 	if err != nil {
 		return errResp(errorOf(err))
 	}

@@ -160,7 +160,7 @@ func Run(ctx context.Context, opts Options) (rep Report, err error) {
 		h.log.Info("bench: "+step.name+" done", "took", time.Since(t0).Round(time.Millisecond))
 	}
 	h.rep.Duration = time.Since(start)
-	h.rep.Targets = targets(&h.rep, h.opts.PoolBits)
+	h.rep.Targets = targets(&h.rep, h.opts)
 	return h.rep, nil
 }
 

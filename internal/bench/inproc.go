@@ -154,6 +154,11 @@ func (h *harness) ledgerRate() error {
 
 const rssName = "agent VmRSS at "
 
+// agentStartName is the row of the agent's start on a ledger of n live leases.
+func agentStartName(n int) string {
+	return fmt.Sprintf("agent start until it answers, %s live leases", kilo(n))
+}
+
 // agentRSS starts a second agent, fills it with AgentLeases leases through the
 // socket API from 32 parallel callers and reads its VmRSS; then it times a restart on
 // that ledger.
@@ -187,7 +192,7 @@ func (h *harness) agentRSS() error {
 	}
 	t0 := time.Now()
 	a.Restart()
-	h.row(groupLedger, fmt.Sprintf("agent start until it answers, %s live leases", kilo(n)), "ms", ms(time.Since(t0)), nan, nan)
+	h.row(groupLedger, agentStartName(n), "ms", ms(time.Since(t0)), nan, nan)
 	restarted, err := vmRSS(a.PID())
 	if err != nil {
 		return err

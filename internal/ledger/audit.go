@@ -100,8 +100,8 @@ func (l *Ledger) memIndex() memIndex {
 	}
 	for n, ps := range l.pools {
 		h := make(map[netip.Addr]Key, len(ps.held))
-		for ip, k := range ps.held {
-			h[ip] = k
+		for ip, ls := range ps.held {
+			h[ip] = ls.Key
 		}
 		m.held[n] = h
 		for _, s := range ps.sets {

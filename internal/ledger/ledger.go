@@ -73,7 +73,9 @@ type Ledger struct {
 type poolState struct {
 	rec  PoolRecord
 	sets []*setState
-	held map[netip.Addr]Key
+	// held maps every address of a live lease to that lease (the *Lease of
+	// Ledger.leases, not a copy of its key: a fifth of the books at 64k leases).
+	held map[netip.Addr]*Lease
 }
 
 type setState struct {
@@ -189,9 +191,9 @@ func (l *Ledger) load(keep map[freeMark]time.Duration) error {
 			}
 			for _, p := range ls.IPs {
 				if other, dup := ps.held[p.Addr()]; dup {
-					return fmt.Errorf("%w: %s is held by both %s and %s", ErrCorrupt, p.Addr(), other, ls.Key)
+					return fmt.Errorf("%w: %s is held by both %s and %s", ErrCorrupt, p.Addr(), other.Key, ls.Key)
 				}
-				ps.held[p.Addr()] = ls.Key
+				ps.held[p.Addr()] = &c
 				if ps.rec.BlockBits != nil {
 					b := ps.blockOf(p.Addr())
 					if b == nil {
@@ -288,7 +290,7 @@ func newPoolState(p PoolRecord) (*poolState, error) {
 	if p.BlockBits != nil && len(p.BlockBits) != len(p.Ranges) {
 		return nil, fmt.Errorf("blockBits has %d entries for %d range sets", len(p.BlockBits), len(p.Ranges))
 	}
-	ps := &poolState{rec: p, held: map[netip.Addr]Key{}}
+	ps := &poolState{rec: p, held: map[netip.Addr]*Lease{}}
 	for i, set := range p.Ranges {
 		size := set.Size()
 		usable := size
@@ -332,7 +334,7 @@ func (ps *poolState) presize() int {
 		return 0
 	}
 	live := min(p.Allocations-p.Releases, presizeMax)
-	ps.held = make(map[netip.Addr]Key, live)
+	ps.held = make(map[netip.Addr]*Lease, live)
 	perSet := live / uint64(len(ps.sets))
 	for i, s := range ps.sets {
 		if i >= len(p.NextFresh) { // a cluster-scoped pool keeps its cursors per block
@@ -493,18 +495,43 @@ func (c *change) commit() error {
 		c.l.reread(err)
 		return err
 	}
-	for _, fn := range c.after {
-		fn()
-	}
 	return nil
 }
 
 // opReq is one state change waiting for its commit.
 type opReq struct {
-	op   func(c *change) error
-	err  error
-	lead bool
-	done chan struct{}
+	op    func(c *change) error
+	err   error
+	after []func() // its log lines, once its change is durable
+	lead  bool
+	done  chan struct{}
+}
+
+// LogLines holds the log lines of changes that a caller chose to write later
+// (AllocateRequest.LogLater, ReleaseLogLater): the agent writes them once it has
+// answered, so that a request's answer never waits for its log line. The changes are
+// durable before the call returns either way; a line is a report of the change, not
+// its record. The zero value is empty. It is not safe for concurrent use.
+type LogLines struct{ fns []func() }
+
+// Write writes the lines held and forgets them.
+func (ll *LogLines) Write() {
+	fns := ll.fns
+	ll.fns = nil
+	for _, fn := range fns {
+		fn()
+	}
+}
+
+// deliver hands the log lines of a change to later, or writes them when later is nil.
+func deliver(fns []func(), later *LogLines) {
+	if later != nil {
+		later.fns = append(later.fns, fns...)
+		return
+	}
+	for _, fn := range fns {
+		fn()
+	}
 }
 
 // do applies op to the ledger and returns once its change is durable (or has failed
@@ -512,7 +539,15 @@ type opReq struct {
 // applies every operation queued so far in one transaction with one fsync, answers
 // them all, and hands the lead to the next waiting caller. Each operation sees the
 // effects of those before it; one that fails is undone alone.
-func (l *Ledger) do(op func(c *change) error) error {
+//
+// The operation's log lines (change.onCommit) are written by its own caller once the
+// batch's callers have been answered, outside the ledger's lock: by do before it
+// returns, or through later (doLater).
+func (l *Ledger) do(op func(c *change) error) error { return l.doLater(op, nil) }
+
+// doLater is do, handing the operation's log lines to later (nil: written before it
+// returns).
+func (l *Ledger) doLater(op func(c *change) error, later *LogLines) error {
 	r := &opReq{op: op, done: make(chan struct{})}
 	l.qmu.Lock()
 	l.queue = append(l.queue, r)
@@ -522,6 +557,9 @@ func (l *Ledger) do(op func(c *change) error) error {
 	if !lead {
 		<-r.done
 		if !r.lead {
+			if r.err == nil {
+				deliver(r.after, later)
+			}
 			return r.err
 		}
 	}
@@ -540,6 +578,8 @@ func (l *Ledger) do(op func(c *change) error) error {
 				c.rollbackTo(m)
 				q.err = err
 			}
+			// capped: a later operation's lines never write over this one's
+			q.after = c.after[m.a:len(c.after):len(c.after)]
 		}
 		err = c.commit()
 	}
@@ -562,6 +602,9 @@ func (l *Ledger) do(op func(c *change) error) error {
 		l.leading = false
 	}
 	l.qmu.Unlock()
+	if r.err == nil {
+		deliver(r.after, later)
+	}
 	return r.err
 }
 
@@ -612,6 +655,9 @@ type AllocateRequest struct {
 	// (attachment and creation time): one whose attachment holds another lease by the
 	// time the request is applied (released and allocated again meanwhile) is kept.
 	SupersedeHolders []Holder
+	// LogLater, when set, receives the allocation's log lines instead of their being
+	// written before Allocate returns (see LogLines).
+	LogLater *LogLines
 }
 
 // Holder identifies one lease: an attachment and the time its lease was created. A
@@ -667,7 +713,7 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 	if err := req.Validate(); err != nil {
 		return Lease{}, false, err
 	}
-	err = l.do(func(c *change) error {
+	err = l.doLater(func(c *change) error {
 		if ls, ok := l.leases[req.Key]; ok {
 			if req.Ranges != nil && !pool.Equal(l.pools[req.Key.Network].rec.Ranges, req.Ranges) {
 				return fmt.Errorf("%w: network %q already has ranges %v; a config for the same network name must use the same ranges", ErrPoolConflict, req.Key.Network, pool.SetsString(l.pools[req.Key.Network].rec.Ranges))
@@ -713,7 +759,7 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 			}
 			r, _ := ps.sets[i].set.RangeOf(a)
 			ls.IPs = append(ls.IPs, netip.PrefixFrom(a, r.Subnet.Bits()))
-			ps.held[a] = req.Key
+			ps.held[a] = ls
 			c.onUndo(func() { delete(ps.held, a) })
 			if b := ps.sets[i].blockOf(a); b != nil {
 				b.held++
@@ -733,7 +779,7 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 			l.log.Info("allocated", "attachment", req.Key.String(), "ips", fmt.Sprint(snapshot.IPs), "podUID", req.Pod.UID)
 		})
 		return nil
-	})
+	}, req.LogLater)
 	if err != nil {
 		return Lease{}, false, err
 	}
@@ -754,7 +800,7 @@ func (c *change) takeFree(s *setState, it *freeItem) netip.Addr {
 // that is neither reserved, nor held (held), nor waiting in s's free list, and moves
 // *next past every offset it looked at; false when there is none. The node-mode
 // cursor (the pool record's) and a block's cursor both move through it.
-func (s *setState) nextFresh(held map[netip.Addr]Key, set pool.RangeSet, size uint64, next *uint64) (netip.Addr, bool) {
+func (s *setState) nextFresh(held map[netip.Addr]*Lease, set pool.RangeSet, size uint64, next *uint64) (netip.Addr, bool) {
 	for *next < size {
 		off := *next
 		*next++
@@ -857,7 +903,7 @@ func (c *change) release(k Key, reason Reason, detail string, now time.Time, mon
 			c.onUndo(func() { s.removeFree(s.index[a]) })
 		}
 		delete(ps.held, a)
-		c.onUndo(func() { ps.held[a] = k })
+		c.onUndo(func() { ps.held[a] = ls })
 		ps.rec.Releases++
 		r := Release{Network: k.Network, IP: a, Key: k, Pod: ls.Pod, From: ls.Created, To: now, Reason: reason, Detail: detail, Seq: f.Seq}
 		keep := l.opts.HistoryKeep
@@ -883,15 +929,21 @@ func (c *change) release(k Key, reason Reason, detail string, now time.Time, mon
 // Release frees the lease of attachment k, recording reason. Releasing an attachment
 // that holds nothing succeeds with released false (a DEL is idempotent).
 func (l *Ledger) Release(k Key, reason Reason, detail string) (released Lease, ok bool, err error) {
-	return l.releaseIf(k, reason, detail, func(*Lease) bool { return true })
+	return l.releaseIf(k, reason, detail, func(*Lease) bool { return true }, nil)
 }
 
-// releaseIf releases the lease of k when cond holds for it.
-func (l *Ledger) releaseIf(k Key, reason Reason, detail string, cond func(*Lease) bool) (released Lease, ok bool, err error) {
+// ReleaseLogLater is Release, handing the release's log lines to later instead of
+// writing them before it returns (see LogLines).
+func (l *Ledger) ReleaseLogLater(k Key, reason Reason, detail string, later *LogLines) (released Lease, ok bool, err error) {
+	return l.releaseIf(k, reason, detail, func(*Lease) bool { return true }, later)
+}
+
+// releaseIf releases the lease of k when cond holds for it; later as in doLater.
+func (l *Ledger) releaseIf(k Key, reason Reason, detail string, cond func(*Lease) bool, later *LogLines) (released Lease, ok bool, err error) {
 	if err := validRelease(reason, detail); err != nil {
 		return Lease{}, false, err
 	}
-	err = l.do(func(c *change) error {
+	err = l.doLater(func(c *change) error {
 		ls, held := l.leases[k]
 		if !held || !cond(ls) {
 			return nil
@@ -905,7 +957,7 @@ func (l *Ledger) releaseIf(k Key, reason Reason, detail string, cond func(*Lease
 			l.log.Info("released", "attachment", k.String(), "ips", fmt.Sprint(snapshot.IPs), "reason", string(reason), "detail", detail)
 		})
 		return nil
-	})
+	}, later)
 	if err != nil {
 		return Lease{}, false, err
 	}
@@ -975,8 +1027,11 @@ func (l *Ledger) Holder(network string, ip netip.Addr) (Key, bool) {
 	if ps == nil {
 		return Key{}, false
 	}
-	k, ok := ps.held[ip]
-	return k, ok
+	ls, ok := ps.held[ip]
+	if !ok {
+		return Key{}, false
+	}
+	return ls.Key, true
 }
 
 // PoolStatus describes a network's pool.

@@ -11,7 +11,7 @@ import (
 // was released. The reconciler releases through it, so evidence gathered about one
 // holder never releases another.
 func (l *Ledger) ReleaseIfCreated(k Key, created time.Time, reason Reason, detail string) (released Lease, ok bool, err error) {
-	return l.releaseIf(k, reason, detail, func(ls *Lease) bool { return ls.Created.Equal(created) })
+	return l.releaseIf(k, reason, detail, func(ls *Lease) bool { return ls.Created.Equal(created) }, nil)
 }
 
 // ReleaseCreatedBefore frees the lease of k only when it was created before t: a DEL
@@ -19,5 +19,5 @@ func (l *Ledger) ReleaseIfCreated(k Key, created time.Time, reason Reason, detai
 // container ID re-used, a runtime retrying ADD after the DEL). A lease created at or
 // after t is kept, and ok is false.
 func (l *Ledger) ReleaseCreatedBefore(k Key, t time.Time, reason Reason, detail string) (released Lease, ok bool, err error) {
-	return l.releaseIf(k, reason, detail, func(ls *Lease) bool { return ls.Created.Before(t) })
+	return l.releaseIf(k, reason, detail, func(ls *Lease) bool { return ls.Created.Before(t) }, nil)
 }

@@ -116,6 +116,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"BlocksDualStack", testBlocksDualStack},
 		{"BlocksFailedCommits", testBlocksFailedCommits},
 		{"ReuseDelayAcrossRestart", testReuseDelayAcrossRestart},
+		{"LogLater", testLogLater},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore) })
