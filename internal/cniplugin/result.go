@@ -122,14 +122,7 @@ func writeStrings(b *bytes.Buffer, first *bool, name string, v []string) {
 		return
 	}
 	member(b, first, name)
-	b.WriteByte('[')
-	for i, s := range v {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		writeStr(b, s)
-	}
-	b.WriteByte(']')
+	strsVal(v)(b)
 }
 
 func (r *Result) encode04(b *bytes.Buffer, v string) {
