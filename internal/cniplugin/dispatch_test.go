@@ -97,7 +97,7 @@ func runRole(t *testing.T, role string, env map[string]string, stdin string) out
 // checks, version reconciliation, the verbs' arguments, errors and the VERSION
 // answer. CNI_NETNS points at a path that is no namespace: skel's check after ADD and
 // DEL that the namespace is not the plugin's own is not part of Main (the IPAM plugin
-// refuses the host namespace before it allocates; TestAddRefusesHostNetns).
+// refuses the host namespace before it allocates: internal/ipam TestBadInput, "host network namespace").
 func TestDispatchMatchesSkel(t *testing.T) {
 	full := func() map[string]string {
 		return map[string]string{"CNI_CONTAINERID": "c0ffee", "CNI_NETNS": "/nonexistent/netns", "CNI_IFNAME": "eth0", "CNI_PATH": "/opt/cni/bin"}
