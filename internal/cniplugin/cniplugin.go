@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/ipledger/ipledger/internal/jsonlite"
@@ -80,28 +81,16 @@ func Main(env Env, funcs Funcs, versions []string, about string) int {
 // every call. The order is the order in which they are read and reported.
 var envVars = []struct {
 	name     string
-	required string // verbs, space-separated
+	required []string // the verbs that need it
 	validate func(string) *Error
 }{
-	{"CNI_COMMAND", "ADD CHECK DEL GC STATUS", nil},
-	{"CNI_CONTAINERID", "ADD CHECK DEL", ValidateContainerID},
-	{"CNI_NETNS", "ADD CHECK", nil},
-	{"CNI_IFNAME", "ADD CHECK DEL", ValidateInterfaceName},
-	{"CNI_ARGS", "", nil},
-	{"CNI_PATH", "ADD CHECK DEL GC STATUS", nil},
-	{"CNI_NETNS_OVERRIDE", "", nil},
-}
-
-func requiredFor(verbs, cmd string) bool {
-	if cmd == "" {
-		return false
-	}
-	for _, v := range strings.Fields(verbs) {
-		if v == cmd {
-			return true
-		}
-	}
-	return false
+	{"CNI_COMMAND", []string{"ADD", "CHECK", "DEL", "GC", "STATUS"}, nil},
+	{"CNI_CONTAINERID", []string{"ADD", "CHECK", "DEL"}, ValidateContainerID},
+	{"CNI_NETNS", []string{"ADD", "CHECK"}, nil},
+	{"CNI_IFNAME", []string{"ADD", "CHECK", "DEL"}, ValidateInterfaceName},
+	{"CNI_ARGS", nil, nil},
+	{"CNI_PATH", []string{"ADD", "CHECK", "DEL", "GC", "STATUS"}, nil},
+	{"CNI_NETNS_OVERRIDE", nil, nil},
 }
 
 func dispatch(env Env, funcs Funcs, versions []string, about string) *Error {
@@ -110,7 +99,7 @@ func dispatch(env Env, funcs Funcs, versions []string, about string) *Error {
 	var missing []string
 	for i, v := range envVars {
 		vals[i] = env.Getenv(v.name)
-		need := requiredFor(v.required, cmd)
+		need := slices.Contains(v.required, cmd)
 		switch {
 		case vals[i] == "":
 			if need || v.name == "CNI_COMMAND" {
@@ -140,28 +129,29 @@ func dispatch(env Env, funcs Funcs, versions []string, about string) *Error {
 	if err != nil {
 		return NewError(ErrIOFailure, fmt.Sprintf("error reading from stdin: %v", err), "")
 	}
-	if e := validateConfig(stdin); e != nil {
+	conf := readConfig(stdin)
+	if e := conf.validate(); e != nil {
 		return e
 	}
 	args := &Args{ContainerID: vals[1], Netns: vals[2], IfName: vals[3], Args: vals[4], Path: vals[5], NetnsOverride: vals[6], StdinData: stdin}
 	switch cmd {
 	case "ADD":
-		return call(funcs.Add, args, versions)
+		return call(funcs.Add, args, conf, versions)
 	case "DEL":
-		return call(funcs.Del, args, versions)
+		return call(funcs.Del, args, conf, versions)
 	case "CHECK":
-		return callSince("CHECK", "0.4.0", funcs.Check, args, versions)
+		return callSince("CHECK", "0.4.0", funcs.Check, args, conf, versions)
 	case "GC":
-		return callSince("GC", "1.1.0", funcs.GC, args, versions)
+		return callSince("GC", "1.1.0", funcs.GC, args, conf, versions)
 	case "STATUS":
-		return callSince("STATUS", "1.1.0", funcs.Status, args, versions)
+		return callSince("STATUS", "1.1.0", funcs.Status, args, conf, versions)
 	}
 	return NewError(ErrInvalidEnvironmentVariables, fmt.Sprintf("unknown CNI_COMMAND: %v", cmd), "")
 }
 
 // call reconciles the configuration's version with the plugin's and runs the verb.
-func call(verb func(*Args) error, args *Args, versions []string) *Error {
-	v, err := ConfigVersion(args.StdinData)
+func call(verb func(*Args) error, args *Args, conf config, versions []string) *Error {
+	v, err := conf.cniVersion()
 	if err != nil {
 		return NewError(ErrDecodingFailure, err.Error(), "")
 	}
@@ -185,8 +175,8 @@ func call(verb func(*Args) error, args *Args, versions []string) *Error {
 }
 
 // callSince runs a verb that exists since spec version since.
-func callSince(name, since string, verb func(*Args) error, args *Args, versions []string) *Error {
-	v, err := ConfigVersion(args.StdinData)
+func callSince(name, since string, verb func(*Args) error, args *Args, conf config, versions []string) *Error {
+	v, err := conf.cniVersion()
 	if err != nil {
 		return NewError(ErrDecodingFailure, err.Error(), "")
 	}
@@ -203,20 +193,34 @@ func callSince(name, since string, verb func(*Args) error, args *Args, versions 
 			return NewError(ErrDecodingFailure, err.Error(), "")
 		}
 		if ok {
-			return call(verb, args, versions)
+			return call(verb, args, conf, versions)
 		}
 	}
 	return NewError(ErrIncompatibleCNIVersion, fmt.Sprintf("plugin version does not allow %s", name), "")
 }
 
-// validateConfig checks that stdin is a JSON object naming a valid network.
-func validateConfig(stdin []byte) *Error {
-	name, ok := topString(stdin, "name")
-	if !ok { // not the common shape: let encoding/json decide and word the error
+// config is what the dispatcher reads of the network configuration: its name and
+// cniVersion, found in one pass for the common shape.
+type config struct {
+	stdin         []byte
+	name, version string
+	fast          bool // name and version were read by hand; else encoding/json decides
+}
+
+func readConfig(stdin []byte) config {
+	c := config{stdin: stdin}
+	c.name, c.version, c.fast = topStrings(stdin)
+	return c
+}
+
+// validate checks that the configuration is a JSON object naming a valid network.
+func (c config) validate() *Error {
+	name := c.name
+	if !c.fast { // not the common shape: let encoding/json decide and word the error
 		var conf struct {
 			Name string `json:"name"`
 		}
-		if err := json.Unmarshal(stdin, &conf); err != nil {
+		if err := json.Unmarshal(c.stdin, &conf); err != nil {
 			return NewError(ErrDecodingFailure, fmt.Sprintf("error unmarshall network config: %v", err), "")
 		}
 		name = conf.Name
@@ -227,48 +231,66 @@ func validateConfig(stdin []byte) *Error {
 	return ValidateNetworkName(name)
 }
 
-// ConfigVersion is the configuration's cniVersion; "0.1.0" when it has none.
-func ConfigVersion(stdin []byte) (string, error) {
-	v, ok := topString(stdin, "cniVersion")
-	if !ok {
-		var conf struct {
-			CNIVersion string `json:"cniVersion"`
+// cniVersion is the configuration's cniVersion; "0.1.0" when it has none.
+func (c config) cniVersion() (string, error) {
+	if c.fast {
+		if c.version == "" {
+			return "0.1.0", nil
 		}
-		if err := json.Unmarshal(stdin, &conf); err != nil {
-			return "", fmt.Errorf("decoding version from network config: %w", err)
-		}
-		v = conf.CNIVersion
+		return c.version, nil
 	}
-	if v == "" {
-		return "0.1.0", nil
-	}
-	return v, nil
+	return ConfigVersion(c.stdin)
 }
 
-// topString reads the string member key of the JSON object stdin without reflection
-// ("" when absent); ok is false for any input it does not read exactly as
-// encoding/json would (then the caller asks encoding/json).
-func topString(stdin []byte, key string) (v string, ok bool) {
+// ConfigVersion is the configuration's cniVersion; "0.1.0" when it has none.
+func ConfigVersion(stdin []byte) (string, error) {
+	if _, v, ok := topStrings(stdin); ok {
+		if v == "" {
+			return "0.1.0", nil
+		}
+		return v, nil
+	}
+	var conf struct {
+		CNIVersion string `json:"cniVersion"`
+	}
+	if err := json.Unmarshal(stdin, &conf); err != nil {
+		return "", fmt.Errorf("decoding version from network config: %w", err)
+	}
+	if conf.CNIVersion == "" {
+		return "0.1.0", nil
+	}
+	return conf.CNIVersion, nil
+}
+
+// topStrings reads the string members "name" and "cniVersion" of the JSON object
+// stdin without reflection ("" when absent); ok is false for any input it does not
+// read exactly as encoding/json would (then the caller asks encoding/json).
+func topStrings(stdin []byte) (name, version string, ok bool) {
 	if !json.Valid(stdin) {
-		return "", false
+		return "", "", false
 	}
 	d := jsonlite.NewDecoder(stdin)
-	found := false
-	ok = d.Object(func(k string) bool {
-		if k == key {
-			if found {
-				return false // duplicate keys: encoding/json takes the last; ask it
-			}
-			found = true
-			return d.SetStr(&v)
+	var seenName, seenVersion bool
+	read := func(p *string, seen *bool) bool {
+		if *seen {
+			return false // duplicate keys: encoding/json takes the last; ask it
 		}
-		if strings.EqualFold(k, key) {
+		*seen = true
+		return d.SetStr(p)
+	}
+	ok = d.Object(func(k string) bool {
+		switch {
+		case k == "name":
+			return read(&name, &seenName)
+		case k == "cniVersion":
+			return read(&version, &seenVersion)
+		case strings.EqualFold(k, "name") || strings.EqualFold(k, "cniVersion"):
 			return false // encoding/json matches keys case-insensitively
 		}
 		_, ok := d.Skip()
 		return ok
 	}) && d.End()
-	return v, ok
+	return name, version, ok
 }
 
 // versionJSON is the VERSION answer, as the library's PluginInfo.Encode writes it.

@@ -7,6 +7,7 @@ import (
 	"net"
 	"sort"
 	"strconv"
+	"strings"
 )
 
 // Result is an IPAM plugin's ADD result: addresses, routes and DNS. (An IPAM plugin
@@ -83,227 +84,121 @@ func (r *Route) UnmarshalJSON(b []byte) error {
 // are sorted (the library's Result.MarshalJSON goes through a map) and an empty dns
 // section is left out. TestEncodeMatchesLibrary holds it to that.
 func (r *Result) Encode(v string) ([]byte, error) {
-	var c bytes.Buffer
+	var old bool // 0.3.x and 0.4.0
 	switch v {
 	case "0.3.0", "0.3.1", "0.4.0":
-		r.encode04(&c, v)
+		old = true
 	case "1.0.0", "1.1.0":
-		r.encode1(&c, v)
 	default:
 		return nil, fmt.Errorf("cniVersion %q: no result format for it (this plugin writes 0.3.0 to 1.1.0)", v)
 	}
+	sorted := !old
+	top := []field{{"cniVersion", quote(v)}}
+	if len(r.IPs) > 0 {
+		ips := make([]string, len(r.IPs))
+		for i, ip := range r.IPs {
+			var f []field
+			if old {
+				version := "6"
+				if ip.Address.IP.To4() != nil {
+					version = "4"
+				}
+				f = append(f, field{"version", quote(version)})
+			}
+			if ip.Interface != nil {
+				f = append(f, field{"interface", strconv.Itoa(*ip.Interface)})
+			}
+			f = append(f, field{"address", quote(ip.Address.String())})
+			if len(ip.Gateway) > 0 {
+				f = append(f, field{"gateway", quote(ip.Gateway.String())})
+			}
+			ips[i] = object(f, sorted)
+		}
+		top = append(top, field{"ips", array(ips)})
+	}
+	if len(r.Routes) > 0 {
+		routes := make([]string, len(r.Routes))
+		for i, rt := range r.Routes {
+			f := []field{{"dst", quote(rt.Dst.String())}}
+			if len(rt.GW) > 0 {
+				f = append(f, field{"gw", quote(rt.GW.String())})
+			}
+			for _, n := range []struct {
+				key string
+				v   int
+			}{{"mtu", rt.MTU}, {"advmss", rt.AdvMSS}, {"priority", rt.Priority}} {
+				if n.v != 0 {
+					f = append(f, field{n.key, strconv.Itoa(n.v)})
+				}
+			}
+			if rt.Table != nil {
+				f = append(f, field{"table", strconv.Itoa(*rt.Table)})
+			}
+			if rt.Scope != nil {
+				f = append(f, field{"scope", strconv.Itoa(*rt.Scope)})
+			}
+			routes[i] = object(f, sorted)
+		}
+		top = append(top, field{"routes", array(routes)})
+	}
+	if old || !r.DNS.IsEmpty() {
+		var f []field
+		if len(r.DNS.Nameservers) > 0 {
+			f = append(f, field{"nameservers", quoteAll(r.DNS.Nameservers)})
+		}
+		if r.DNS.Domain != "" {
+			f = append(f, field{"domain", quote(r.DNS.Domain)})
+		}
+		if len(r.DNS.Search) > 0 {
+			f = append(f, field{"search", quoteAll(r.DNS.Search)})
+		}
+		if len(r.DNS.Options) > 0 {
+			f = append(f, field{"options", quoteAll(r.DNS.Options)})
+		}
+		top = append(top, field{"dns", object(f, sorted)})
+	}
 	var out bytes.Buffer
-	if err := json.Indent(&out, c.Bytes(), "", "    "); err != nil {
+	if err := json.Indent(&out, []byte(object(top, sorted)), "", "    "); err != nil {
 		return nil, fmt.Errorf("result JSON: %w", err)
 	}
 	return out.Bytes(), nil
 }
 
-// member writes "name": after a comma unless it is the object's first.
-func member(b *bytes.Buffer, first *bool, name string) {
-	if !*first {
-		b.WriteByte(',')
-	}
-	*first = false
-	writeStr(b, name)
-	b.WriteByte(':')
-}
+// field is one member of a JSON object, its value already JSON.
+type field struct{ key, json string }
 
-func writeInt(b *bytes.Buffer, first *bool, name string, v int, omitZero bool) {
-	if omitZero && v == 0 {
-		return
+// object writes the fields in their order (the library's struct order) or sorted by
+// key (the order of a map, as the library's 1.x results are written).
+func object(fs []field, sorted bool) string {
+	if sorted {
+		sort.Slice(fs, func(i, j int) bool { return fs[i].key < fs[j].key })
 	}
-	member(b, first, name)
-	b.WriteString(strconv.Itoa(v))
-}
-
-func writeStrings(b *bytes.Buffer, first *bool, name string, v []string) {
-	if len(v) == 0 {
-		return
-	}
-	member(b, first, name)
-	strsVal(v)(b)
-}
-
-func (r *Result) encode04(b *bytes.Buffer, v string) {
-	first := true
+	var b bytes.Buffer
 	b.WriteByte('{')
-	member(b, &first, "cniVersion")
-	writeStr(b, v)
-	if len(r.IPs) > 0 {
-		member(b, &first, "ips")
-		b.WriteByte('[')
-		for i, ip := range r.IPs {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			f := true
-			b.WriteByte('{')
-			member(b, &f, "version")
-			if ip.Address.IP.To4() != nil {
-				writeStr(b, "4")
-			} else {
-				writeStr(b, "6")
-			}
-			if ip.Interface != nil {
-				writeInt(b, &f, "interface", *ip.Interface, false)
-			}
-			member(b, &f, "address")
-			writeStr(b, ip.Address.String())
-			if len(ip.Gateway) > 0 {
-				member(b, &f, "gateway")
-				writeStr(b, ip.Gateway.String())
-			}
-			b.WriteByte('}')
+	for i, f := range fs {
+		if i > 0 {
+			b.WriteByte(',')
 		}
-		b.WriteByte(']')
-	}
-	if len(r.Routes) > 0 {
-		member(b, &first, "routes")
-		b.WriteByte('[')
-		for i, rt := range r.Routes {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			f := true
-			b.WriteByte('{')
-			member(b, &f, "dst")
-			writeStr(b, rt.Dst.String())
-			if len(rt.GW) > 0 {
-				member(b, &f, "gw")
-				writeStr(b, rt.GW.String())
-			}
-			writeInt(b, &f, "mtu", rt.MTU, true)
-			writeInt(b, &f, "advmss", rt.AdvMSS, true)
-			writeInt(b, &f, "priority", rt.Priority, true)
-			if rt.Table != nil {
-				writeInt(b, &f, "table", *rt.Table, false)
-			}
-			if rt.Scope != nil {
-				writeInt(b, &f, "scope", *rt.Scope, false)
-			}
-			b.WriteByte('}')
-		}
-		b.WriteByte(']')
-	}
-	member(b, &first, "dns")
-	f := true
-	b.WriteByte('{')
-	writeStrings(b, &f, "nameservers", r.DNS.Nameservers)
-	if r.DNS.Domain != "" {
-		member(b, &f, "domain")
-		writeStr(b, r.DNS.Domain)
-	}
-	writeStrings(b, &f, "search", r.DNS.Search)
-	writeStrings(b, &f, "options", r.DNS.Options)
-	b.WriteByte('}')
-	b.WriteByte('}')
-}
-
-// kv is one member of an object written with sorted keys.
-type kv struct {
-	key   string
-	write func(*bytes.Buffer)
-}
-
-func writeSorted(b *bytes.Buffer, members []kv) {
-	sort.Slice(members, func(i, j int) bool { return members[i].key < members[j].key })
-	first := true
-	b.WriteByte('{')
-	for _, m := range members {
-		member(b, &first, m.key)
-		m.write(b)
+		writeStr(&b, f.key)
+		b.WriteByte(':')
+		b.WriteString(f.json)
 	}
 	b.WriteByte('}')
+	return b.String()
 }
 
-func strVal(s string) func(*bytes.Buffer) { return func(b *bytes.Buffer) { writeStr(b, s) } }
-func intVal(v int) func(*bytes.Buffer) {
-	return func(b *bytes.Buffer) { b.WriteString(strconv.Itoa(v)) }
-}
-func strsVal(v []string) func(*bytes.Buffer) {
-	return func(b *bytes.Buffer) {
-		b.WriteByte('[')
-		for i, s := range v {
-			if i > 0 {
-				b.WriteByte(',')
-			}
-			writeStr(b, s)
-		}
-		b.WriteByte(']')
-	}
+func array(elems []string) string { return "[" + strings.Join(elems, ",") + "]" }
+
+func quote(s string) string {
+	var b bytes.Buffer
+	writeStr(&b, s)
+	return b.String()
 }
 
-func (r *Result) encode1(b *bytes.Buffer, v string) {
-	var top []kv
-	top = append(top, kv{"cniVersion", strVal(v)})
-	if !r.DNS.IsEmpty() {
-		d := r.DNS
-		top = append(top, kv{"dns", func(b *bytes.Buffer) {
-			var m []kv
-			if len(d.Nameservers) > 0 {
-				m = append(m, kv{"nameservers", strsVal(d.Nameservers)})
-			}
-			if d.Domain != "" {
-				m = append(m, kv{"domain", strVal(d.Domain)})
-			}
-			if len(d.Search) > 0 {
-				m = append(m, kv{"search", strsVal(d.Search)})
-			}
-			if len(d.Options) > 0 {
-				m = append(m, kv{"options", strsVal(d.Options)})
-			}
-			writeSorted(b, m)
-		}})
+func quoteAll(v []string) string {
+	q := make([]string, len(v))
+	for i, s := range v {
+		q[i] = quote(s)
 	}
-	if len(r.IPs) > 0 {
-		top = append(top, kv{"ips", func(b *bytes.Buffer) {
-			b.WriteByte('[')
-			for i, ip := range r.IPs {
-				if i > 0 {
-					b.WriteByte(',')
-				}
-				m := []kv{{"address", strVal(ip.Address.String())}}
-				if len(ip.Gateway) > 0 {
-					m = append(m, kv{"gateway", strVal(ip.Gateway.String())})
-				}
-				if ip.Interface != nil {
-					m = append(m, kv{"interface", intVal(*ip.Interface)})
-				}
-				writeSorted(b, m)
-			}
-			b.WriteByte(']')
-		}})
-	}
-	if len(r.Routes) > 0 {
-		top = append(top, kv{"routes", func(b *bytes.Buffer) {
-			b.WriteByte('[')
-			for i, rt := range r.Routes {
-				if i > 0 {
-					b.WriteByte(',')
-				}
-				m := []kv{{"dst", strVal(rt.Dst.String())}}
-				if len(rt.GW) > 0 {
-					m = append(m, kv{"gw", strVal(rt.GW.String())})
-				}
-				for _, f := range []struct {
-					k string
-					v int
-				}{{"mtu", rt.MTU}, {"advmss", rt.AdvMSS}, {"priority", rt.Priority}} {
-					if f.v != 0 {
-						m = append(m, kv{f.k, intVal(f.v)})
-					}
-				}
-				if rt.Table != nil {
-					m = append(m, kv{"table", intVal(*rt.Table)})
-				}
-				if rt.Scope != nil {
-					m = append(m, kv{"scope", intVal(*rt.Scope)})
-				}
-				writeSorted(b, m)
-			}
-			b.WriteByte(']')
-		}})
-	}
-	writeSorted(b, top)
+	return array(q)
 }
