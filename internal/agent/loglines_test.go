@@ -2,11 +2,8 @@ package agent_test
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -17,7 +14,6 @@ import (
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/spool"
-	"github.com/ipledger/ipledger/internal/store/boltstore"
 )
 
 // syncBuf collects log output from several goroutines.
@@ -44,16 +40,6 @@ func (w *syncBuf) String() string {
 // the reason and detail of a release, a spooled DEL applied by an ADD included. Every
 // line is written by the time Serve has drained.
 func TestServedRequestsLogTheirChanges(t *testing.T) {
-	dir, err := os.MkdirTemp("/tmp", "ipl-agent-") // unix socket paths are short
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	st, err := boltstore.Open(filepath.Join(dir, "ledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
 	var out syncBuf
 	log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
 		if a.Key == slog.TimeKey {
@@ -61,42 +47,10 @@ func TestServedRequestsLogTheirChanges(t *testing.T) {
 		}
 		return a
 	}}))
-	l := ledgertest.Open(t, st, ledger.Options{Logger: log})
-	spoolDir := filepath.Join(dir, "spool")
-	cfg := agent.Config{Ledger: l, Socket: filepath.Join(dir, "s.sock"), SpoolDir: spoolDir, Logger: log}
-	srv, err := agent.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := agent.Listen(cfg.Socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
-	stopped := false
-	stop := func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Serve: %v", err)
-			}
-		case <-time.After(30 * time.Second):
-			t.Error("Serve did not return 30s after its context ended")
-		}
-	}
-	t.Cleanup(stop)
+	s := serveLedger(t, ledger.Options{Logger: log}, func(c *agent.Config) { c.Logger = log })
 	call := func(req api.Request) *api.Response {
 		t.Helper()
-		cctx, ccancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer ccancel()
-		resp, err := api.Call(cctx, cfg.Socket, req)
+		resp, err := s.call(t, req)
 		if err != nil {
 			t.Fatalf("%s %s: %v", req.Op, req.ContainerID, err)
 		}
@@ -111,11 +65,11 @@ func TestServedRequestsLogTheirChanges(t *testing.T) {
 		t.Fatalf("DEL released %d, want 1", r.Released)
 	}
 	second := call(add)
-	if err := spool.Write(spoolDir, spool.Entry{Key: ledgertest.Key("c1"), Spooled: time.Now(), CNIVerb: "DEL"}); err != nil {
+	if err := spool.Write(s.spool, spool.Entry{Key: ledgertest.Key("c1"), Spooled: time.Now(), CNIVerb: "DEL"}); err != nil {
 		t.Fatal(err)
 	}
 	third := call(add) // applies the spooled DEL of c1 first, then allocates
-	stop()
+	s.stop(t)
 
 	ips := func(r *api.Response) string { return "[" + strings.Join(r.Lease.IPs, " ") + "]" }
 	want := []string{

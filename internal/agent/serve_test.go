@@ -88,6 +88,7 @@ type served struct {
 	l      *ledger.Ledger
 	ln     *flakyListener
 	socket string
+	spool  string // the agent's spool directory
 	cancel context.CancelFunc
 	done   chan struct{} // closed when Serve returned, with err
 	err    error
@@ -96,6 +97,12 @@ type served struct {
 // serve runs a Server on a real socket and bbolt ledger; the ledger is closed only
 // after Serve returned, as ipledgerd does.
 func serve(t *testing.T, mut func(*agent.Config), queued ...error) *served {
+	t.Helper()
+	return serveLedger(t, ledger.Options{}, mut, queued...)
+}
+
+// serveLedger is serve with the ledger opened with opts.
+func serveLedger(t *testing.T, opts ledger.Options, mut func(*agent.Config), queued ...error) *served {
 	t.Helper()
 	dir, err := os.MkdirTemp("/tmp", "ipl-agent-") // unix socket paths are short
 	if err != nil {
@@ -107,7 +114,7 @@ func serve(t *testing.T, mut func(*agent.Config), queued ...error) *served {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { st.Close() }) // last: after Serve returned and the audit
-	l := ledgertest.Open(t, st, ledger.Options{})
+	l := ledgertest.Open(t, st, opts)
 	cfg := agent.Config{Ledger: l, Socket: filepath.Join(dir, "s.sock"), SpoolDir: filepath.Join(dir, "spool"), Logger: ledgertest.TestLogger(t)}
 	if mut != nil {
 		mut(&cfg)
@@ -121,17 +128,21 @@ func serve(t *testing.T, mut func(*agent.Config), queued ...error) *served {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &served{srv: srv, l: l, ln: &flakyListener{Listener: inner, queued: queued}, socket: cfg.Socket, cancel: cancel, done: make(chan struct{})}
+	s := &served{srv: srv, l: l, ln: &flakyListener{Listener: inner, queued: queued}, socket: cfg.Socket, spool: cfg.SpoolDir, cancel: cancel, done: make(chan struct{})}
 	go func() { s.err = srv.Serve(ctx, s.ln); close(s.done) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-s.done:
-		case <-time.After(30 * time.Second):
-			t.Error("Serve did not return 30s after its context ended")
-		}
-	})
+	t.Cleanup(func() { s.stop(t) })
 	return s
+}
+
+// stop ends Serve and waits for it to return (again: at once).
+func (s *served) stop(t *testing.T) {
+	t.Helper()
+	s.cancel()
+	select {
+	case <-s.done:
+	case <-time.After(30 * time.Second):
+		t.Error("Serve did not return 30s after its context ended")
+	}
 }
 
 func (s *served) call(t *testing.T, req api.Request) (*api.Response, error) {
