@@ -596,7 +596,8 @@ func (s *Server) Handle(ctx context.Context, req api.Request) *api.Response {
 
 // handle answers one request, handing the ledger's log lines of an ADD or a DEL to
 // later (nil: written before it returns). counted is false for a request the
-// metrics do not count (another protocol version).
+// metrics do not count (another protocol version; a forwarded CNI call, whose inner
+// requests count themselves).
 func (s *Server) handle(ctx context.Context, req api.Request, later *ledger.LogLines) (resp *api.Response, counted bool) {
 	if req.Version != api.Version {
 		return errResp(&api.Error{Code: api.CodeInvalid, Msg: fmt.Sprintf("protocol version %d; this agent speaks %d: use plugin and agent binaries of one release", req.Version, api.Version)}), false
@@ -626,8 +627,11 @@ func (s *Server) handle(ctx context.Context, req api.Request, later *ledger.LogL
 		resp = s.doctor(ctx)
 	case api.OpBlocks:
 		resp = s.blocks(ctx)
+	case api.OpCNI:
+		// its inner requests are counted, each under its own op
+		return s.cni(ctx, req, later), false
 	default:
-		resp = errResp(&api.Error{Code: api.CodeInvalid, Msg: fmt.Sprintf("op %q is not one of add, del, check, gc, status, leases, audit, history, release, ping, doctor, blocks", clip(req.Op))})
+		resp = errResp(&api.Error{Code: api.CodeInvalid, Msg: fmt.Sprintf("op %q is not one of add, del, check, gc, status, leases, audit, history, release, ping, doctor, blocks, cni", clip(req.Op))})
 	}
 	return resp, true
 }

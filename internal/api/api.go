@@ -64,7 +64,38 @@ const (
 	// OpBlocks: cluster mode's view, this node's name and the datastore's blocks
 	// (Response.Cluster).
 	OpBlocks = "blocks"
+	// OpCNI: one whole CNI call of the IPAM plugin, its environment and stdin
+	// (Request.CNI), run by the agent as the plugin would run it; the answer is what
+	// the plugin prints and its exit status (Response.CNI). An agent that answers
+	// anything else (an error, an older agent's unknown op) leaves the call to the
+	// plugin itself. Why: internal/ipam's Main.
+	OpCNI = "cni"
 )
+
+// CNICall is one CNI call as the runtime made it: the CNI_* variables, stdin, and
+// what only the plugin's process can see.
+type CNICall struct {
+	Command       string `json:"command"`                 // CNI_COMMAND
+	ContainerID   string `json:"containerID,omitempty"`   // CNI_CONTAINERID
+	NetNS         string `json:"netns,omitempty"`         // CNI_NETNS
+	IfName        string `json:"ifname,omitempty"`        // CNI_IFNAME
+	Args          string `json:"args,omitempty"`          // CNI_ARGS
+	Path          string `json:"path,omitempty"`          // CNI_PATH
+	NetNSOverride string `json:"netnsOverride,omitempty"` // CNI_NETNS_OVERRIDE
+	Stdin         []byte `json:"stdin"`
+	// NetNSID and SelfNetNS are the identities of CNI_NETNS and of the plugin's own
+	// network namespace, read by the plugin (the agent may run in a container that
+	// sees neither path).
+	NetNSID   ledger.NetNS `json:"netnsID,omitzero"`
+	SelfNetNS ledger.NetNS `json:"selfNetNS,omitzero"`
+}
+
+// CNIAnswer is the outcome of a CNICall: what the plugin prints and its exit status.
+type CNIAnswer struct {
+	Exit   int    `json:"exit"`
+	Stdout []byte `json:"stdout"`
+	Stderr []byte `json:"stderr"`
+}
 
 // Attachment names one attachment in a GC request (cni.dev/valid-attachments).
 type Attachment struct {
@@ -94,6 +125,8 @@ type Request struct {
 	// Release: release even when the runtime reports the sandbox READY (or cannot
 	// be asked). Without it the agent refuses such a release.
 	ForceReadySandbox bool `json:"forceReadySandbox,omitempty"`
+	// CNI: OpCNI's call.
+	CNI *CNICall `json:"cni,omitempty"`
 }
 
 // Key is the attachment the request names.
@@ -214,6 +247,8 @@ type Response struct {
 	Released int `json:"released"`
 	// Existed is true when ADD returned an existing lease.
 	Existed bool `json:"existed,omitempty"`
+	// CNI: the answer to OpCNI.
+	CNI *CNIAnswer `json:"cni,omitempty"`
 }
 
 // ErrUnreachable: the agent's socket is missing or refuses connections.

@@ -108,6 +108,29 @@ func appendRequest(b []byte, r *Request) ([]byte, bool) {
 	if r.ForceReadySandbox {
 		e.Raw(`,"forceReadySandbox":true`)
 	}
+	if c := r.CNI; c != nil {
+		e.Field(&first, "cni")
+		f := true
+		e.Raw("{")
+		e.StrField(&f, "command", c.Command, false)
+		e.StrField(&f, "containerID", c.ContainerID, true)
+		e.StrField(&f, "netns", c.NetNS, true)
+		e.StrField(&f, "ifname", c.IfName, true)
+		e.StrField(&f, "args", c.Args, true)
+		e.StrField(&f, "path", c.Path, true)
+		e.StrField(&f, "netnsOverride", c.NetNSOverride, true)
+		e.Field(&f, "stdin")
+		e.Bytes(c.Stdin)
+		if c.NetNSID != (ledger.NetNS{}) {
+			e.Field(&f, "netnsID")
+			c.NetNSID.AppendJSON(&e)
+		}
+		if c.SelfNetNS != (ledger.NetNS{}) {
+			e.Field(&f, "selfNetNS")
+			c.SelfNetNS.AppendJSON(&e)
+		}
+		e.Raw("}")
+	}
 	e.Raw("}")
 	return e.B, e.OK
 }
@@ -163,6 +186,15 @@ func appendResponse(b []byte, r *Response) ([]byte, bool) {
 	e.Int(int64(r.Released))
 	if r.Existed {
 		e.Raw(`,"existed":true`)
+	}
+	if c := r.CNI; c != nil {
+		e.Raw(`,"cni":{"exit":`)
+		e.Int(int64(c.Exit))
+		e.Raw(`,"stdout":`)
+		e.Bytes(c.Stdout)
+		e.Raw(`,"stderr":`)
+		e.Bytes(c.Stderr)
+		e.Raw("}")
 	}
 	e.Raw("}")
 	return e.B, e.OK
@@ -273,6 +305,36 @@ func decodeRequest(d *jsonlite.Decoder, r *Request) bool {
 			ok = d.SetStr(&r.IP)
 		case "detail":
 			ok = d.SetStr(&r.Detail)
+		case "cni":
+			c := &CNICall{}
+			r.CNI = c
+			ok = d.Object(func(k string) bool {
+				switch k {
+				case "command":
+					return d.SetStr(&c.Command)
+				case "containerID":
+					return d.SetStr(&c.ContainerID)
+				case "netns":
+					return d.SetStr(&c.NetNS)
+				case "ifname":
+					return d.SetStr(&c.IfName)
+				case "args":
+					return d.SetStr(&c.Args)
+				case "path":
+					return d.SetStr(&c.Path)
+				case "netnsOverride":
+					return d.SetStr(&c.NetNSOverride)
+				case "stdin":
+					var ok bool
+					c.Stdin, ok = d.Bytes()
+					return ok
+				case "netnsID":
+					return decodeNetNS(d, &c.NetNSID)
+				case "selfNetNS":
+					return decodeNetNS(d, &c.SelfNetNS)
+				}
+				return false
+			})
 		}
 		return ok
 	})
@@ -344,6 +406,21 @@ func decodeResponse(d *jsonlite.Decoder, r *Response) bool {
 			r.Released, ok = d.Int()
 		case "existed":
 			r.Existed, ok = d.Bool()
+		case "cni":
+			c := &CNIAnswer{}
+			r.CNI = c
+			ok = d.Object(func(k string) bool {
+				var ok bool
+				switch k {
+				case "exit":
+					c.Exit, ok = d.Int()
+				case "stdout":
+					c.Stdout, ok = d.Bytes()
+				case "stderr":
+					c.Stderr, ok = d.Bytes()
+				}
+				return ok
+			})
 		}
 		return ok
 	})

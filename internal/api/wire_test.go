@@ -87,7 +87,33 @@ func randRequest(r *rand.Rand) Request {
 	case 1:
 		req.IPs = []string{randString(r), "10.1.0.2/22"}
 	}
+	if r.IntN(3) == 0 {
+		c := &CNICall{Command: []string{"ADD", "DEL", ""}[r.IntN(3)], ContainerID: randString(r), NetNS: randString(r),
+			IfName: randString(r), Args: randString(r), Path: randString(r), NetNSOverride: randString(r), Stdin: randBytes(r)}
+		if r.IntN(2) == 0 {
+			c.NetNSID = ledger.NetNS{Path: randString(r), Dev: uint64(r.IntN(3)), Ino: r.Uint64() >> r.IntN(64)}
+			c.SelfNetNS = ledger.NetNS{Dev: 4, Ino: 4026531840}
+		}
+		req.CNI = c
+	}
 	return req
+}
+
+// randBytes is nil, empty, a network configuration, or bytes of every value.
+func randBytes(r *rand.Rand) []byte {
+	switch r.IntN(4) {
+	case 0:
+		return nil
+	case 1:
+		return []byte{}
+	case 2:
+		return []byte(`{"cniVersion":"1.0.0","name":"n","ipam":{"type":"ipledger","ranges":[[{"subnet":"10.1.0.0/22"}]]}}` + "\n")
+	}
+	b := make([]byte, r.IntN(70))
+	for i := range b {
+		b[i] = byte(r.Uint32())
+	}
+	return b
 }
 
 func randResponse(r *rand.Rand) *Response {
@@ -117,6 +143,9 @@ func randResponse(r *rand.Rand) *Response {
 		resp.Leases = []LeaseView{}
 	case 1:
 		resp.Pool = &ledger.PoolStatus{}
+	}
+	if r.IntN(3) == 0 {
+		resp.CNI = &CNIAnswer{Exit: r.IntN(3), Stdout: randBytes(r), Stderr: randBytes(r)}
 	}
 	return resp
 }
@@ -190,7 +219,12 @@ func TestWireDecodeMatchesJSON(t *testing.T) {
 // TestWireDecodeFastPath: the answers and requests of ADD and DEL as the agent and
 // plugin write them take the hand-written path (the point of wire.go).
 func TestWireDecodeFastPath(t *testing.T) {
-	for _, s := range []string{wireCorpus[0], wireCorpus[1], wireCorpus[2], wireCorpus[3]} {
+	cni := []string{
+		`{"version":1,"op":"cni","cni":{"command":"ADD","containerID":"c","netns":"/run/netns/x","ifname":"eth0","args":"K8S_POD_NAME=p","path":"/opt/cni/bin","stdin":"e30K","netnsID":{"path":"/run/netns/x","dev":4,"ino":4026532},"selfNetNS":{"path":"/proc/self/ns/net","dev":4,"ino":4026531840}}}`,
+		`{"version":1,"released":0,"cni":{"exit":0,"stdout":"e30K","stderr":""}}`,
+		`{"version":1,"released":0,"cni":{"exit":1,"stdout":"e30K","stderr":null}}`,
+	}
+	for _, s := range append([]string{wireCorpus[0], wireCorpus[1], wireCorpus[2], wireCorpus[3]}, cni...) {
 		var req Request
 		var resp Response
 		d1, d2 := jsonlite.NewDecoder([]byte(s)), jsonlite.NewDecoder([]byte(s))
@@ -218,6 +252,9 @@ var wireCorpus = []string{
 	`{"unknown":{"deep":[1,2,{"x":null}]}}`, `{"existed":true}`, `{"existed":tru}`, `{"existed":1}`,
 	`{"lease":{"created":"2026-11-23T11:27:43Z"}}`, `{"lease":{"created":"2026-11-23T11:27:43+05:30"}}`,
 	`{"lease":{"created":"2026-11-23 11:27:43"}}`, `{"lease":{"ips":[]}}`, `{"lease":{}}`, `{"error":{}}`,
+	`{"cni":{"command":"ADD","stdin":"e30K"}}`, `{"cni":{"command":"ADD","stdin":"e30"}}`, `{"cni":{"command":"ADD","stdin":"e3 0K"}}`,
+	`{"cni":{"stdin":""}}`, `{"cni":{"stdin":null}}`, `{"cni":{"stdin":"@@@@"}}`, `{"cni":{"exit":1,"stdout":"e30K","stderr":""}}`,
+	`{"cni":{"exit":-1}}`, `{"cni":{"netnsID":{"dev":1,"ino":2},"selfNetNS":{"path":"x"}}}`, `{"cni":null}`, `{"cni":{"x":1}}`,
 	`{"leases":[]}`, `{"pool":{}}`, `{}`, ``, `[]`, `null`, `{"released":2147483648}`,
 }
 

@@ -22,12 +22,35 @@ func TestBadInput(t *testing.T) {
 	if _, cerr := execPlugin(t, call{Cmd: "ADD", ContainerID: "keeper", Netns: nsPath, Stdin: conf(good)}); cerr != nil {
 		t.Fatal(cerr)
 	}
-	cases := []struct {
-		name  string
-		c     call
-		code  uint
-		words []string
-	}{
+	cases := badInputs(conf, good)
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.c.add(i, nsPath)
+			e.t = t
+			before := e.books()
+			out, cerr := execPlugin(t, c)
+			if cerr == nil {
+				t.Fatalf("ADD succeeded: %s", out)
+			}
+			wantCode(t, cerr, tc.code, tc.words...)
+			e.sameBooks(before)
+		})
+	}
+}
+
+// badCase is one bad input to ADD: the call, and the CNI error code and the words its
+// message must carry.
+type badCase struct {
+	name  string
+	c     call
+	code  uint
+	words []string
+}
+
+// badInputs are TestBadInput's cases: conf gives the stdin for a ranges value, good is
+// a valid one (a pool that exists: the network keeps its ranges).
+func badInputs(conf func(ranges string) string, good string) []badCase {
+	return []badCase{
 		{"malformed JSON", call{Stdin: `{"cniVersion":"1.0.0","name":"badnet","ipam":{`}, types.ErrDecodingFailure, []string{"JSON"}},
 		{"JSON of the wrong shape", call{Stdin: strings.Replace(conf(good), `"ranges":`, `"routes":{"dst":1},"ranges":`, 1)}, types.ErrDecodingFailure, []string{"routes"}},
 		{"unknown cniVersion", call{Stdin: strings.Replace(conf(good), `"1.0.0"`, `"9.9.9"`, 1)}, types.ErrIncompatibleCNIVersion, []string{"9.9.9"}},
@@ -67,26 +90,19 @@ func TestBadInput(t *testing.T) {
 		{"CNI_ARGS oversized", call{Args: strings.Repeat("A=b;", 5000), Stdin: conf(good)}, types.ErrInvalidEnvironmentVariables, []string{"CNI_ARGS"}},
 		{"host network namespace", call{Netns: "/proc/self/ns/net", Stdin: conf(good)}, types.ErrInvalidNetNS, []string{"CNI_NETNS"}},
 	}
-	for i, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			c := tc.c
-			c.Cmd = "ADD"
-			if c.ContainerID == "" {
-				c.ContainerID = fmt.Sprintf("bad%02d", i)
-			} else if c.ContainerID == "-" {
-				c.ContainerID = ""
-			}
-			if c.Netns == "" {
-				c.Netns = nsPath
-			}
-			e.t = t
-			before := e.books()
-			out, cerr := execPlugin(t, c)
-			if cerr == nil {
-				t.Fatalf("ADD succeeded: %s", out)
-			}
-			wantCode(t, cerr, tc.code, tc.words...)
-			e.sameBooks(before)
-		})
+}
+
+// add is the ADD of a bad case numbered i: its own container ID unless the case sets
+// one ("-": none), in the namespace at nsPath unless the case names another.
+func (c call) add(i int, nsPath string) call {
+	c.Cmd = "ADD"
+	if c.ContainerID == "" {
+		c.ContainerID = fmt.Sprintf("bad%02d", i)
+	} else if c.ContainerID == "-" {
+		c.ContainerID = ""
 	}
+	if c.Netns == "" {
+		c.Netns = nsPath
+	}
+	return c
 }

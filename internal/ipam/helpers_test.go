@@ -141,6 +141,26 @@ type call struct {
 // non-zero exit).
 func execPlugin(t *testing.T, c call) ([]byte, *types.Error) {
 	t.Helper()
+	o := execRaw(t, c)
+	if o.exit == 0 {
+		return o.stdout, nil
+	}
+	var ce types.Error
+	if jerr := json.Unmarshal(o.stdout, &ce); jerr != nil || ce.Code == 0 {
+		t.Fatalf("ipledger exited %d without a CNI error on stdout: %q (stderr %q)", o.exit, o.stdout, o.stderr)
+	}
+	return o.stdout, &ce
+}
+
+// outcome is what one exec of the plugin wrote and its exit status.
+type outcome struct {
+	stdout, stderr []byte
+	exit           int
+}
+
+// execRaw runs bin/ipledger with c's environment and stdin.
+func execRaw(t *testing.T, c call) outcome {
+	t.Helper()
 	if c.IfName == "" {
 		c.IfName = "eth0"
 	}
@@ -158,18 +178,11 @@ func execPlugin(t *testing.T, c call) ([]byte, *types.Error) {
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
-	if err == nil {
-		return stdout.Bytes(), nil
-	}
 	var ee *exec.ExitError
-	if !errors.As(err, &ee) {
+	if err != nil && !errors.As(err, &ee) {
 		t.Fatalf("exec ipledger: %v", err)
 	}
-	var ce types.Error
-	if jerr := json.Unmarshal(stdout.Bytes(), &ce); jerr != nil || ce.Code == 0 {
-		t.Fatalf("ipledger exited %d without a CNI error on stdout: %q (stderr %q)", ee.ExitCode(), stdout.String(), stderr.String())
-	}
-	return stdout.Bytes(), &ce
+	return outcome{stdout: stdout.Bytes(), stderr: stderr.Bytes(), exit: cmd.ProcessState.ExitCode()}
 }
 
 // books is what the ledger shows through the CLI: the live leases and the audit's

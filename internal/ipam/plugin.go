@@ -35,11 +35,17 @@ type Plugin struct {
 	Stdout io.Writer
 	Stderr io.Writer
 	Now    func() time.Time
+	// NetNS reads the identity of the network namespace at a path: CNI_NETNS, or
+	// selfNetNS for the plugin's own.
+	NetNS func(path string) ledger.NetNS
 }
+
+// selfNetNS is the path of the plugin's own network namespace.
+const selfNetNS = "/proc/self/ns/net"
 
 // New returns a plugin on the real process edges.
 func New() *Plugin {
-	return &Plugin{Call: api.Call, Stdout: os.Stdout, Stderr: os.Stderr, Now: time.Now}
+	return &Plugin{Call: api.Call, Stdout: os.Stdout, Stderr: os.Stderr, Now: time.Now, NetNS: netnsID}
 }
 
 // Funcs are the plugin's verbs for cniplugin.Main.
@@ -114,8 +120,8 @@ func (p *Plugin) Add(args *cniplugin.Args) error {
 	if perr != nil {
 		return perr
 	}
-	ns := netnsID(args.Netns)
-	if self := netnsID("/proc/self/ns/net"); ns.Ino != 0 && ns.Ino == self.Ino && ns.Dev == self.Dev {
+	ns := p.NetNS(args.Netns)
+	if self := p.NetNS(selfNetNS); ns.Ino != 0 && ns.Ino == self.Ino && ns.Dev == self.Dev {
 		return cniplugin.NewError(cniplugin.ErrInvalidNetNS, fmt.Sprintf("CNI_NETNS %s is the plugin's own (host) network namespace; refusing to allocate for it", args.Netns), "")
 	}
 	resp, err := p.call(conf, api.Request{Op: api.OpAdd, Network: k.Network, ContainerID: k.ContainerID, IfName: k.IfName,
@@ -208,7 +214,7 @@ func (p *Plugin) Check(args *cniplugin.Args) error {
 			return cerr
 		}
 	}
-	_, err := p.call(conf, api.Request{Op: api.OpCheck, Network: k.Network, ContainerID: k.ContainerID, IfName: k.IfName, IPs: ips, NetNS: netnsID(args.Netns)})
+	_, err := p.call(conf, api.Request{Op: api.OpCheck, Network: k.Network, ContainerID: k.ContainerID, IfName: k.IfName, IPs: ips, NetNS: p.NetNS(args.Netns)})
 	if err != nil {
 		return toCNI(err, conf.IPAM.Socket)
 	}

@@ -5,8 +5,9 @@
 // pays it on every CNI call, and decoding 64k lease records at agent start spends most
 // of its time in reflection. The callers of this package keep encoding/json as the
 // reference: a Decoder accepts only a strict subset of JSON (keys spelled exactly as
-// the struct tags, each once, strings without escapes, no nulls, integers only) and
-// reports false on anything else, so that the caller falls back to json.Unmarshal; an
+// the struct tags, each once, strings without escapes, no nulls but a nil []byte's,
+// integers only) and reports false on anything else, so that the caller falls back to
+// json.Unmarshal; an
 // Encoder writes what json.Marshal writes and reports false for any value it does not
 // write the same way (a string json.Marshal would escape), so that the caller falls
 // back to json.Marshal. Each caller tests its messages against encoding/json.
@@ -17,6 +18,7 @@
 package jsonlite
 
 import (
+	"encoding/base64"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -95,6 +97,18 @@ func (e *Encoder) UintField(first *bool, name string, v uint64, omitEmpty bool) 
 	}
 	e.Field(first, name)
 	e.B = strconv.AppendUint(e.B, v, 10)
+}
+
+// Bytes appends b as json.Marshal writes a []byte: standard padded base64 between
+// quotes, nil as null.
+func (e *Encoder) Bytes(b []byte) {
+	if b == nil {
+		e.Raw("null")
+		return
+	}
+	e.B = append(e.B, '"')
+	e.B = base64.StdEncoding.AppendEncode(e.B, b)
+	e.B = append(e.B, '"')
 }
 
 // Int appends v.
@@ -210,6 +224,23 @@ func (d *Decoder) strBytes() ([]byte, bool) {
 		}
 	}
 	return nil, false
+}
+
+// Bytes reads a []byte as json.Unmarshal does: standard padded base64 in a string,
+// or null for nil (the one null of the subset: json.Marshal writes a nil []byte so).
+func (d *Decoder) Bytes() ([]byte, bool) {
+	d.ws()
+	if len(d.b)-d.i >= 4 && string(d.b[d.i:d.i+4]) == "null" {
+		d.i += 4
+		return nil, true
+	}
+	s, ok := d.strBytes()
+	if !ok {
+		return nil, false
+	}
+	b := make([]byte, base64.StdEncoding.DecodedLen(len(s)))
+	n, err := base64.StdEncoding.Decode(b, s)
+	return b[:n], err == nil
 }
 
 // SetStr reads a string into *p.

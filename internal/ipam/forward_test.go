@@ -1,0 +1,205 @@
+package ipam_test
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+)
+
+// relay stands between the plugin and a real agent, on a socket of its own, and
+// records the op of every request it sees. An old relay answers op "cni" as the agent
+// of the release before it answered (an unknown op), as a plugin meets an older agent
+// during an upgrade; everything else it passes to the agent and back.
+type relay struct {
+	socket string
+	mu     sync.Mutex
+	ops    []string
+}
+
+// oldAgentAnswer is what an agent that does not know op "cni" answers it.
+const oldAgentAnswer = `{"version":1,"error":{"code":"invalid","msg":"op \"cni\" is not one of add, del, check, gc, status, leases, audit, history, release, ping, doctor, blocks"},"released":0}` + "\n"
+
+func startRelay(t *testing.T, agentSocket string, old bool) *relay {
+	t.Helper()
+	r := &relay{socket: filepath.Join(filepath.Dir(agentSocket), fmt.Sprintf("relay%v.sock", old))}
+	ln, err := net.Listen("unix", r.socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				if err := r.serve(c, agentSocket, old); err != nil {
+					t.Errorf("relay: %v", err)
+				}
+			}()
+		}
+	}()
+	return r
+}
+
+func (r *relay) serve(c net.Conn, agentSocket string, old bool) error {
+	line, err := bufio.NewReaderSize(c, api.MaxRequest).ReadBytes('\n')
+	if err != nil {
+		return err
+	}
+	var req struct {
+		Op string `json:"op"`
+	}
+	if err := json.Unmarshal(line, &req); err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.ops = append(r.ops, req.Op)
+	r.mu.Unlock()
+	if old && req.Op == api.OpCNI {
+		_, err := io.WriteString(c, oldAgentAnswer)
+		return err
+	}
+	a, err := net.Dial("unix", agentSocket)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	if _, err := a.Write(line); err != nil {
+		return err
+	}
+	answer, err := bufio.NewReader(a).ReadBytes('\n')
+	if err != nil {
+		return err
+	}
+	_, err = c.Write(answer)
+	return err
+}
+
+// take returns the ops seen since the last take.
+func (r *relay) take() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ops := r.ops
+	r.ops = nil
+	return ops
+}
+
+// TestForwardedMatchesLocal: an ADD or DEL that the plugin hands to the agent whole
+// (op "cni": the agent runs the plugin's verbs) prints exactly what the plugin prints
+// when it runs the call itself, as it does when the agent is of an older release, and
+// exits the same: for results in every CNI version, errors of every kind (the bad
+// inputs of TestBadInput) and a DEL's warnings. The relays show which path each call
+// took: one request "cni" when forwarded, "cni" refused and then the plugin's own
+// request when not.
+func TestForwardedMatchesLocal(t *testing.T) {
+	e := newEnv(t, agentenv.Options{})
+	_, nsPath := netns(t)
+	fwd := startRelay(t, e.a.Socket, false)
+	old := startRelay(t, e.a.Socket, true)
+	via := func(r *relay, c call) call {
+		c.Stdin = strings.Replace(c.Stdin, strconv.Quote(e.a.Socket), strconv.Quote(r.socket), 1)
+		return c
+	}
+	// local runs c through the old relay: the plugin runs the verb itself.
+	local := func(t *testing.T, c call, wantOwn string) outcome {
+		t.Helper()
+		o := execRaw(t, via(old, c))
+		ops := old.take()
+		if len(ops) > 0 && !slices.Equal(ops, []string{api.OpCNI}) && !slices.Equal(ops, []string{api.OpCNI, wantOwn}) {
+			t.Errorf("through an old agent: requests %q, want %q refused, then at most the plugin's own %q", ops, api.OpCNI, wantOwn)
+		}
+		return o
+	}
+	// forwarded runs c with the agent behind the plain relay; it reports whether the
+	// plugin forwarded it.
+	forwarded := func(t *testing.T, c call) (outcome, bool) {
+		t.Helper()
+		o := execRaw(t, via(fwd, c))
+		ops := fwd.take()
+		if len(ops) > 1 || (len(ops) == 1 && ops[0] != api.OpCNI) {
+			t.Errorf("forwarded call sent %q, want one %q", ops, api.OpCNI)
+		}
+		return o, len(ops) == 1
+	}
+	same := func(t *testing.T, what string, f, l outcome) {
+		t.Helper()
+		if !bytes.Equal(f.stdout, l.stdout) || !bytes.Equal(f.stderr, l.stderr) || f.exit != l.exit {
+			t.Errorf("%s: forwarded and local differ:\nforwarded exit %d stdout %q stderr %q\nlocal     exit %d stdout %q stderr %q",
+				what, f.exit, f.stdout, f.stderr, l.exit, l.stdout, l.stderr)
+		}
+	}
+
+	const ranges = `[[{"subnet":"10.83.0.0/24"}],[{"subnet":"fd83::/120"}]]`
+	for i, version := range []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
+		t.Run("result "+version, func(t *testing.T) {
+			conf := e.pluginConf(version, "fwdnet", ranges)
+			conf = strings.Replace(conf, `"ranges":`, `"routes":[{"dst":"0.0.0.0/0"},{"dst":"fd00::/8","gw":"fd83::1"}],"ranges":`, 1)
+			conf = strings.Replace(conf, `"type":"ipledger",`, `"type":"ipledger","dns":{"nameservers":["10.83.0.10"],"search":["svc.local"]},`, 1)
+			add := call{Cmd: "ADD", ContainerID: fmt.Sprint("fwd", i), Netns: nsPath, Stdin: conf,
+				Args: "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-" + version + ";K8S_POD_UID=uid-" + version}
+			f, ok := forwarded(t, add)
+			if !ok || f.exit != 0 {
+				t.Fatalf("ADD forwarded %v, exit %d: %s %s", ok, f.exit, f.stdout, f.stderr)
+			}
+			same(t, "ADD", f, local(t, add, api.OpAdd)) // the same lease again: ADD is idempotent
+			del := add
+			del.Cmd = "DEL"
+			f, ok = forwarded(t, del)
+			if !ok || f.exit != 0 {
+				t.Fatalf("DEL forwarded %v, exit %d: %s %s", ok, f.exit, f.stdout, f.stderr)
+			}
+			same(t, "DEL", f, local(t, del, api.OpDel)) // unknown by now: success too
+		})
+	}
+	t.Run("DEL with warnings", func(t *testing.T) {
+		conf := strings.Replace(e.pluginConf("1.0.0", "fwdnet", `"banana"`), `"ranges":`, `"timeout":"soon","ranges":`, 1)
+		del := call{Cmd: "DEL", ContainerID: "fwdwarn", Stdin: conf}
+		f, ok := forwarded(t, del)
+		if !ok || f.exit != 0 || len(f.stderr) == 0 {
+			t.Fatalf("DEL forwarded %v, exit %d, want success with a warning on stderr: %s %s", ok, f.exit, f.stdout, f.stderr)
+		}
+		same(t, "DEL", f, local(t, del, api.OpDel))
+	})
+
+	// TestBadInput's network and pool, in this test's agent
+	const good = `[[{"subnet":"10.81.0.0/24"}]]`
+	conf := func(ranges string) string { return e.pluginConf("1.0.0", "badnet", ranges) }
+	if o := execRaw(t, call{Cmd: "ADD", ContainerID: "keeper", Netns: nsPath, Stdin: conf(good)}); o.exit != 0 {
+		t.Fatalf("ADD: %s", o.stdout)
+	}
+	// the two inputs outside the shape the plugin forwards: it runs them itself
+	notForwarded := []string{"malformed JSON", "missing ranges"}
+	for i, tc := range badInputs(conf, good) {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.c.add(i, nsPath)
+			f, ok := forwarded(t, c)
+			if ok == slices.Contains(notForwarded, tc.name) {
+				t.Errorf("forwarded: %v", ok)
+			}
+			if f.exit == 0 {
+				t.Fatalf("ADD succeeded: %s", f.stdout)
+			}
+			same(t, "ADD", f, local(t, c, api.OpAdd))
+		})
+	}
+}
