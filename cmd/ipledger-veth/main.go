@@ -8,6 +8,9 @@ import (
 	"runtime"
 
 	"github.com/containernetworking/cni/pkg/skel"
+
+	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/ipam"
 	"github.com/ipledger/ipledger/internal/veth"
 )
 
@@ -21,7 +24,7 @@ func main() {
 	p := &veth.Plugin{
 		Stdout: os.Stdout,
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
-		IPAM:   &veth.ExecIPAM{Stderr: os.Stderr},
+		IPAM:   &veth.AgentIPAM{Exec: &veth.ExecIPAM{Stderr: os.Stderr}, Call: api.Call, NetNS: ipam.NetNSID},
 	}
 	skel.PluginMainFuncs(skel.CNIFuncs{Add: p.Add, Del: p.Del, Check: p.Check, GC: p.GC, Status: p.Status},
 		veth.SupportedVersions, "ipledger-veth: ipledger routed-veth CNI plugin")

@@ -10,6 +10,7 @@ import (
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/cniplugin"
 	"github.com/ipledger/ipledger/internal/jsonlite"
+	"github.com/ipledger/ipledger/internal/ledger"
 )
 
 // Why the plugin hands ADD and DEL to the agent whole: the plugin is a new process
@@ -49,27 +50,40 @@ func (r errReader) Read([]byte) (int, error) { return 0, r.err }
 
 // forward hands the call to the agent; ok is false when the agent did not run it.
 func (p *Plugin) forward(env cniplugin.Env, cmd string, stdin []byte) (exit int, ok bool) {
-	socket, timeout, ok := agentOf(stdin)
+	ans, ok := Forward(context.Background(), p.Call, p.NetNS, api.CNICall{Command: cmd,
+		ContainerID: env.Getenv("CNI_CONTAINERID"), NetNS: env.Getenv("CNI_NETNS"), IfName: env.Getenv("CNI_IFNAME"),
+		Args: env.Getenv("CNI_ARGS"), Path: env.Getenv("CNI_PATH"), NetNSOverride: env.Getenv("CNI_NETNS_OVERRIDE"), Stdin: stdin})
 	if !ok {
 		return 0, false
 	}
-	c := &api.CNICall{Command: cmd, ContainerID: env.Getenv("CNI_CONTAINERID"), NetNS: env.Getenv("CNI_NETNS"),
-		IfName: env.Getenv("CNI_IFNAME"), Args: env.Getenv("CNI_ARGS"), Path: env.Getenv("CNI_PATH"),
-		NetNSOverride: env.Getenv("CNI_NETNS_OVERRIDE"), Stdin: stdin}
-	if cmd == "ADD" {
-		c.NetNSID, c.SelfNetNS = p.NetNS(c.NetNS), p.NetNS(selfNetNS)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	resp, err := p.Call(ctx, socket, api.Request{Op: api.OpCNI, CNI: c})
-	if err != nil || resp.CNI == nil {
-		return 0, false
-	}
-	env.Stderr.Write(resp.CNI.Stderr)
-	if _, err := env.Stdout.Write(resp.CNI.Stdout); err != nil {
+	env.Stderr.Write(ans.Stderr)
+	if _, err := env.Stdout.Write(ans.Stdout); err != nil {
 		return 1, true
 	}
-	return resp.CNI.Exit, true
+	return ans.Exit, true
+}
+
+// Forward hands one ADD or DEL of this plugin, as the runtime (or a main plugin
+// delegating to it) made it, to the agent its configuration names, through call; for
+// an ADD it first reads the identities of CNI_NETNS and of the caller's own namespace
+// with netns. ok is false when the agent did not run it (unreachable, no answer,
+// unavailable, a configuration outside the common shape, an agent of an older
+// release): the caller then runs the plugin itself.
+func Forward(ctx context.Context, call func(context.Context, string, api.Request) (*api.Response, error), netns func(string) ledger.NetNS, c api.CNICall) (*api.CNIAnswer, bool) {
+	socket, timeout, ok := agentOf(c.Stdin)
+	if !ok || (c.Command != "ADD" && c.Command != "DEL") {
+		return nil, false
+	}
+	if c.Command == "ADD" {
+		c.NetNSID, c.SelfNetNS = netns(c.NetNS), netns(selfNetNS)
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	resp, err := call(ctx, socket, api.Request{Op: api.OpCNI, CNI: &c})
+	if err != nil || resp.CNI == nil {
+		return nil, false
+	}
+	return resp.CNI, true
 }
 
 // skipField skips the value of key, one of known or a key encoding/json would not

@@ -45,7 +45,7 @@ const selfNetNS = "/proc/self/ns/net"
 
 // New returns a plugin on the real process edges.
 func New() *Plugin {
-	return &Plugin{Call: api.Call, Stdout: os.Stdout, Stderr: os.Stderr, Now: time.Now, NetNS: netnsID}
+	return &Plugin{Call: api.Call, Stdout: os.Stdout, Stderr: os.Stderr, Now: time.Now, NetNS: NetNSID}
 }
 
 // Funcs are the plugin's verbs for cniplugin.Main.
@@ -96,8 +96,9 @@ func keyOf(conf *NetConf, args *cniplugin.Args) (ledger.Key, *cniplugin.Error) {
 	return k, nil
 }
 
-// netnsID reads the identity of the namespace at path; zero when it cannot be read.
-func netnsID(path string) ledger.NetNS {
+// NetNSID reads the identity of the network namespace at path (CNI_NETNS, or the
+// caller's own); zero but the path when it cannot be read.
+func NetNSID(path string) ledger.NetNS {
 	ns := ledger.NetNS{Path: path}
 	var st syscall.Stat_t
 	if path != "" && syscall.Stat(path, &st) == nil {
