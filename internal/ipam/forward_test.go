@@ -1,108 +1,16 @@
 package ipam_test
 
 import (
-	"bufio"
 	"bytes"
-	"encoding/json"
 	"fmt"
-	"io"
-	"net"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 )
-
-// relay stands between the plugin and a real agent, on a socket of its own, and
-// records the op of every request it sees. An old relay answers op "cni" as the agent
-// of the release before it answered (an unknown op), as a plugin meets an older agent
-// during an upgrade; everything else it passes to the agent and back.
-type relay struct {
-	socket string
-	mu     sync.Mutex
-	ops    []string
-}
-
-// oldAgentAnswer is what an agent that does not know op "cni" answers it.
-const oldAgentAnswer = `{"version":1,"error":{"code":"invalid","msg":"op \"cni\" is not one of add, del, check, gc, status, leases, audit, history, release, ping, doctor, blocks"},"released":0}` + "\n"
-
-func startRelay(t *testing.T, agentSocket string, old bool) *relay {
-	t.Helper()
-	r := &relay{socket: filepath.Join(filepath.Dir(agentSocket), fmt.Sprintf("relay%v.sock", old))}
-	ln, err := net.Listen("unix", r.socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				if err := r.serve(c, agentSocket, old); err != nil {
-					t.Errorf("relay: %v", err)
-				}
-			}()
-		}
-	}()
-	return r
-}
-
-func (r *relay) serve(c net.Conn, agentSocket string, old bool) error {
-	line, err := bufio.NewReaderSize(c, api.MaxRequest).ReadBytes('\n')
-	if err != nil {
-		return err
-	}
-	var req struct {
-		Op string `json:"op"`
-	}
-	if err := json.Unmarshal(line, &req); err != nil {
-		return err
-	}
-	r.mu.Lock()
-	r.ops = append(r.ops, req.Op)
-	r.mu.Unlock()
-	if old && req.Op == api.OpCNI {
-		_, err := io.WriteString(c, oldAgentAnswer)
-		return err
-	}
-	a, err := net.Dial("unix", agentSocket)
-	if err != nil {
-		return err
-	}
-	defer a.Close()
-	if _, err := a.Write(line); err != nil {
-		return err
-	}
-	answer, err := bufio.NewReader(a).ReadBytes('\n')
-	if err != nil {
-		return err
-	}
-	_, err = c.Write(answer)
-	return err
-}
-
-// take returns the ops seen since the last take.
-func (r *relay) take() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	ops := r.ops
-	r.ops = nil
-	return ops
-}
 
 // TestForwardedMatchesLocal: an ADD or DEL that the plugin hands to the agent whole
 // (op "cni": the agent runs the plugin's verbs) prints exactly what the plugin prints
@@ -114,17 +22,17 @@ func (r *relay) take() []string {
 func TestForwardedMatchesLocal(t *testing.T) {
 	e := newEnv(t, agentenv.Options{})
 	_, nsPath := netns(t)
-	fwd := startRelay(t, e.a.Socket, false)
-	old := startRelay(t, e.a.Socket, true)
-	via := func(r *relay, c call) call {
-		c.Stdin = strings.Replace(c.Stdin, strconv.Quote(e.a.Socket), strconv.Quote(r.socket), 1)
+	fwd := e.a.StartRelay(t, false)
+	old := e.a.StartRelay(t, true)
+	via := func(r *agentenv.Relay, c call) call {
+		c.Stdin = strings.Replace(c.Stdin, strconv.Quote(e.a.Socket), strconv.Quote(r.Socket), 1)
 		return c
 	}
 	// local runs c through the old relay: the plugin runs the verb itself.
 	local := func(t *testing.T, c call, wantOwn string) outcome {
 		t.Helper()
 		o := execRaw(t, via(old, c))
-		ops := old.take()
+		ops := old.Take()
 		if len(ops) > 0 && !slices.Equal(ops, []string{api.OpCNI}) && !slices.Equal(ops, []string{api.OpCNI, wantOwn}) {
 			t.Errorf("through an old agent: requests %q, want %q refused, then at most the plugin's own %q", ops, api.OpCNI, wantOwn)
 		}
@@ -135,7 +43,7 @@ func TestForwardedMatchesLocal(t *testing.T) {
 	forwarded := func(t *testing.T, c call) (outcome, bool) {
 		t.Helper()
 		o := execRaw(t, via(fwd, c))
-		ops := fwd.take()
+		ops := fwd.Take()
 		if len(ops) > 1 || (len(ops) == 1 && ops[0] != api.OpCNI) {
 			t.Errorf("forwarded call sent %q, want one %q", ops, api.OpCNI)
 		}

@@ -1,0 +1,108 @@
+package veth_test
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+)
+
+// TestIPAMHandedToAgent: with an ipam section of type ipledger the plugin hands ADD and
+// DEL to the agent itself (one request "cni", no exec of the IPAM plugin); when the
+// agent does not take them (an agent of an older release, here a relay answering as
+// one) it execs the IPAM plugin from CNI_PATH as before, which then talks to the agent
+// itself. Both give the pod its addresses and release them, and an IPAM error reaches
+// the runtime the same either way.
+func TestIPAMHandedToAgent(t *testing.T) {
+	a := agentenv.Start(t, agentenv.Options{Args: []string{"--reuse-delay", "0s"}})
+	ipam := &ipledgerIPAM{a: a}
+	// CNI_PATH: an "ipledger" that records each exec and runs the real one
+	pathDir := t.TempDir()
+	execLog := filepath.Join(pathDir, "exec.log")
+	wrapper := fmt.Sprintf("#!/bin/sh\necho \"$CNI_COMMAND\" >> %s\nexec %s \"$@\"\n", execLog, filepath.Join(binDir, "ipledger"))
+	if err := os.WriteFile(filepath.Join(pathDir, "ipledger"), []byte(wrapper), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	execs := func() []string {
+		b, err := os.ReadFile(execLog)
+		if err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		os.Remove(execLog)
+		return strings.Fields(string(b))
+	}
+	run := func(t *testing.T, command, containerID, netns string, conf []byte) pluginRun {
+		t.Helper()
+		cmd := exec.Command(filepath.Join(binDir, pluginType))
+		cmd.Env = []string{"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + containerID, "CNI_NETNS=" + netns,
+			"CNI_IFNAME=eth0", "CNI_PATH=" + pathDir, "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+		cmd.Stdin = bytes.NewReader(conf)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		if errb.Len() > 0 {
+			t.Logf("%s %s stderr: %s", pluginType, command, errb.String())
+		}
+		return pluginRun{stdout: out.Bytes(), stderr: errb.Bytes(), err: err}
+	}
+	network := fmt.Sprintf("handover%d", os.Getpid()%100000)
+	cleanupNetwork(t, network)
+	p := pool{idx: 14}
+	errOut := map[bool][]byte{}
+	for _, old := range []bool{false, true} {
+		t.Run(fmt.Sprintf("older agent %v", old), func(t *testing.T) {
+			r := a.StartRelay(t, old)
+			section := ipam.Section(p, false, false)
+			section["socket"] = r.Socket
+			conf := confBytes(t, "1.0.0", network, section, nil)
+			// the verb's requests and execs: the plugin's own hand-over, then (older
+			// agent) the IPAM plugin's hand-over and its own request
+			want := func(verb, op string) ([]string, []string) {
+				if old {
+					return []string{api.OpCNI, api.OpCNI, op}, []string{verb}
+				}
+				return []string{api.OpCNI}, nil
+			}
+			check := func(t *testing.T, verb, op string) {
+				t.Helper()
+				wantOps, wantExecs := want(verb, op)
+				if ops, ex := r.Take(), execs(); !slices.Equal(ops, wantOps) || !slices.Equal(ex, wantExecs) {
+					t.Errorf("%s: requests %q and IPAM execs %q, want %q and %q", verb, ops, ex, wantOps, wantExecs)
+				}
+			}
+			id := fmt.Sprintf("hand%v", old)
+			ns := newNetNS(t, "hand")
+			add := run(t, "ADD", id, ns, conf)
+			add.ok(t)
+			check(t, "ADD", api.OpAdd)
+			ips := resultIPs(t, add.stdout)
+			if held := ipam.Leases(t, network); len(ips) != 1 || !slices.Equal(held, strs(ips)) {
+				t.Fatalf("ADD gave %v, the agent holds %v", ips, held)
+			}
+			ping(t, ns, ips[0])
+			run(t, "DEL", id, ns, conf).ok(t)
+			check(t, "DEL", api.OpDel)
+			if held := ipam.Leases(t, network); len(held) != 0 {
+				t.Fatalf("after DEL the agent holds %v", held)
+			}
+
+			// an IPAM error: a pool redefined for the network
+			bad := ipam.Section(pool{idx: 15}, false, false)
+			bad["socket"] = r.Socket
+			failed := run(t, "ADD", id+"bad", newNetNS(t, "hand"), confBytes(t, "1.0.0", network, bad, nil))
+			failed.cniError(t)
+			check(t, "ADD", api.OpAdd)
+			errOut[old] = failed.stdout
+		})
+	}
+	if !bytes.Equal(errOut[false], errOut[true]) {
+		t.Errorf("the IPAM error reached the runtime differently:\nhanded to the agent %s\nexec'd IPAM plugin  %s", errOut[false], errOut[true])
+	}
+}
