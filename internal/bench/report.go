@@ -230,7 +230,7 @@ const (
 	goalVsHostLocal     = 0.8  // IPAM ADD and DEL, p50 and p99, at every fill
 	goalVsHostLocalFull = 0.25 // the same at the fullest fill
 	goalVsFloor         = 1.6  // IPAM ADD and DEL p50 at every fill
-	goalVethVsPTP       = 0.9  // ipledger-veth + ipledger vs ptp + host-local, p50 and p99
+	goalVethVsPTP       = 0.9  // ipledger-veth + ipledger vs ptp + host-local, p50 (the issue names no percentile: its median)
 	goalBurst           = 0.6  // bursts of concurrent ADDs and DELs vs host-local
 	goalStartMs         = 300  // agent start until it answers, AgentLeases live leases
 	goalRSSMiB          = 100  // agent VmRSS at AgentLeases live leases, filling and restarted
@@ -266,12 +266,14 @@ func targets(r *Report, o Options) []Target {
 		out = append(out, vsFloor.target(fmt.Sprintf("ipledger %s p50 ≤ %.2g× the exec floor at every fill", verb, goalVsFloor), goalVsFloor, ratioStr)...)
 	}
 	var veth worst
-	for _, name := range []string{"ADD p50", "ADD p99", "DEL p50", "DEL p99"} {
+	// the rows show p99 too; the goal is the median, as the issue states it (its IPAM
+	// goal names p50 and p99 where it means both)
+	for _, name := range []string{"ADD p50", "DEL p50"} {
 		if row, ok := r.Find(groupMain, name); ok {
 			veth.add(row.VsBaseline(), name)
 		}
 	}
-	out = append(out, veth.target(fmt.Sprintf("ipledger-veth + ipledger ADD and DEL p50 and p99 ≤ %.2g× ptp + host-local", goalVethVsPTP), goalVethVsPTP, ratioStr)...)
+	out = append(out, veth.target(fmt.Sprintf("ipledger-veth + ipledger ADD and DEL p50 ≤ %.2g× ptp + host-local", goalVethVsPTP), goalVethVsPTP, ratioStr)...)
 	var burst worst
 	for _, verb := range []string{"ADD", "DEL"} {
 		if row, ok := r.Find(groupBurst, burstName(verb)); ok {
