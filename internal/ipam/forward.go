@@ -3,6 +3,7 @@ package ipam
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"io"
 	"slices"
 	"time"
@@ -63,6 +64,11 @@ func (p *Plugin) forward(env cniplugin.Env, cmd string, stdin []byte) (exit int,
 	return ans.Exit, true
 }
 
+// maxForwardedStdin bounds the encoded stdin of a forwarded call well inside the
+// agent's request limit; a larger configuration (a huge prevResult or runtimeConfig) is
+// run by the plugin, whose own request carries only what it needs.
+const maxForwardedStdin = api.MaxRequest / 2
+
 // Forward hands one ADD or DEL of this plugin, as the runtime (or a main plugin
 // delegating to it) made it, to the agent its configuration names, through call; for
 // an ADD it first reads the identities of CNI_NETNS and of the caller's own namespace
@@ -70,8 +76,11 @@ func (p *Plugin) forward(env cniplugin.Env, cmd string, stdin []byte) (exit int,
 // unavailable, a configuration outside the common shape, an agent of an older
 // release): the caller then runs the plugin itself.
 func Forward(ctx context.Context, call func(context.Context, string, api.Request) (*api.Response, error), netns func(string) ledger.NetNS, c api.CNICall) (*api.CNIAnswer, bool) {
+	if c.Command != "ADD" && c.Command != "DEL" || base64.StdEncoding.EncodedLen(len(c.Stdin)) > maxForwardedStdin {
+		return nil, false
+	}
 	socket, timeout, ok := agentOf(c.Stdin)
-	if !ok || (c.Command != "ADD" && c.Command != "DEL") {
+	if !ok {
 		return nil, false
 	}
 	if c.Command == "ADD" {
