@@ -51,7 +51,7 @@ func (r errReader) Read([]byte) (int, error) { return 0, r.err }
 
 // forward hands the call to the agent; ok is false when the agent did not run it.
 func (p *Plugin) forward(env cniplugin.Env, cmd string, stdin []byte) (exit int, ok bool) {
-	ans, ok := Forward(context.Background(), p.Call, p.NetNS, api.CNICall{Command: cmd,
+	ans, ok := Forward(context.Background(), p.Call, p.netns, api.CNICall{Command: cmd,
 		ContainerID: env.Getenv("CNI_CONTAINERID"), NetNS: env.Getenv("CNI_NETNS"), IfName: env.Getenv("CNI_IFNAME"),
 		Args: env.Getenv("CNI_ARGS"), Path: env.Getenv("CNI_PATH"), NetNSOverride: env.Getenv("CNI_NETNS_OVERRIDE"), Stdin: stdin})
 	if !ok {

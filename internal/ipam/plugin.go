@@ -36,8 +36,15 @@ type Plugin struct {
 	Stderr io.Writer
 	Now    func() time.Time
 	// NetNS reads the identity of the network namespace at a path: CNI_NETNS, or
-	// selfNetNS for the plugin's own.
+	// selfNetNS for the plugin's own; nil means NetNSID.
 	NetNS func(path string) ledger.NetNS
+}
+
+func (p *Plugin) netns(path string) ledger.NetNS {
+	if p.NetNS == nil {
+		return NetNSID(path)
+	}
+	return p.NetNS(path)
 }
 
 // selfNetNS is the path of the plugin's own network namespace.
@@ -45,7 +52,7 @@ const selfNetNS = "/proc/self/ns/net"
 
 // New returns a plugin on the real process edges.
 func New() *Plugin {
-	return &Plugin{Call: api.Call, Stdout: os.Stdout, Stderr: os.Stderr, Now: time.Now, NetNS: NetNSID}
+	return &Plugin{Call: api.Call, Stdout: os.Stdout, Stderr: os.Stderr, Now: time.Now}
 }
 
 // Funcs are the plugin's verbs for cniplugin.Main.
@@ -121,8 +128,8 @@ func (p *Plugin) Add(args *cniplugin.Args) error {
 	if perr != nil {
 		return perr
 	}
-	ns := p.NetNS(args.Netns)
-	if self := p.NetNS(selfNetNS); ns.Ino != 0 && ns.Ino == self.Ino && ns.Dev == self.Dev {
+	ns := p.netns(args.Netns)
+	if self := p.netns(selfNetNS); ns.Ino != 0 && ns.Ino == self.Ino && ns.Dev == self.Dev {
 		return cniplugin.NewError(cniplugin.ErrInvalidNetNS, fmt.Sprintf("CNI_NETNS %s is the plugin's own (host) network namespace; refusing to allocate for it", args.Netns), "")
 	}
 	resp, err := p.call(conf, api.Request{Op: api.OpAdd, Network: k.Network, ContainerID: k.ContainerID, IfName: k.IfName,
@@ -215,7 +222,7 @@ func (p *Plugin) Check(args *cniplugin.Args) error {
 			return cerr
 		}
 	}
-	_, err := p.call(conf, api.Request{Op: api.OpCheck, Network: k.Network, ContainerID: k.ContainerID, IfName: k.IfName, IPs: ips, NetNS: p.NetNS(args.Netns)})
+	_, err := p.call(conf, api.Request{Op: api.OpCheck, Network: k.Network, ContainerID: k.ContainerID, IfName: k.IfName, IPs: ips, NetNS: p.netns(args.Netns)})
 	if err != nil {
 		return toCNI(err, conf.IPAM.Socket)
 	}
