@@ -596,8 +596,7 @@ func (s *Server) Handle(ctx context.Context, req api.Request) *api.Response {
 
 // handle answers one request, handing the ledger's log lines of an ADD or a DEL to
 // later (nil: written before it returns). counted is false for a request the
-// metrics do not count (another protocol version; a forwarded CNI call, whose inner
-// requests count themselves).
+// metrics do not count (another protocol version).
 func (s *Server) handle(ctx context.Context, req api.Request, later *ledger.LogLines) (resp *api.Response, counted bool) {
 	if req.Version != api.Version {
 		return errResp(&api.Error{Code: api.CodeInvalid, Msg: fmt.Sprintf("protocol version %d; this agent speaks %d: use plugin and agent binaries of one release", req.Version, api.Version)}), false
@@ -628,8 +627,9 @@ func (s *Server) handle(ctx context.Context, req api.Request, later *ledger.LogL
 	case api.OpBlocks:
 		resp = s.blocks(ctx)
 	case api.OpCNI:
-		// its inner requests are counted, each under its own op
-		return s.cni(ctx, req, later), false
+		// counted as verb "cni" (the whole call), and its inner requests each under
+		// its own verb
+		resp = s.cni(ctx, req, later)
 	default:
 		resp = errResp(&api.Error{Code: api.CodeInvalid, Msg: fmt.Sprintf("op %q is not one of add, del, check, gc, status, leases, audit, history, release, ping, doctor, blocks, cni", clip(req.Op))})
 	}
@@ -640,13 +640,7 @@ func (s *Server) handle(ctx context.Context, req api.Request, later *ledger.LogL
 // string never becomes a label of its own, so no client can grow the metric series.
 const opUnknown = "unknown"
 
-func opLabel(op string) string {
-	switch op {
-	case api.OpAdd, api.OpDel, api.OpCheck, api.OpGC, api.OpStatus, api.OpLeases, api.OpAudit, api.OpHistory, api.OpRelease, api.OpPing, api.OpDoctor, api.OpBlocks:
-		return op
-	}
-	return opUnknown
-}
+func opLabel(op string) string { return bounded(op, verbs, opUnknown) }
 
 // clip shortens a client's string for an error message.
 func clip(s string) string {

@@ -19,9 +19,10 @@ var errLeaveToPlugin = errors.New("leave the call to the plugin")
 // cni runs one CNI call that the IPAM plugin forwarded (api.OpCNI) as the plugin
 // would run it: internal/ipam's verbs under cniplugin.Main, with the call's
 // environment and stdin, their requests handled here without a socket, and the
-// identities of CNI_NETNS and of the plugin's namespace as the plugin read them. Each
-// inner request is counted in the metrics under its own op; the forwarded call is not
-// counted again.
+// identities of CNI_NETNS and of the plugin's namespace as the plugin read them. The
+// call is counted in the metrics as verb "cni" (result ok: the agent ran it, whatever
+// its CNI outcome; unavailable: it left it to the plugin), and each inner request under
+// its own verb, so add and del count every ADD and DEL the agent served either way.
 func (s *Server) cni(ctx context.Context, req api.Request, later *ledger.LogLines) *api.Response {
 	c := req.CNI
 	if c == nil || (c.Command != "ADD" && c.Command != "DEL") {

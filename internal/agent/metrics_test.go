@@ -247,3 +247,65 @@ func TestReadyzRuntimeUnreachable(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestHandedOverCallsCounted: a CNI call a plugin hands over (op cni) counts as verb
+// cni, ok when the agent ran it whatever its CNI outcome, and its ADD or DEL counts as
+// add or del like any other; a call that fails in the configuration reaches no verb.
+func TestHandedOverCallsCounted(t *testing.T) {
+	addr := freeAddr(t)
+	a := agentenv.Start(t, agentenv.Options{Args: []string{"--metrics-addr", addr}})
+	conf := func(ranges string) []byte {
+		return []byte(`{"cniVersion":"1.0.0","name":"handed","ipam":` + a.IPAM(ranges) + `}`)
+	}
+	good := conf(`[[{"subnet":"10.96.0.0/24"}]]`)
+	for _, c := range []struct {
+		call api.CNICall
+		exit int
+	}{
+		{api.CNICall{Command: "ADD", ContainerID: "h1", NetNS: "/proc/1/ns/net", IfName: "eth0", Path: "/opt/cni/bin", Stdin: good}, 0},
+		{api.CNICall{Command: "DEL", ContainerID: "h1", IfName: "eth0", Path: "/opt/cni/bin", Stdin: good}, 0},
+		{api.CNICall{Command: "ADD", ContainerID: "h2", NetNS: "/proc/1/ns/net", IfName: "eth0", Path: "/opt/cni/bin", Stdin: conf(`[[{"subnet":"banana"}]]`)}, 1},
+	} {
+		c.call.NetNSID = ledger.NetNS{Path: c.call.NetNS, Dev: 4, Ino: 1}
+		c.call.SelfNetNS = ledger.NetNS{Path: "/proc/self/ns/net", Dev: 4, Ino: 2}
+		resp, err := a.Call(api.Request{Op: api.OpCNI, CNI: &c.call})
+		if err != nil || resp.CNI == nil || resp.CNI.Exit != c.exit {
+			t.Fatalf("%s %s: %v %+v, want exit %d", c.call.Command, c.call.ContainerID, err, resp, c.exit)
+		}
+	}
+	// a request is counted after its answer is written: wait for the last one
+	var fams map[string]*dto.MetricFamily
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		fams = scrape(t, addr)
+		if f := fams["ipledger_request_duration_seconds"]; f != nil && countSamples(f, "cni") == 3 || time.Now().After(deadline) {
+			break
+		}
+	}
+	for _, c := range []struct {
+		labels []string
+		want   float64
+	}{
+		{[]string{"verb=cni", "result=ok"}, 3},
+		{[]string{"verb=add", "result=ok"}, 1},
+		{[]string{"verb=del", "result=ok"}, 1},
+	} {
+		if got := value(t, fams, "ipledger_requests_total", c.labels...); got != c.want {
+			t.Errorf("ipledger_requests_total%v = %v, want %v", c.labels, got, c.want)
+		}
+	}
+	if got := value(t, fams, "ipledger_request_duration_seconds", "verb=cni"); got != 3 {
+		t.Errorf("cni latency histogram holds %v samples, want 3", got)
+	}
+}
+
+// countSamples is the sample count of verb's series in a histogram family.
+func countSamples(f *dto.MetricFamily, verb string) uint64 {
+	for _, m := range f.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == "verb" && l.GetValue() == verb {
+				return m.GetHistogram().GetSampleCount()
+			}
+		}
+	}
+	return 0
+}
