@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -40,17 +39,7 @@ func TestIPAMHandedToAgent(t *testing.T) {
 	}
 	run := func(t *testing.T, command, containerID, netns string, conf []byte) pluginRun {
 		t.Helper()
-		cmd := exec.Command(filepath.Join(binDir, pluginType))
-		cmd.Env = []string{"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + containerID, "CNI_NETNS=" + netns,
-			"CNI_IFNAME=eth0", "CNI_PATH=" + pathDir, "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
-		cmd.Stdin = bytes.NewReader(conf)
-		var out, errb bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &errb
-		err := cmd.Run()
-		if errb.Len() > 0 {
-			t.Logf("%s %s stderr: %s", pluginType, command, errb.String())
-		}
-		return pluginRun{stdout: out.Bytes(), stderr: errb.Bytes(), err: err}
+		return execPluginPath(t, pathDir, command, containerID, netns, "eth0", conf)
 	}
 	network := fmt.Sprintf("handover%d", os.Getpid()%100000)
 	cleanupNetwork(t, network)

@@ -267,9 +267,15 @@ type pluginRun struct {
 
 func execPlugin(t *testing.T, command, containerID, netns, ifName string, conf []byte) pluginRun {
 	t.Helper()
+	return execPluginPath(t, binDir, command, containerID, netns, ifName, conf)
+}
+
+// execPluginPath is execPlugin with cniPath as CNI_PATH.
+func execPluginPath(t *testing.T, cniPath, command, containerID, netns, ifName string, conf []byte) pluginRun {
+	t.Helper()
 	cmd := exec.Command(filepath.Join(binDir, pluginType))
 	cmd.Env = []string{"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + containerID, "CNI_NETNS=" + netns,
-		"CNI_IFNAME=" + ifName, "CNI_PATH=" + binDir, "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
+		"CNI_IFNAME=" + ifName, "CNI_PATH=" + cniPath, "PATH=/usr/sbin:/usr/bin:/sbin:/bin"}
 	cmd.Stdin = bytes.NewReader(conf)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
