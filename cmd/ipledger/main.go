@@ -9,5 +9,5 @@ import (
 )
 
 func main() {
-	os.Exit(ipam.New().Main(cniplugin.OS()))
+	os.Exit(cniplugin.Main(cniplugin.OS(), ipam.New().Funcs(), ipam.Versions, "ipledger: IPAM plugin, a client of ipledgerd"))
 }

@@ -12,17 +12,18 @@ import (
 	"github.com/ipledger/ipledger/internal/ledger"
 )
 
-// errLeaveToPlugin: the agent cannot serve a forwarded call now (CodeUnavailable);
-// the plugin runs it itself, and spools a DEL if it must.
+// errLeaveToPlugin: the agent cannot serve a handed-over call now (CodeUnavailable);
+// the caller execs the IPAM plugin, which spools a DEL if it must.
 var errLeaveToPlugin = errors.New("leave the call to the plugin")
 
-// cni runs one CNI call that the IPAM plugin forwarded (api.OpCNI) as the plugin
-// would run it: internal/ipam's verbs under cniplugin.Main, with the call's
-// environment and stdin, their requests handled here without a socket, and the
-// identities of CNI_NETNS and of the plugin's namespace as the plugin read them. The
-// call is counted in the metrics as verb "cni" (result ok: the agent ran it, whatever
-// its CNI outcome; unavailable: it left it to the plugin), and each inner request under
-// its own verb, so add and del count every ADD and DEL the agent served either way.
+// cni runs one ipledger IPAM call that a main plugin handed over (api.OpCNI,
+// ipam.Forward) instead of exec'ing the IPAM plugin, as that plugin would run it:
+// internal/ipam's verbs under cniplugin.Main, with the call's environment and stdin,
+// their requests handled here without a socket, and the identities of CNI_NETNS and of
+// the caller's namespace as the caller read them. The call is counted in the metrics as
+// verb "cni" (result ok: the agent ran it, whatever its CNI outcome; unavailable: it
+// left it to the caller), and each inner request under its own verb, so add and del
+// count every ADD and DEL the agent served either way.
 func (s *Server) cni(ctx context.Context, req api.Request, later *ledger.LogLines) *api.Response {
 	c := req.CNI
 	if c == nil || (c.Command != "ADD" && c.Command != "DEL") {

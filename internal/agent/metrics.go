@@ -64,7 +64,7 @@ type counter struct {
 func newStats() *Stats {
 	s := &Stats{reg: prometheus.NewRegistry()}
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ipledger_requests_total",
-		Help: "Requests answered by the agent, by verb and result (ok or the error code); verb cni is a CNI ADD or DEL a plugin handed over whole, whose own add or del is counted too."}, []string{"verb", "result"})
+		Help: "Requests answered by the agent, by verb and result (ok or the error code); verb cni is an ipledger IPAM ADD or DEL a main plugin handed over whole, whose own add or del is counted too."}, []string{"verb", "result"})
 	s.latency = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "ipledger_request_duration_seconds",
 		Help:    "Time to answer a request, by verb (durable commit included).",
 		Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}, []string{"verb"})

@@ -64,11 +64,11 @@ const (
 	// OpBlocks: cluster mode's view, this node's name and the datastore's blocks
 	// (Response.Cluster).
 	OpBlocks = "blocks"
-	// OpCNI: one whole CNI call of the IPAM plugin, its environment and stdin
+	// OpCNI: one whole call of the ipledger IPAM plugin, its environment and stdin
 	// (Request.CNI), run by the agent as the plugin would run it; the answer is what
-	// the plugin prints and its exit status (Response.CNI). An agent that answers
+	// the plugin would print and its exit status (Response.CNI). An agent that answers
 	// anything else (an error, an older agent's unknown op) leaves the call to the
-	// plugin itself. Why: internal/ipam's Main.
+	// caller, which execs the plugin. Why: ipam.Forward.
 	OpCNI = "cni"
 )
 

@@ -1,8 +1,7 @@
 // Package ipam is the logic of the `ipledger` CNI IPAM plugin: a thin client that
-// turns each CNI call into one request to the node agent. Its main is one Plugin.Main
-// call: ADD and DEL go to the agent whole, which runs this package's verbs on them
-// (forward.go); the other verbs, and any call the agent does not take, run in the
-// plugin through cniplugin.Main.
+// turns each CNI call into one request to the node agent. Its main is one
+// cniplugin.Main call. The agent runs the same verbs for a main plugin that hands an
+// ipledger IPAM call over instead of exec'ing this plugin (Forward).
 package ipam
 
 import (

@@ -1,68 +1,32 @@
 package ipam
 
 import (
-	"bytes"
 	"context"
 	"encoding/base64"
-	"io"
 	"slices"
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
-	"github.com/ipledger/ipledger/internal/cniplugin"
 	"github.com/ipledger/ipledger/internal/jsonlite"
 	"github.com/ipledger/ipledger/internal/ledger"
 )
 
-// Why the plugin hands ADD and DEL to the agent whole: the plugin is a new process
-// per call, and everything it runs is run cold: checking the CNI_* variables and the
-// configuration, parsing the ranges and CNI_ARGS, encoding the result cost about 0.25
-// ms of every ADD in a cold process (docs/call-breakdown.md), a fifth of that in the
-// agent, which runs the same code all day. So the plugin sends the call as the runtime
-// made it (the CNI_* variables, stdin, and the identities of CNI_NETNS and of its own
-// namespace, which the agent may not be able to see) in one request, and the agent
-// runs this package's verbs on it through cniplugin.Main, exactly as the plugin would,
-// against its ledger without a socket in between; the plugin prints what the agent
-// answers and exits with its status. The other verbs, and every call the agent does not
-// answer with a CNI outcome (unreachable, killed, draining, an older agent), run here
-// as before, so a DEL is still spooled by the plugin when the agent is away.
-
-// about is printed when the binary is run by hand.
-const about = "ipledger: IPAM plugin, a client of ipledgerd"
-
-// Main is the plugin process: it returns the exit status.
-func (p *Plugin) Main(env cniplugin.Env) int {
-	if cmd := env.Getenv("CNI_COMMAND"); cmd == "ADD" || cmd == "DEL" {
-		stdin, err := io.ReadAll(env.Stdin)
-		env.Stdin = bytes.NewReader(stdin)
-		if err != nil {
-			// cniplugin.Main reports it
-			env.Stdin = io.MultiReader(env.Stdin, errReader{err})
-		} else if code, ok := p.forward(env, cmd, stdin); ok {
-			return code
-		}
-	}
-	return cniplugin.Main(env, p.Funcs(), Versions, about)
-}
-
-type errReader struct{ err error }
-
-func (r errReader) Read([]byte) (int, error) { return 0, r.err }
-
-// forward hands the call to the agent; ok is false when the agent did not run it.
-func (p *Plugin) forward(env cniplugin.Env, cmd string, stdin []byte) (exit int, ok bool) {
-	ans, ok := Forward(context.Background(), p.Call, p.netns, api.CNICall{Command: cmd,
-		ContainerID: env.Getenv("CNI_CONTAINERID"), NetNS: env.Getenv("CNI_NETNS"), IfName: env.Getenv("CNI_IFNAME"),
-		Args: env.Getenv("CNI_ARGS"), Path: env.Getenv("CNI_PATH"), NetNSOverride: env.Getenv("CNI_NETNS_OVERRIDE"), Stdin: stdin})
-	if !ok {
-		return 0, false
-	}
-	env.Stderr.Write(ans.Stderr)
-	if _, err := env.Stdout.Write(ans.Stdout); err != nil {
-		return 1, true
-	}
-	return ans.Exit, true
-}
+// Forward is the hand-over of an ipledger IPAM call to the agent, for ipledger-veth:
+// instead of exec'ing this plugin for each pod's ADD and DEL (a process whose start
+// alone costs about 1.5 ms here, the bench's floor), the main plugin sends the call as
+// it would have made it (the CNI_* variables, stdin, and the identities of CNI_NETNS
+// and of its own namespace, which the agent may not be able to see) in one request, and
+// the agent runs this package's verbs on it through cniplugin.Main, exactly as this
+// plugin would, against its ledger without a socket in between; it answers what the
+// plugin would have printed and its exit status. Every call the agent does not answer
+// with a CNI outcome (unreachable, killed, draining, an older agent) is left to the
+// caller, which then execs the plugin as before (and the plugin spools a DEL when the
+// agent is away).
+//
+// The plugin itself does not hand its own calls over: measured in interleaved execs
+// (docs/call-breakdown.md), moving its configuration, CNI_ARGS and result work into the
+// agent gained 0.00-0.04 ms of a 3.2 ms ADD, within the method's noise; the scan of the
+// socket, the larger request and the agent's share ate what the cold code cost.
 
 // maxForwardedStdin bounds the encoded stdin of a forwarded call well inside the
 // agent's request limit; a larger configuration (a huge prevResult or runtimeConfig) is

@@ -9,51 +9,60 @@ import (
 	"testing"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/ipam"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 )
 
-// TestForwardedMatchesLocal: an ADD or DEL that the plugin hands to the agent whole
-// (op "cni": the agent runs the plugin's verbs) prints exactly what the plugin prints
-// when it runs the call itself, as it does when the agent is of an older release, and
-// exits the same: for results in every CNI version, errors of every kind (the bad
-// inputs of TestBadInput) and a DEL's warnings. The relays show which path each call
-// took: one request "cni" when forwarded, "cni" refused and then the plugin's own
-// request when not.
+// TestForwardedMatchesLocal: an ADD or DEL handed to the agent whole (ipam.Forward,
+// as ipledger-veth hands over an ipledger IPAM call: op "cni", the agent runs this
+// package's verbs) gives exactly what the ipledger plugin prints and its exit status
+// when it is exec'd for the same call: for results in every CNI version, errors of
+// every kind (the bad inputs of TestBadInput) and a DEL's warnings. The relay shows
+// that each hand-over is one request "cni", and the plugin's own call its own request.
 func TestForwardedMatchesLocal(t *testing.T) {
 	e := newEnv(t, agentenv.Options{})
 	_, nsPath := netns(t)
-	fwd := e.a.StartRelay(t, false)
-	old := e.a.StartRelay(t, true)
-	via := func(r *agentenv.Relay, c call) call {
-		c.Stdin = strings.Replace(c.Stdin, strconv.Quote(e.a.Socket), strconv.Quote(r.Socket), 1)
+	relay := e.a.StartRelay(t, false)
+	via := func(c call) call {
+		c.Stdin = strings.Replace(c.Stdin, strconv.Quote(e.a.Socket), strconv.Quote(relay.Socket), 1)
 		return c
 	}
-	// local runs c through the old relay: the plugin runs the verb itself.
+	// local execs the plugin for c, which runs the verb itself.
 	local := func(t *testing.T, c call, wantOwn string) outcome {
 		t.Helper()
-		o := execRaw(t, via(old, c))
-		ops := old.Take()
-		own := ops
-		if len(own) > 0 && own[0] == api.OpCNI {
-			own = own[1:]
-		}
-		if len(own) > 1 || (len(own) == 1 && own[0] != wantOwn) {
-			t.Errorf("through an old agent: requests %q, want %q refused, then at most the plugin's own %q", ops, api.OpCNI, wantOwn)
+		o := execRaw(t, via(c))
+		if ops := relay.Take(); len(ops) > 1 || (len(ops) == 1 && ops[0] != wantOwn) {
+			t.Errorf("the plugin sent %q, want at most its own %q", ops, wantOwn)
 		}
 		return o
 	}
-	// forwarded runs c with the agent behind the plain relay; it reports whether the
-	// plugin forwarded it (one request "cni") rather than sending its own request (or
-	// none, when it failed before it).
+	// forwarded hands c to the agent as a main plugin does; it reports whether the
+	// agent ran it (false: the caller would exec the plugin).
 	forwarded := func(t *testing.T, c call) (outcome, bool) {
 		t.Helper()
-		o := execRaw(t, via(fwd, c))
-		ops := fwd.Take()
-		handed := slices.Equal(ops, []string{api.OpCNI})
-		if !handed && len(ops) > 0 && !slices.Equal(ops, []string{api.OpAdd}) && !slices.Equal(ops, []string{api.OpDel}) {
-			t.Errorf("the call sent %q, want one %q, or the plugin's own request", ops, api.OpCNI)
+		c = via(c)
+		if c.IfName == "" {
+			c.IfName = "eth0"
 		}
-		return o, handed
+		cc := api.CNICall{Command: c.Cmd, ContainerID: c.ContainerID, NetNS: c.Netns, IfName: c.IfName, Args: c.Args,
+			Path: agentenv.Bin(t), Stdin: []byte(c.Stdin)}
+		for _, u := range c.Unset {
+			switch u {
+			case "CNI_CONTAINERID":
+				cc.ContainerID = ""
+			case "CNI_IFNAME":
+				cc.IfName = ""
+			}
+		}
+		ans, ok := ipam.Forward(ctx(t), api.Call, ipam.NetNSID, cc)
+		ops := relay.Take()
+		if ok != slices.Equal(ops, []string{api.OpCNI}) || (!ok && len(ops) > 0) {
+			t.Errorf("hand-over (taken: %v) sent %q, want one %q or none", ok, ops, api.OpCNI)
+		}
+		if !ok {
+			return outcome{}, false
+		}
+		return outcome{stdout: ans.Stdout, stderr: ans.Stderr, exit: ans.Exit}, true
 	}
 	same := func(t *testing.T, what string, f, l outcome) {
 		t.Helper()
@@ -88,15 +97,16 @@ func TestForwardedMatchesLocal(t *testing.T) {
 	t.Run("configuration too large to forward", func(t *testing.T) {
 		big := strings.Replace(e.pluginConf("1.0.0", "fwdnet", ranges), `"type":"ipledger",`, `"type":"ipledger","runtimeConfig":{"x":"`+strings.Repeat("x", api.MaxRequest/2)+`"},`, 1)
 		add := call{Cmd: "ADD", ContainerID: "fwdbig", Netns: nsPath, Stdin: big}
-		f, ok := forwarded(t, add)
-		if ok || f.exit != 0 {
-			t.Fatalf("ADD of a %d-byte configuration: forwarded %v, exit %d: %s", len(big), ok, f.exit, f.stdout)
+		if _, ok := forwarded(t, add); ok {
+			t.Fatalf("a %d-byte configuration was handed over", len(big))
 		}
-		same(t, "ADD", f, local(t, add, api.OpAdd))
+		if o := local(t, add, api.OpAdd); o.exit != 0 {
+			t.Fatalf("ADD of a %d-byte configuration by the plugin: exit %d: %s", len(big), o.exit, o.stdout)
+		}
 		del := add
 		del.Cmd = "DEL"
-		if o := execRaw(t, via(fwd, del)); o.exit != 0 || !slices.Equal(fwd.Take(), []string{api.OpDel}) {
-			t.Fatalf("DEL of a large configuration not run by the plugin itself: exit %d: %s", o.exit, o.stdout)
+		if o := local(t, del, api.OpDel); o.exit != 0 {
+			t.Fatalf("DEL of a large configuration: exit %d: %s", o.exit, o.stdout)
 		}
 	})
 	t.Run("DEL with warnings", func(t *testing.T) {
@@ -115,14 +125,17 @@ func TestForwardedMatchesLocal(t *testing.T) {
 	if o := execRaw(t, call{Cmd: "ADD", ContainerID: "keeper", Netns: nsPath, Stdin: conf(good)}); o.exit != 0 {
 		t.Fatalf("ADD: %s", o.stdout)
 	}
-	// the two inputs outside the shape the plugin forwards: it runs them itself
+	// the two inputs outside the shape Forward hands over: the caller execs the plugin
 	notForwarded := []string{"malformed JSON", "missing ranges"}
 	for i, tc := range badInputs(conf, good) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := tc.c.add(i, nsPath)
 			f, ok := forwarded(t, c)
 			if ok == slices.Contains(notForwarded, tc.name) {
-				t.Errorf("forwarded: %v", ok)
+				t.Errorf("handed over: %v", ok)
+			}
+			if !ok {
+				return
 			}
 			if f.exit == 0 {
 				t.Fatalf("ADD succeeded: %s", f.stdout)

@@ -51,11 +51,11 @@ func TestIPAMHandedToAgent(t *testing.T) {
 			section := ipam.Section(p, false, false)
 			section["socket"] = r.Socket
 			conf := confBytes(t, "1.0.0", network, section, nil)
-			// the verb's requests and execs: the plugin's own hand-over, then (older
-			// agent) the IPAM plugin's hand-over and its own request
+			// the verb's requests and execs: the plugin's hand-over, then (older
+			// agent) the IPAM plugin's exec and its own request
 			want := func(verb, op string) ([]string, []string) {
 				if old {
-					return []string{api.OpCNI, api.OpCNI, op}, []string{verb}
+					return []string{api.OpCNI, op}, []string{verb}
 				}
 				return []string{api.OpCNI}, nil
 			}
