@@ -10,6 +10,7 @@ package ledger
 
 import (
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"slices"
 	"time"
@@ -264,7 +265,9 @@ func (l *Ledger) AddBlock(network string, prefix netip.Prefix, epoch uint64) err
 		s.insertBlock(b)
 		c.onUndo(func() { s.deleteBlock(b) })
 		c.touchBlock(b)
-		c.onCommit(func() { l.log.Info("block added", "network", network, "block", prefix.String(), "epoch", epoch) })
+		c.onCommit(func(at time.Time) {
+			l.logAt(at, slog.LevelInfo, "block added", "network", network, "block", prefix.String(), "epoch", epoch)
+		})
 		return nil
 	})
 }
@@ -298,7 +301,9 @@ func (l *Ledger) RemoveBlock(network string, prefix netip.Prefix) error {
 			return fmt.Errorf("%w: block %s of %q: %d addresses are held", ErrBlockInUse, prefix, network, b.held)
 		}
 		c.dropBlock(ps.sets[i], b)
-		c.onCommit(func() { l.log.Info("block removed", "network", network, "block", prefix.String()) })
+		c.onCommit(func(at time.Time) {
+			l.logAt(at, slog.LevelInfo, "block removed", "network", network, "block", prefix.String())
+		})
 		return nil
 	})
 }
@@ -399,7 +404,9 @@ func (l *Ledger) LoseBlock(network string, prefix netip.Prefix) error {
 				c.write(func(tx Tx) error { return tx.DeleteFree(f.Network, f.IP) })
 			}
 		}
-		c.onCommit(func() { l.log.Warn("block lost to another node", "network", network, "block", prefix.String()) })
+		c.onCommit(func(at time.Time) {
+			l.logAt(at, slog.LevelWarn, "block lost to another node", "network", network, "block", prefix.String())
+		})
 		return nil
 	})
 }

@@ -13,6 +13,7 @@
 package ledger
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"math"
@@ -415,7 +416,7 @@ type change struct {
 	l       *Ledger
 	writes  []func(Tx) error
 	undo    []func()
-	after   []func() // run once the change is durable (log lines)
+	after   []func(at time.Time) // run once the change is durable, at (log lines)
 	pools   map[*poolState]bool
 	opPools map[*poolState]bool // pools whose record the current operation saved
 	// blocks whose record is written at commit (after the writes: a block removed
@@ -428,9 +429,9 @@ func (l *Ledger) begin() *change {
 	return &change{l: l, pools: map[*poolState]bool{}, opPools: map[*poolState]bool{}, blocks: map[*blockState]bool{}, opBlocks: map[*blockState]bool{}}
 }
 
-func (c *change) write(fn func(Tx) error) { c.writes = append(c.writes, fn) }
-func (c *change) onUndo(fn func())        { c.undo = append(c.undo, fn) }
-func (c *change) onCommit(fn func())      { c.after = append(c.after, fn) }
+func (c *change) write(fn func(Tx) error)        { c.writes = append(c.writes, fn) }
+func (c *change) onUndo(fn func())               { c.undo = append(c.undo, fn) }
+func (c *change) onCommit(fn func(at time.Time)) { c.after = append(c.after, fn) }
 
 type mark struct{ w, u, a int }
 
@@ -502,7 +503,7 @@ func (c *change) commit() error {
 type opReq struct {
 	op    func(c *change) error
 	err   error
-	after []func() // its log lines, once its change is durable
+	after []func(at time.Time) // its log lines, once its change is durable (at)
 	lead  bool
 	done  chan struct{}
 }
@@ -523,15 +524,30 @@ func (ll *LogLines) Write() {
 	}
 }
 
-// deliver hands the log lines of a change to later, or writes them when later is nil.
-func deliver(fns []func(), later *LogLines) {
-	if later != nil {
-		later.fns = append(later.fns, fns...)
+// deliver hands the log lines of a change durable at at to later, or writes them when
+// later is nil. A line keeps at as its time whenever it is written (logAt).
+func deliver(fns []func(at time.Time), at time.Time, later *LogLines) {
+	for _, fn := range fns {
+		if later != nil {
+			later.fns = append(later.fns, func() { fn(at) })
+		} else {
+			fn(at)
+		}
+	}
+}
+
+// logAt writes a log line stamped at, the time its change became durable rather than
+// the time it is written: the agent writes a request's lines after its answer, so the
+// lines of two requests in a row may be written in either order, and their times
+// still tell which change came first.
+func (l *Ledger) logAt(at time.Time, level slog.Level, msg string, args ...any) {
+	ctx := context.Background()
+	if !l.log.Enabled(ctx, level) {
 		return
 	}
-	for _, fn := range fns {
-		fn()
-	}
+	r := slog.NewRecord(at, level, msg, 0)
+	r.Add(args...)
+	_ = l.log.Handler().Handle(ctx, r) // as slog.Logger does: a handler's error goes nowhere
 }
 
 // do applies op to the ledger and returns once its change is durable (or has failed
@@ -558,7 +574,7 @@ func (l *Ledger) doLater(op func(c *change) error, later *LogLines) error {
 		<-r.done
 		if !r.lead {
 			if r.err == nil {
-				deliver(r.after, later)
+				deliver(r.after, l.opts.Clock.Now(), later)
 			}
 			return r.err
 		}
@@ -603,7 +619,7 @@ func (l *Ledger) doLater(op func(c *change) error, later *LogLines) error {
 	}
 	l.qmu.Unlock()
 	if r.err == nil {
-		deliver(r.after, later)
+		deliver(r.after, l.opts.Clock.Now(), later)
 	}
 	return r.err
 }
@@ -775,8 +791,8 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 		lease = cloneLease(ls)
 		snapshot := lease
 		c.write(func(tx Tx) error { return tx.PutLease(snapshot) })
-		c.onCommit(func() {
-			l.log.Info("allocated", "attachment", req.Key.String(), "ips", fmt.Sprint(snapshot.IPs), "podUID", req.Pod.UID)
+		c.onCommit(func(at time.Time) {
+			l.logAt(at, slog.LevelInfo, "allocated", "attachment", req.Key.String(), "ips", fmt.Sprint(snapshot.IPs), "podUID", req.Pod.UID)
 		})
 		return nil
 	}, req.LogLater)
@@ -953,8 +969,8 @@ func (l *Ledger) releaseIf(k Key, reason Reason, detail string, cond func(*Lease
 			return err
 		}
 		snapshot := released
-		c.onCommit(func() {
-			l.log.Info("released", "attachment", k.String(), "ips", fmt.Sprint(snapshot.IPs), "reason", string(reason), "detail", detail)
+		c.onCommit(func(at time.Time) {
+			l.logAt(at, slog.LevelInfo, "released", "attachment", k.String(), "ips", fmt.Sprint(snapshot.IPs), "reason", string(reason), "detail", detail)
 		})
 		return nil
 	}, later)

@@ -2,12 +2,14 @@ package ledgertest
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ipledger/ipledger/internal/ledger"
 )
@@ -38,21 +40,48 @@ func (w *lineLog) take() []string {
 	return strings.Split(s, "\n")
 }
 
+// timed records the time of every record it passes on.
+type timed struct {
+	slog.Handler
+	mu    sync.Mutex
+	times []time.Time
+}
+
+func (h *timed) Handle(ctx context.Context, r slog.Record) error {
+	h.mu.Lock()
+	h.times = append(h.times, r.Time)
+	h.mu.Unlock()
+	return h.Handler.Handle(ctx, r)
+}
+
+// last is the time of the last record.
+func (h *timed) last() time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.times) == 0 {
+		return time.Time{}
+	}
+	return h.times[len(h.times)-1]
+}
+
 // testLogLater: a change whose log lines the caller took (AllocateRequest.LogLater,
 // ReleaseLogLater) is durable when the call returns, but its line is written only by
-// LogLines.Write, once, with the fields of the line written at once without it; an
-// idempotent ADD or a failed change leaves no line; in a group commit every caller
-// gets the lines of its own change only.
+// LogLines.Write, once, with the fields of the line written at once without it and the
+// time its change became durable (not the time of the writing); an idempotent ADD or a
+// failed change leaves no line; in a group commit every caller gets the lines of its
+// own change only.
 func testLogLater(t *testing.T, newStore Factory) {
 	st, reopen := newStore(t)
 	lines := &lineLog{t: t}
-	opts := ledger.Options{Clock: NewClock(), Logger: slog.New(slog.NewTextHandler(lines, &slog.HandlerOptions{
+	clk := NewClock()
+	times := &timed{Handler: slog.NewTextHandler(lines, &slog.HandlerOptions{
 		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
 			if a.Key == slog.TimeKey {
 				return slog.Attr{}
 			}
 			return a
-		}}))}
+		}})}
+	opts := ledger.Options{Clock: clk, Logger: slog.New(times)}
 	l, err := ledger.Open(st, opts) // not audited: the reopen below closes its store
 	if err != nil {
 		t.Fatal(err)
@@ -77,6 +106,8 @@ func testLogLater(t *testing.T, newStore Factory) {
 	if got := lines.take(); len(got) != 0 {
 		t.Errorf("allocation with LogLater wrote %q before Write", got)
 	}
+	committed := clk.Now()
+	clk.Advance(time.Hour) // the line is written an hour after its change
 	// idempotent and failed calls add nothing to later
 	if _, existed, err := l.Allocate(ledger.AllocateRequest{Key: Key("later"), Pod: pod, Ranges: r, LogLater: &later}); err != nil || !existed {
 		t.Fatalf("second allocate: %v (existed %v)", err, existed)
@@ -94,6 +125,9 @@ func testLogLater(t *testing.T, newStore Factory) {
 	later.Write()
 	if got, want := lines.take(), []string{fmt.Sprintf(`level=INFO msg=allocated attachment=net/later/eth0 ips=%v podUID=uid-1`, ls.IPs)}; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("Write: lines %q, want %q", got, want)
+	}
+	if got := times.last(); !got.Equal(committed) {
+		t.Errorf("the line written later is stamped %v, want %v (its change's time, not the writing's)", got, committed)
 	}
 	later.Write()
 	if got := lines.take(); len(got) != 0 {
