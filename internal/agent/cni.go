@@ -39,7 +39,7 @@ func (s *Server) cni(ctx context.Context, req api.Request, later *ledger.LogLine
 			switch path {
 			case c.NetNS:
 				return c.NetNSID
-			case "/proc/self/ns/net":
+			case ipam.SelfNetNS:
 				return c.SelfNetNS
 			}
 			return ledger.NetNS{Path: path}

@@ -48,7 +48,7 @@ func Forward(ctx context.Context, call func(context.Context, string, api.Request
 		return nil, false
 	}
 	if c.Command == "ADD" {
-		c.NetNSID, c.SelfNetNS = netns(c.NetNS), netns(selfNetNS)
+		c.NetNSID, c.SelfNetNS = netns(c.NetNS), netns(SelfNetNS)
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()

@@ -36,7 +36,7 @@ type Plugin struct {
 	Stderr io.Writer
 	Now    func() time.Time
 	// NetNS reads the identity of the network namespace at a path: CNI_NETNS, or
-	// selfNetNS for the plugin's own; nil means NetNSID.
+	// SelfNetNS for the plugin's own; nil means NetNSID.
 	NetNS func(path string) ledger.NetNS
 }
 
@@ -47,8 +47,10 @@ func (p *Plugin) netns(path string) ledger.NetNS {
 	return p.NetNS(path)
 }
 
-// selfNetNS is the path of the plugin's own network namespace.
-const selfNetNS = "/proc/self/ns/net"
+// SelfNetNS is the path of the calling process's own network namespace: the plugin's,
+// or a main plugin's that hands a call over (Forward), whose identity the agent then
+// answers for it.
+const SelfNetNS = "/proc/self/ns/net"
 
 // New returns a plugin on the real process edges.
 func New() *Plugin {
@@ -129,7 +131,7 @@ func (p *Plugin) Add(args *cniplugin.Args) error {
 		return perr
 	}
 	ns := p.netns(args.Netns)
-	if self := p.netns(selfNetNS); ns.Ino != 0 && ns.Ino == self.Ino && ns.Dev == self.Dev {
+	if self := p.netns(SelfNetNS); ns.Ino != 0 && ns.Ino == self.Ino && ns.Dev == self.Dev {
 		return cniplugin.NewError(cniplugin.ErrInvalidNetNS, fmt.Sprintf("CNI_NETNS %s is the plugin's own (host) network namespace; refusing to allocate for it", args.Netns), "")
 	}
 	resp, err := p.call(conf, api.Request{Op: api.OpAdd, Network: k.Network, ContainerID: k.ContainerID, IfName: k.IfName,

@@ -7,10 +7,9 @@
 // reference: a Decoder accepts only a strict subset of JSON (keys spelled exactly as
 // the struct tags, each once, strings without escapes, no nulls but a nil []byte's,
 // integers only) and reports false on anything else, so that the caller falls back to
-// json.Unmarshal; an
-// Encoder writes what json.Marshal writes and reports false for any value it does not
-// write the same way (a string json.Marshal would escape), so that the caller falls
-// back to json.Marshal. Each caller tests its messages against encoding/json.
+// json.Unmarshal; an Encoder writes what json.Marshal writes and reports false for any
+// value it does not write the same way (a string json.Marshal would escape), so that
+// the caller falls back to json.Marshal. Each caller tests its messages against encoding/json.
 //
 // Why by hand and not a library: the ecosystem's fast JSON libraries either generate
 // code (easyjson, ffjson: a build step and large generated files) or use unsafe and
