@@ -1,13 +1,11 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
-	"github.com/ipledger/ipledger/internal/cniplugin"
 	"github.com/ipledger/ipledger/internal/ipam"
 	"github.com/ipledger/ipledger/internal/ledger"
 )
@@ -29,21 +27,9 @@ func (s *Server) cni(ctx context.Context, req api.Request, later *ledger.LogLine
 	if c == nil || (c.Command != "ADD" && c.Command != "DEL") {
 		return errResp(&api.Error{Code: api.CodeInvalid, Msg: "cni: the agent runs ADD and DEL only"})
 	}
-	var stdout, stderr bytes.Buffer
 	leave := false
-	p := &ipam.Plugin{
-		Stdout: &stdout,
-		Stderr: &stderr,
-		Now:    time.Now,
-		NetNS: func(path string) ledger.NetNS {
-			switch path {
-			case c.NetNS:
-				return c.NetNSID
-			case ipam.SelfNetNS:
-				return c.SelfNetNS
-			}
-			return ledger.NetNS{Path: path}
-		},
+	p := ipam.Plugin{
+		Now: time.Now,
 		Call: func(ctx context.Context, _ string, r api.Request) (*api.Response, error) {
 			if r.Op != api.OpAdd && r.Op != api.OpDel {
 				return nil, errLeaveToPlugin
@@ -64,28 +50,9 @@ func (s *Server) cni(ctx context.Context, req api.Request, later *ledger.LogLine
 			return resp, nil
 		},
 	}
-	env := cniplugin.Env{Stdin: bytes.NewReader(c.Stdin), Stdout: &stdout, Stderr: &stderr, Getenv: func(k string) string {
-		switch k {
-		case "CNI_COMMAND":
-			return c.Command
-		case "CNI_CONTAINERID":
-			return c.ContainerID
-		case "CNI_NETNS":
-			return c.NetNS
-		case "CNI_IFNAME":
-			return c.IfName
-		case "CNI_ARGS":
-			return c.Args
-		case "CNI_PATH":
-			return c.Path
-		case "CNI_NETNS_OVERRIDE":
-			return c.NetNSOverride
-		}
-		return ""
-	}}
-	exit := cniplugin.Main(env, p.Funcs(), ipam.Versions, "")
+	ans := ipam.Run(p, c)
 	if leave {
 		return errResp(&api.Error{Code: api.CodeUnavailable, Msg: "cni: the agent cannot serve this call now; the plugin runs it"})
 	}
-	return &api.Response{CNI: &api.CNIAnswer{Exit: exit, Stdout: stdout.Bytes(), Stderr: stderr.Bytes()}}
+	return &api.Response{CNI: ans}
 }

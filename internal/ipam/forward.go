@@ -3,6 +3,7 @@ package ipam
 import (
 	"context"
 	"encoding/base64"
+	"errors"
 	"slices"
 	"time"
 
@@ -21,7 +22,10 @@ import (
 // plugin would have printed and its exit status. Every call the agent does not answer
 // with a CNI outcome (unreachable, killed, draining, an older agent) is left to the
 // caller, which then execs the plugin as before (and the plugin spools a DEL when the
-// agent is away).
+// agent is away). A call the agent took but did not answer within ipam.timeout is not
+// left to the plugin, which would wait as long again: Forward answers it as the plugin
+// would after its own wait (Run with the agent's error: an ADD fails with
+// try-again-later, a DEL is spooled).
 //
 // The plugin itself does not hand its own calls over: measured in interleaved execs
 // (docs/call-breakdown.md), moving its configuration, CNI_ARGS and result work into the
@@ -36,9 +40,10 @@ const maxForwardedStdin = api.MaxRequest / 2
 // Forward hands one ADD or DEL of this plugin, as the runtime (or a main plugin
 // delegating to it) made it, to the agent its configuration names, through call; for
 // an ADD it first reads the identities of CNI_NETNS and of the caller's own namespace
-// with netns. ok is false when the agent did not run it (unreachable, no answer,
-// unavailable, a configuration outside the common shape, an agent of an older
-// release): the caller then runs the plugin itself.
+// with netns. ok is false when the agent did not run it (unreachable, closed without
+// an answer, unavailable, a configuration outside the common shape, an agent of an
+// older release): the caller then runs the plugin itself. When ipam.timeout ran out
+// the answer is the plugin's for that (ok true).
 func Forward(ctx context.Context, call func(context.Context, string, api.Request) (*api.Response, error), netns func(string) ledger.NetNS, c api.CNICall) (*api.CNIAnswer, bool) {
 	if c.Command != "ADD" && c.Command != "DEL" || base64.StdEncoding.EncodedLen(len(c.Stdin)) > maxForwardedStdin {
 		return nil, false
@@ -53,6 +58,15 @@ func Forward(ctx context.Context, call func(context.Context, string, api.Request
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	resp, err := call(ctx, socket, api.Request{Op: api.OpCNI, CNI: &c})
+	if err != nil && ctx.Err() != nil && (errors.Is(err, api.ErrNoAnswer) || errors.Is(err, api.ErrUnreachable)) {
+		// The agent has had the call's whole ipam.timeout. The plugin exec'd now would
+		// wait for it as long again (twice the timeout before the runtime hears of it),
+		// and then do what its own code does with this error here: fail an ADD with
+		// try-again-later, spool a DEL.
+		return Run(Plugin{Now: time.Now, Call: func(context.Context, string, api.Request) (*api.Response, error) {
+			return nil, err
+		}}, &c), true
+	}
 	if err != nil || resp.CNI == nil {
 		return nil, false
 	}

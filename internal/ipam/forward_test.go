@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/ipam"
@@ -22,7 +23,7 @@ import (
 func TestForwardedMatchesLocal(t *testing.T) {
 	e := newEnv(t, agentenv.Options{})
 	_, nsPath := netns(t)
-	relay := e.a.StartRelay(t, false)
+	relay := e.a.StartRelay(t, agentenv.Pass)
 	via := func(c call) call {
 		c.Stdin = strings.Replace(c.Stdin, strconv.Quote(e.a.Socket), strconv.Quote(relay.Socket), 1)
 		return c
@@ -142,5 +143,61 @@ func TestForwardedMatchesLocal(t *testing.T) {
 			}
 			same(t, "ADD", f, local(t, c, api.OpAdd))
 		})
+	}
+}
+
+// TestForwardAnswersWhenTheAgentHangs: an agent that took a handed-over call and gives
+// no answer within ipam.timeout (a relay that reads requests and never answers). The
+// call is not left to the plugin, whose exec would wait as long again: Forward answers
+// it with exactly what the plugin exec'd against the same agent prints after its own
+// wait (an ADD fails with try-again-later; a DEL is spooled where the agent reads and
+// succeeds), from the one request it sent. The agent then applies the spooled DEL.
+func TestForwardAnswersWhenTheAgentHangs(t *testing.T) {
+	e := newEnv(t, agentenv.Options{})
+	_, nsPath := netns(t)
+	mute := e.a.StartRelay(t, agentenv.Mute)
+	conf := e.pluginConf("1.0.0", "hungnet", `[[{"subnet":"10.84.0.0/24"}]]`)
+	if o := execRaw(t, call{Cmd: "ADD", ContainerID: "held", Netns: nsPath, Stdin: conf}); o.exit != 0 {
+		t.Fatalf("ADD: %s", o.stdout)
+	}
+	conf = strings.Replace(conf, strconv.Quote(e.a.Socket), strconv.Quote(mute.Socket), 1)
+	conf = strings.Replace(conf, `"ranges":`, `"timeout":"300ms","ranges":`, 1)
+	for _, c := range []call{
+		{Cmd: "ADD", ContainerID: "waiting", Netns: nsPath, Stdin: conf},
+		{Cmd: "DEL", ContainerID: "held", Stdin: conf},
+	} {
+		t.Run(c.Cmd, func(t *testing.T) {
+			ans, ok := ipam.Forward(ctx(t), api.Call, ipam.NetNSID, api.CNICall{Command: c.Cmd, ContainerID: c.ContainerID,
+				NetNS: c.Netns, IfName: "eth0", Path: agentenv.Bin(t), Stdin: []byte(c.Stdin)})
+			if ops := mute.Take(); !slices.Equal(ops, []string{api.OpCNI}) {
+				t.Errorf("the hand-over sent %q, want one %q", ops, api.OpCNI)
+			}
+			if !ok {
+				t.Fatal("the call was left to the plugin, which waits for the hung agent once more")
+			}
+			o := execRaw(t, c)
+			if ops := mute.Take(); len(ops) != 1 {
+				t.Errorf("the plugin sent %q, want its one request", ops)
+			}
+			if !bytes.Equal(ans.Stdout, o.stdout) || !bytes.Equal(ans.Stderr, o.stderr) || ans.Exit != o.exit {
+				t.Errorf("forwarded and exec'd differ:\nforwarded exit %d stdout %q stderr %q\nexec'd    exit %d stdout %q stderr %q",
+					ans.Exit, ans.Stdout, ans.Stderr, o.exit, o.stdout, o.stderr)
+			}
+			switch c.Cmd {
+			case "ADD":
+				if ans.Exit == 0 || !bytes.Contains(ans.Stdout, []byte(`"code": 11`)) {
+					t.Errorf("ADD against a hung agent: exit %d %s, want CNI error 11 (try again later)", ans.Exit, ans.Stdout)
+				}
+			case "DEL":
+				if ans.Exit != 0 || !bytes.Contains(ans.Stderr, []byte("spooled in "+e.a.SpoolDir)) {
+					t.Errorf("DEL against a hung agent: exit %d %s %s, want success, spooled in %s", ans.Exit, ans.Stdout, ans.Stderr, e.a.SpoolDir)
+				}
+			}
+		})
+	}
+	for deadline := time.Now().Add(30 * time.Second); ipsOf(e.a.Leases(t), "hungnet", "held") != nil; time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the agent did not apply the spooled DEL: held still holds its lease")
+		}
 	}
 }

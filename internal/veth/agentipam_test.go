@@ -47,7 +47,11 @@ func TestIPAMHandedToAgent(t *testing.T) {
 	errOut := map[bool][]byte{}
 	for _, old := range []bool{false, true} {
 		t.Run(fmt.Sprintf("older agent %v", old), func(t *testing.T) {
-			r := a.StartRelay(t, old)
+			mode := agentenv.Pass
+			if old {
+				mode = agentenv.OldAgent
+			}
+			r := a.StartRelay(t, mode)
 			section := ipam.Section(p, false, false)
 			section["socket"] = r.Socket
 			conf := confBytes(t, "1.0.0", network, section, nil)

@@ -11,12 +11,11 @@ import (
 	"testing"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/spool"
 )
 
 // Relay stands between clients and a real agent, on a socket of its own, and records
-// the op of every request it sees. An Old relay answers op "cni" as the agent of the
-// release before it answered (an unknown op), as a plugin meets an older agent during
-// an upgrade; everything else it passes to the agent and back.
+// the op of every request it sees; what it does with a request depends on its mode.
 type Relay struct {
 	Socket string
 	mu     sync.Mutex
@@ -26,14 +25,34 @@ type Relay struct {
 // OldAgentAnswer is what an agent that does not know op "cni" answers it.
 const OldAgentAnswer = `{"version":1,"error":{"code":"invalid","msg":"op \"cni\" is not one of add, del, check, gc, status, leases, audit, history, release, ping, doctor, blocks"},"released":0}` + "\n"
 
-// StartRelay starts a relay to a's socket (old: refusing op "cni") until the test
-// ends.
-func (a *Agent) StartRelay(tb testing.TB, old bool) *Relay {
+// RelayMode is what a Relay does with the requests it records.
+type RelayMode int
+
+const (
+	// Pass passes every request to the agent and its answer back.
+	Pass RelayMode = iota
+	// OldAgent answers op "cni" as the agent of the release before it answered (an
+	// unknown op), as a plugin meets an older agent during an upgrade, and passes the
+	// rest.
+	OldAgent
+	// Mute reads each request and never answers it: an agent that has hung with the
+	// request taken. The relay's socket publishes the agent's spool, so a DEL that
+	// meets it can be spooled.
+	Mute
+)
+
+// StartRelay starts a relay in mode to a's socket until the test ends.
+func (a *Agent) StartRelay(tb testing.TB, mode RelayMode) *Relay {
 	tb.Helper()
-	r := &Relay{Socket: filepath.Join(filepath.Dir(a.Socket), fmt.Sprintf("relay-old-%v.sock", old))}
+	r := &Relay{Socket: filepath.Join(filepath.Dir(a.Socket), fmt.Sprintf("relay-%d.sock", mode))}
 	ln, err := net.Listen("unix", r.Socket)
 	if err != nil {
 		tb.Fatal(err)
+	}
+	if mode == Mute {
+		if err := spool.Publish(r.Socket, a.SpoolDir); err != nil {
+			tb.Fatal(err)
+		}
 	}
 	var wg sync.WaitGroup
 	tb.Cleanup(func() { ln.Close(); wg.Wait() })
@@ -49,7 +68,7 @@ func (a *Agent) StartRelay(tb testing.TB, old bool) *Relay {
 			go func() {
 				defer wg.Done()
 				defer c.Close()
-				if err := r.serve(c, a.Socket, old); err != nil {
+				if err := r.serve(c, a.Socket, mode); err != nil {
 					tb.Errorf("relay: %v", err)
 				}
 			}()
@@ -58,7 +77,7 @@ func (a *Agent) StartRelay(tb testing.TB, old bool) *Relay {
 	return r
 }
 
-func (r *Relay) serve(c net.Conn, agentSocket string, old bool) error {
+func (r *Relay) serve(c net.Conn, agentSocket string, mode RelayMode) error {
 	line, err := bufio.NewReaderSize(c, api.MaxRequest).ReadBytes('\n')
 	if err != nil {
 		return err
@@ -72,9 +91,13 @@ func (r *Relay) serve(c net.Conn, agentSocket string, old bool) error {
 	r.mu.Lock()
 	r.ops = append(r.ops, req.Op)
 	r.mu.Unlock()
-	if old && req.Op == api.OpCNI {
+	switch {
+	case mode == OldAgent && req.Op == api.OpCNI:
 		_, err := io.WriteString(c, OldAgentAnswer)
 		return err
+	case mode == Mute:
+		io.Copy(io.Discard, c) // until the client gives up
+		return nil
 	}
 	a, err := net.Dial("unix", agentSocket)
 	if err != nil {
