@@ -16,7 +16,8 @@
 // Dead nodes: every live manager watches the node leases; a node whose lease is gone
 // or has not changed for its TTL (judged on this manager's monotonic clock), and has
 // stayed so for a quarantine at least one TTL long, or whose Node object was deleted
-// (NodeGone) and whose lease ran out, loses its blocks: the first manager to bump
+// (NodeGone, and not registered again since: NodeBack) and whose lease ran out, loses
+// its blocks: the first manager to bump
 // their epoch by compare-and-swap frees them (owner ""); exactly one wins.
 package cluster
 
@@ -817,11 +818,27 @@ func (m *Manager) took(rec BlockRecord, rev int64) error {
 }
 
 // NodeGone tells the manager that node's Node object was deleted (Kubernetes): its
-// blocks are reclaimed as soon as its lease has run out, without the quarantine.
+// blocks are reclaimed as soon as its lease has run out, without the quarantine,
+// unless NodeBack says the Node exists again before that.
 func (m *Manager) NodeGone(node string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.gone[node] = true
+}
+
+// NodeBack tells the manager that a Node object of that name exists (created, or
+// registered again after a deletion): a deletion it was told of no longer counts,
+// and the node's blocks wait out the quarantine after its lease as any live node's
+// do. A kubelet re-registers its deleted Node while it and its pods still run; an
+// agent that is down then (restarting, or cut off) must not lose its blocks at the
+// lease's end, with those pods still using their addresses.
+func (m *Manager) NodeBack(node string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gone[node] {
+		delete(m.gone, node)
+		m.log.Info("Node registered again: its blocks wait out the quarantine again", "node", node)
+	}
 }
 
 // Sweep runs the periodic duties: suspends the blocks when the lease is no longer

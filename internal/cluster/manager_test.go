@@ -488,6 +488,37 @@ func testNodeGone(t *testing.T, newC func(*testing.T) *cl) {
 	c.allowOutside = true
 }
 
+// NodeBack: a Node deleted and registered again under its name (its kubelet still
+// runs, and so may its pods) is a live node again: when its agent then stops
+// renewing, its blocks wait out the quarantine after the lease, as any node's do.
+func TestNodeBack(t *testing.T) { forBackends(t, testNodeBack) }
+
+func testNodeBack(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
+	r := ranges(t, v4)
+	back := c.agent("node-back", r, []int{26})
+	back.mustAlloc(t, "p")
+	w := c.agent("node-w", r, []int{26})
+	w.m.NodeGone("node-back")
+	w.m.NodeBack("node-back")
+	back.ds.cut.Store(true)
+	step := func() { _ = w.m.Renew(ctx); _ = w.m.Sweep(ctx) }
+	step()
+	c.clk.Advance(ttl + time.Second) // the lease ran out: NodeGone alone reclaims here
+	step()
+	step()
+	if rec := blockRec(t, c.ds, "10.20.0.0/26"); rec.Owner != "node-back" {
+		t.Fatalf("re-registered node's block reclaimed before the quarantine: %+v", rec)
+	}
+	c.clk.Advance(ttl) // the quarantine (one TTL here)
+	step()
+	step()
+	if rec := blockRec(t, c.ds, "10.20.0.0/26"); rec.Owner != "" {
+		t.Fatalf("block not reclaimed after the lease and the quarantine: %+v", rec)
+	}
+	c.allowOutside = true
+}
+
 // A second node configured with other ranges or another block size for the same
 // network is refused with an error naming both configs.
 func TestPoolConfigConflict(t *testing.T) { forBackends(t, testPoolConfigConflict) }

@@ -604,9 +604,11 @@ func TestKubernetesAPI(t *testing.T) {
 		}
 		// Node deletions: the agent may list and watch Nodes.
 		e.createNode(t, "n1")
-		gone := nodeWatch(t, e, s)
+		gone, back := nodeWatch(t, e, s)
 		e.deleteNode(t, "n1")
-		wantGone(t, gone, "n1")
+		want(t, "gone", gone, "n1")
+		e.createNode(t, "n1")
+		want(t, "back", back, "n1")
 		// Outside the grant: leases of another namespace, secrets.
 		other, err := kubeds.New(cfg, kubeds.Options{Namespace: "default"})
 		if err != nil {

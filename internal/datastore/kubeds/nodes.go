@@ -13,22 +13,26 @@ import (
 
 var nodeGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}
 
-// NodeRetry bounds the wait between two attempts of WatchNodeDeletions to list
+// NodeRetry bounds the wait between two attempts of WatchNodes to list
 // the Nodes again after an error (it starts at a second and doubles).
 const NodeRetry = 30 * time.Second
 
-// WatchNodeDeletions calls gone with the name of every Node object it has seen
-// that is then deleted, once per deletion, until ctx ends (it returns ctx's error
-// then). A Node it never saw is never reported: an agent whose host is no Node
-// (a test, a VM outside the cluster), or a Node deleted before the call, is not
-// taken for a dead node. It reads object metadata only (the metadata client: no
-// Node status crosses the wire), lists the Nodes, watches from the list's
-// revision, and after a broken stream lists again: a Node in the last list and
-// missing from the new one was deleted meanwhile and is reported. While the
-// apiserver is unreachable it retries (1 s, doubling up to NodeRetry); gone is
-// never called on an error. The agent's ServiceAccount may get, list and watch
-// Nodes (deploy/ipledger.yaml).
-func (s *Store) WatchNodeDeletions(ctx context.Context, gone func(node string)) error {
+// WatchNodes calls gone with the name of every Node object it has seen that is
+// then deleted, once per deletion, and back with the name of every Node that
+// appears after its first list (created, or created again after a deletion), until
+// ctx ends (it returns ctx's error then). A Node it never saw is never reported
+// gone: an agent whose host is no Node (a test, a VM outside the cluster), or a
+// Node deleted before the call, is not taken for a dead node. back lets a caller
+// forget a deletion when the Node is registered again under its name (a kubelet
+// re-registers the Node it runs for). It reads object metadata only (the metadata
+// client: no Node status crosses the wire), lists the Nodes, watches from the
+// list's revision, and after a broken stream lists again: a Node in the last list
+// and missing from the new one was deleted meanwhile and is reported, one missing
+// from the last list and in the new one is reported back. While the apiserver is
+// unreachable it retries (1 s, doubling up to NodeRetry); nothing is reported on an
+// error. The agent's ServiceAccount may get, list and watch Nodes
+// (deploy/ipledger.yaml).
+func (s *Store) WatchNodes(ctx context.Context, gone, back func(node string)) error {
 	mc, err := metadata.NewForConfig(s.cfg)
 	if err != nil {
 		return fmt.Errorf("kubeds: metadata client: %w", err)
@@ -55,6 +59,13 @@ func (s *Store) WatchNodeDeletions(ctx context.Context, gone func(node string)) 
 					gone(n)
 				}
 			}
+			if known != nil {
+				for n := range now {
+					if !known[n] {
+						back(n)
+					}
+				}
+			}
 			known = now
 			backoff = time.Second
 			opened = s.clock.Mono()
@@ -77,7 +88,10 @@ func (s *Store) WatchNodeDeletions(ctx context.Context, gone func(node string)) 
 						return fmt.Errorf("kubeds: watch nodes: %v", ev.Object)
 					case !isMeta:
 					case ev.Type == watch.Added || ev.Type == watch.Modified:
-						known[m.Name] = true
+						if !known[m.Name] {
+							known[m.Name] = true
+							back(m.Name)
+						}
 					case ev.Type == watch.Deleted:
 						if known[m.Name] {
 							delete(known, m.Name)

@@ -31,71 +31,100 @@ func (e *env) deleteNode(t *testing.T, name string) {
 	}
 }
 
-// nodeWatch runs s.WatchNodeDeletions until the test ends and returns the
-// channel of the names it reports, once it is known to be watching (a probe
-// Node created and deleted until one is reported).
-func nodeWatch(t *testing.T, e *env, s *kubeds.Store) <-chan string {
+// nodeWatch runs s.WatchNodes until the test ends and returns the channels of
+// the names it reports gone and back, once it is known to be watching (a probe
+// Node created and deleted until one is reported gone).
+func nodeWatch(t *testing.T, e *env, s *kubeds.Store) (gone, back <-chan string) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	gone := make(chan string, 100)
+	g, b := make(chan string, 100), make(chan string, 100)
 	done := make(chan error, 1)
-	go func() { done <- s.WatchNodeDeletions(ctx, func(n string) { gone <- n }) }()
+	go func() { done <- s.WatchNodes(ctx, func(n string) { g <- n }, func(n string) { b <- n }) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != context.Canceled {
-			t.Errorf("WatchNodeDeletions ended with %v, want context.Canceled", err)
+			t.Errorf("WatchNodes ended with %v, want context.Canceled", err)
 		}
 	})
 	for i := 0; ; i++ {
 		if i == 60 {
-			t.Fatal("WatchNodeDeletions reported no deleted probe Node in a minute")
+			t.Fatal("WatchNodes reported no deleted probe Node in a minute")
 		}
 		probe := fmt.Sprintf("probe-%d", i)
 		e.createNode(t, probe)
 		time.Sleep(200 * time.Millisecond)
 		e.deleteNode(t, probe)
 		select {
-		case n := <-gone:
+		case n := <-g:
 			if n != probe {
-				t.Fatalf("reported %q, want %q", n, probe)
+				t.Fatalf("reported %q gone, want %q", n, probe)
 			}
-			return gone
+			// a probe seen gone was seen created
+			want(t, "back", b, probe)
+			return g, b
 		case <-time.After(time.Second):
+		}
+		// a probe the watch missed may still have been seen created
+		for len(b) > 0 {
+			if n := <-b; n != probe {
+				t.Fatalf("reported %q back, want %q", n, probe)
+			}
 		}
 	}
 }
 
-func wantGone(t *testing.T, gone <-chan string, want string) {
+// want waits a minute for name on ch, reported as what.
+func want(t *testing.T, what string, ch <-chan string, name string) {
 	t.Helper()
 	select {
-	case n := <-gone:
-		if n != want {
-			t.Fatalf("reported Node %q gone, want %q", n, want)
+	case n := <-ch:
+		if n != name {
+			t.Fatalf("reported Node %q %s, want %q", n, what, name)
 		}
 	case <-time.After(time.Minute):
-		t.Fatalf("Node %q not reported gone within a minute", want)
+		t.Fatalf("Node %q not reported %s within a minute", name, what)
+	}
+}
+
+// none checks that nothing is reported on ch for d.
+func none(t *testing.T, what string, ch <-chan string, d time.Duration) {
+	t.Helper()
+	select {
+	case n := <-ch:
+		t.Fatalf("reported Node %q %s; none may be", n, what)
+	case <-time.After(d):
 	}
 }
 
 // TestNodeDeletionsReported: a deleted Node is reported once, also when it was
 // deleted across an apiserver restart (the watch breaks; the next list shows it
-// missing); a Node that still exists is never reported.
+// missing); a Node that still exists is never reported. A Node created again under
+// a deleted one's name is reported back, also when it came back across an
+// apiserver restart; one that never went is not.
 func TestNodeDeletionsReported(t *testing.T) {
 	e := startEnv(t, kubeenv.APIServerOptions{})
 	s := e.store(t)
 	for _, n := range []string{"node-a", "node-b", "node-c"} {
 		e.createNode(t, n)
 	}
-	gone := nodeWatch(t, e, s)
+	gone, back := nodeWatch(t, e, s)
 	e.deleteNode(t, "node-a")
-	wantGone(t, gone, "node-a")
+	want(t, "gone", gone, "node-a")
+	e.createNode(t, "node-a") // the kubelet registers its Node again
+	want(t, "back", back, "node-a")
 
 	e.api.Stop()
 	if err := e.api.Start(); err != nil {
 		t.Fatal(err)
 	}
 	e.deleteNode(t, "node-b")
-	wantGone(t, gone, "node-b")
+	want(t, "gone", gone, "node-b")
+	e.api.Stop()
+	if err := e.api.Start(); err != nil {
+		t.Fatal(err)
+	}
+	e.createNode(t, "node-b")
+	want(t, "back", back, "node-b")
 	e.createNode(t, "node-d")
 	e.deleteNode(t, "node-d")
 	// node-d may be deleted before the watcher saw it (then it is not
@@ -107,9 +136,13 @@ func TestNodeDeletionsReported(t *testing.T) {
 		}
 	case <-time.After(3 * time.Second):
 	}
-	select {
-	case n := <-gone:
-		t.Fatalf("reported %q gone; node-c still exists", n)
-	case <-time.After(2 * time.Second):
+	for len(back) > 0 {
+		if n := <-back; n != "node-d" {
+			t.Fatalf("reported %q back; only node-d may be", n)
+		}
+	}
+	none(t, "gone", gone, 2*time.Second)
+	if len(back) > 0 {
+		t.Fatalf("reported %q back; node-c never went", <-back)
 	}
 }
