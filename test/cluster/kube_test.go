@@ -128,3 +128,63 @@ func TestDeletedNodeBlocksReclaimed(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestReRegisteredNodeKeepsQuarantine: a Node deleted and then registered again under
+// its name (a kubelet re-registers its Node while it and its pods still run) is a
+// live node to the other agents again. When its agent then stops (killed here; down
+// for a restart or cut off in life), its block waits out the lease and the 20s
+// quarantine like any node's, instead of being freed as soon as the lease runs out,
+// which would let another node hand out addresses the node's pods may still use.
+func TestReRegisteredNodeKeepsQuarantine(t *testing.T) {
+	const quarantine = 20 * time.Second
+	kube := startKube(t)
+	for _, n := range []string{"node-0", "node-1"} {
+		applyNode(t, kube, n)
+	}
+	nodes := startNodes(t, 2, []string{"--datastore", "kubernetes", "--kubeconfig", kube.Kubeconfig, "--reclaim-quarantine", quarantine.String()})
+	live, back := nodes[0], nodes[1]
+	for _, n := range nodes {
+		if _, err := call(n, api.Request{Op: api.OpAdd, Network: network, ContainerID: n.name + "-pod", IfName: "eth0", Ranges: ranges(t)}); err != nil {
+			t.Fatalf("%s: ADD: %v", n.name, err)
+		}
+	}
+	backBlocks := ownedBy(blocksOf(t, live), back.name)
+	if len(backBlocks) != 1 {
+		t.Fatalf("want one block of %s: %+v", back.name, backBlocks)
+	}
+	waitLogged := func(parts ...string) {
+		t.Helper()
+		for deadline := time.Now().Add(time.Minute); !logged(t, []*node{live}, parts...); time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s did not log %q within a minute", live.name, parts)
+			}
+		}
+	}
+	if out, err := kube.Kubectl("delete", "node", back.name); err != nil {
+		t.Fatalf("kubectl delete node: %v %s", err, out)
+	}
+	waitLogged(`msg="Node deleted`, "node="+back.name)
+	applyNode(t, kube, back.name)
+	waitLogged(`msg="Node registered again`, "node="+back.name)
+
+	back.Kill()
+	killed := time.Now()
+	for {
+		cur, ok := blockNamed(blocksOf(t, live), backBlocks[0].Block)
+		if ok && cur.Owner == "" {
+			break
+		}
+		if time.Since(killed) > 2*time.Minute {
+			t.Fatalf("block %s not freed 2 minutes after %s was killed: %+v", backBlocks[0].Block, back.name, cur)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	took := time.Since(killed)
+	t.Logf("the re-registered node's block was freed %v after its agent was killed", took.Round(10*time.Millisecond))
+	if took < quarantine {
+		t.Fatalf("block %s freed %v after %s was killed, before the %v quarantine: the Node's deletion still counted after it was registered again", backBlocks[0].Block, took, back.name, quarantine)
+	}
+	if _, err := live.Call(api.Request{Op: api.OpDel, Network: network, ContainerID: live.name + "-pod", IfName: "eth0"}); err != nil {
+		t.Fatal(err)
+	}
+}
