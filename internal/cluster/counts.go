@@ -13,8 +13,8 @@ type Counts struct {
 	HandBacks   uint64 // empty blocks given back after the grace
 	Reclaims    uint64 // dead nodes' blocks freed by this manager
 	Suspensions uint64 // times the node's blocks were suspended (lease not provable)
-	// BlockLists: times a claim listed its network's blocks (no live watched copy,
-	// or a claim on the copy found nothing: it was stale)
+	// BlockLists: times a claim or the sweep listed a network's blocks (no live
+	// watched copy, or a claim on the copy found nothing: it was stale)
 	BlockLists uint64
 }
 

@@ -31,6 +31,7 @@ type netDS struct {
 	cut    atomic.Bool
 	lag    sync.Mutex   // held: watch events wait (see Watch)
 	writes atomic.Int64 // Create, Update, Delete, Acquire, Renew, Release sent
+	lists  atomic.Int64 // List calls sent (not the leases' List)
 	// reclaims counts successful Updates that set a block's owner to "" (give-backs
 	// and reclaims).
 	frees atomic.Int64
@@ -80,6 +81,7 @@ func (d *netDS) List(ctx context.Context, prefix string) ([]datastore.KV, int64,
 	if err := d.down("list"); err != nil {
 		return nil, 0, err
 	}
+	d.lists.Add(1)
 	return d.Store.List(ctx, prefix)
 }
 func (d *netDS) Leases() datastore.Leases { return netLeases{d} }

@@ -919,7 +919,7 @@ func (m *Manager) giveBack(ctx context.Context, key string, b ledger.BlockStatus
 	rec.Owner, rec.Holder, rec.Lease, rec.Epoch = "", "", "", rec.Epoch+1
 	val, _ := json.Marshal(rec)
 	cctx, cancel := m.ctx(ctx)
-	_, err := m.ds.Update(cctx, key, val, own.rev)
+	rev, err := m.ds.Update(cctx, key, val, own.rev)
 	cancel()
 	m.note(err)
 	m.mu.Lock()
@@ -927,6 +927,7 @@ func (m *Manager) giveBack(ctx context.Context, key string, b ledger.BlockStatus
 	delete(m.owned, key)
 	m.mu.Unlock()
 	if err == nil {
+		m.cacheWrite(b.Network, key, val, rev)
 		m.log.Info("empty block given back", "network", b.Network, "block", b.Prefix.String(), "epoch", rec.Epoch)
 		m.counts.handBacks.Add(1)
 		return nil
@@ -957,21 +958,27 @@ func (m *Manager) giveBack(ctx context.Context, key string, b ledger.BlockStatus
 	return fmt.Errorf("giving back block %s of %q: outcome unknown: %w", b.Prefix, b.Network, err)
 }
 
-// reclaim frees the blocks of dead nodes. It reads the blocks before the leases, so
-// that an owner which renews and re-affirms its blocks after that read makes the
-// compare-and-swap fail. It also re-adopts blocks the datastore gives this node that
-// its ledger lacks (a give-back whose outcome was unknown). It lists the blocks of
-// every network afresh rather than reading the claims' watched cache: it runs off
-// the ADD path (every Interval, under stepMu, not claimMu), spans every network, and
-// its reads-before-leases ordering needs a read made now.
+// reclaim frees the blocks of dead nodes in the networks set up on this node. It
+// reads the blocks before the leases, so that an owner which renews and re-affirms
+// its blocks after that read makes the compare-and-swap fail. It also re-adopts
+// blocks the datastore gives this node that its ledger lacks (a give-back whose
+// outcome was unknown).
+//
+// The blocks come from the claims' watched copy of each network (listed, and watched
+// from then on, when there is no live copy): a sweep every third of the lease TTL
+// on every node must not LIST every block of the cluster (on Kubernetes, custom
+// resources read from etcd on each unpaged LIST). The copy satisfies the ordering
+// above: whatever it holds was read from the datastore before the lease list that
+// follows, and a record older than the datastore's makes the compare-and-swap fail,
+// never succeed wrongly. A network that no live node has set up keeps a dead node's
+// blocks until one does; nobody allocates from them meanwhile.
 func (m *Manager) reclaim(ctx context.Context) error {
+	kvs, err := m.knownBlocks(ctx)
+	if err != nil {
+		return err
+	}
 	cctx, cancel := m.ctx(ctx)
 	defer cancel()
-	kvs, _, err := m.ds.List(cctx, BlocksPrefix(""))
-	m.note(err)
-	if err != nil {
-		return fmt.Errorf("listing blocks: %w", err)
-	}
 	leases, err := m.ds.Leases().List(cctx)
 	m.note(err)
 	if err != nil {
@@ -1045,10 +1052,11 @@ func (m *Manager) reclaim(ctx context.Context) error {
 		prev := rec
 		rec.Owner, rec.Holder, rec.Lease, rec.Epoch = "", "", "", rec.Epoch+1
 		val, _ := json.Marshal(rec)
-		_, err = m.ds.Update(cctx, kv.Key, val, kv.Revision)
+		rev, err := m.ds.Update(cctx, kv.Key, val, kv.Revision)
 		m.note(err)
 		switch {
 		case err == nil:
+			m.cacheWrite(rec.Network, kv.Key, val, rev)
 			m.counts.reclaims.Add(1)
 			m.log.Warn("dead node's block reclaimed", "network", rec.Network, "block", rec.CIDR.String(), "owner", prev.Owner, "epoch", rec.Epoch)
 		case errors.Is(err, datastore.ErrConflict), errors.Is(err, datastore.ErrNotFound):
@@ -1058,6 +1066,35 @@ func (m *Manager) reclaim(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// knownBlocks returns the block records of every network set up on this node, from
+// each network's watched copy, listing (and starting its watch) where it has none.
+func (m *Manager) knownBlocks(ctx context.Context) ([]datastore.KV, error) {
+	m.mu.Lock()
+	nets := make([]string, 0, len(m.nets))
+	for n := range m.nets {
+		nets = append(nets, n)
+	}
+	m.mu.Unlock()
+	sort.Strings(nets)
+	var kvs []datastore.KV
+	for _, n := range nets {
+		blocks, ok := m.cachedBlocks(n)
+		if !ok {
+			var err error
+			m.claimMu.Lock()
+			blocks, err = m.relist(ctx, n)
+			m.claimMu.Unlock()
+			if err != nil {
+				return nil, err
+			}
+		}
+		for _, b := range blocks {
+			kvs = append(kvs, b.kv)
+		}
+	}
+	return kvs, nil
 }
 
 // Status is the node's cluster-mode health for one network (CNI STATUS).

@@ -519,6 +519,54 @@ func testNodeBack(t *testing.T, newC func(*testing.T) *cl) {
 	c.allowOutside = true
 }
 
+// TestSweepReadsWatchedBlocks: the periodic sweep reads the blocks from the watched
+// copy the claims keep, not from a LIST of every block each time: a live node's
+// sweeps send one List in all (the first claim's), and a dead node's block is
+// reclaimed, by exactly one node, from the copy.
+func TestSweepReadsWatchedBlocks(t *testing.T) { forBackends(t, testSweepReadsWatchedBlocks) }
+
+func testSweepReadsWatchedBlocks(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
+	r := ranges(t, v4)
+	dead := c.agent("node-dead", r, []int{26})
+	dead.mustAlloc(t, "p")
+	live := []*agent{c.agent("node-a", r, []int{26}), c.agent("node-b", r, []int{26})}
+	for _, a := range live {
+		a.mustAlloc(t, "p")
+	}
+	dead.ds.cut.Store(true)
+	lists := map[string]int64{}
+	for _, a := range live {
+		lists[a.name] = a.ds.lists.Load()
+	}
+	step := func() {
+		for _, a := range live {
+			_ = a.m.Renew(ctx)
+			_ = a.m.Sweep(ctx)
+		}
+	}
+	for i := 0; i < 15; i++ { // past a lease TTL and a quarantine (one TTL here)
+		step()
+		c.clk.Advance(ttl / 5)
+	}
+	step()
+	if rec := blockRec(t, c.ds, "10.20.0.0/26"); rec.Owner != "" || rec.Epoch != 2 {
+		t.Fatalf("dead node's block after the lease and the quarantine: %+v, want free at epoch 2", rec)
+	}
+	var frees int64
+	for _, a := range live {
+		frees += a.ds.frees.Load()
+		// every node's watch may have ended and been listed again once
+		if n := a.ds.lists.Load() - lists[a.name]; n > 1 {
+			t.Errorf("%s sent %d Lists in 16 sweeps; the sweep must read the watched copy", a.name, n)
+		}
+	}
+	if frees != 1 {
+		t.Fatalf("%d successful reclaims of one block, want exactly one", frees)
+	}
+	c.allowOutside = true
+}
+
 // A second node configured with other ranges or another block size for the same
 // network is refused with an error naming both configs.
 func TestPoolConfigConflict(t *testing.T) { forBackends(t, testPoolConfigConflict) }
