@@ -101,6 +101,69 @@ func killAndRestart(t *testing.T, victim *node, tag string) (fault, check func()
 	return fault, check
 }
 
+// pauseAndResume is the chaos runs' pause phase: fault makes victim hold 10 leases,
+// SIGSTOPs it past its lease until newOwner's view shows its blocks reclaimed (not
+// before minTook: the quarantine, where the test tells it apart from the lease), has
+// newOwner take the freed blocks (the lowest free block is claimed first) and hand
+// out the paused node's addresses again, and SIGCONTs it. check asserts that victim
+// flags every lease it held lost, that the cluster audit over live counts exactly
+// those, and that victim's DELs of them leave every lease of newOwner's alone; then
+// it releases both nodes' leases.
+func pauseAndResume(t *testing.T, tally *chaosTally, victim, newOwner *node, live func() []*node, tag string, minTook time.Duration) (fault, check func()) {
+	var held, reuse map[string]netip.Addr
+	fault = func() {
+		held = hold(t, victim, "p"+tag, 10)
+		owned := ownedBy(blocksOf(t, newOwner), victim.name)
+		pid := victim.PID()
+		t0 := time.Now()
+		if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+			t.Error(err)
+			return
+		}
+		defer syscall.Kill(pid, syscall.SIGCONT)
+		took := waitBlocksLeave(t, newOwner, victim, owned, t0)
+		if took < minTook {
+			t.Errorf("%s's blocks reclaimed %v after SIGSTOP, before the %v quarantine", victim.name, took, minTook)
+		}
+		reuse = hold(t, newOwner, "reuse"+tag, 64*len(owned))
+		t.Logf("%s SIGSTOPped: its %d blocks reclaimed after %v; SIGCONT follows", victim.name, len(owned), took.Round(time.Millisecond))
+	}
+	check = func() {
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			lost := 0
+			for _, l := range victim.Leases(t) {
+				if l.Lost {
+					lost++
+				}
+			}
+			if lost == len(held) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s flags %d of %d leases lost 30s after SIGCONT", victim.name, lost, len(held))
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		rep := auditPhase(t, tally, "pause (resumed, lost leases held)", live())
+		if rep.Lost != len(held) {
+			t.Fatalf("audit counts %d lost leases, want the paused node's %d", rep.Lost, len(held))
+		}
+		releaseHeld(t, victim, held)
+		have := map[string]bool{}
+		for _, l := range newOwner.Leases(t) {
+			have[l.ContainerID] = !l.Lost
+		}
+		for cid := range reuse {
+			if !have[cid] {
+				t.Fatalf("%s: lease %s of the new owner gone or lost after %s's DELs", newOwner.name, cid, victim.name)
+			}
+		}
+		releaseHeld(t, newOwner, reuse)
+	}
+	return fault, check
+}
+
 func releaseHeld(t *testing.T, n *node, held map[string]netip.Addr) {
 	t.Helper()
 	for cid := range held {
@@ -221,47 +284,8 @@ func TestChaosFaults(t *testing.T) {
 					t.Logf("etcd member %d restarted", i)
 				}, nil)
 			case "pause":
-				var held, reuse map[string]netip.Addr
-				phase(kind+" "+victim.name, others, func() {
-					held = hold(t, victim, fmt.Sprint("p", r), 10)
-					owned := ownedBy(blocksOf(t, others[0]), victim.name)
-					pid := victim.PID()
-					t0 := time.Now()
-					if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-						t.Error(err)
-						return
-					}
-					defer syscall.Kill(pid, syscall.SIGCONT)
-					took := waitBlocksLeave(t, others[0], victim, owned, t0)
-					// another node takes the freed blocks (the lowest free block is
-					// claimed first) and hands out the paused node's addresses again
-					reuse = hold(t, others[0], fmt.Sprint("reuse", r), 64*len(owned))
-					t.Logf("%s SIGSTOPped: its %d blocks reclaimed after %v; SIGCONT follows", victim.name, len(owned), took.Round(time.Millisecond))
-				}, func() {
-					// it flags every lease in a reclaimed block lost; it lost them all
-					deadline := time.Now().Add(30 * time.Second)
-					for {
-						lost := 0
-						for _, l := range victim.Leases(t) {
-							if l.Lost {
-								lost++
-							}
-						}
-						if lost == len(held) {
-							break
-						}
-						if time.Now().After(deadline) {
-							t.Fatalf("%s flags %d of %d leases lost 30s after SIGCONT", victim.name, lost, len(held))
-						}
-						time.Sleep(200 * time.Millisecond)
-					}
-					rep := auditPhase(t, tally, "pause (resumed, lost leases held)", live)
-					if rep.Lost != len(held) {
-						t.Fatalf("audit counts %d lost leases, want the paused node's %d", rep.Lost, len(held))
-					}
-					releaseHeld(t, victim, held)
-					releaseHeld(t, others[0], reuse)
-				})
+				fault, check := pauseAndResume(t, tally, victim, others[0], func() []*node { return live }, fmt.Sprint(r), 0)
+				phase(kind+" "+victim.name, others, fault, check)
 			}
 		}
 	}

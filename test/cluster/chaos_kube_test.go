@@ -3,10 +3,8 @@ package cluster_test
 import (
 	"flag"
 	"fmt"
-	"net/netip"
 	"os"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -163,59 +161,8 @@ func TestChaosKubernetes(t *testing.T) {
 					t.Logf("kube-apiserver (pid %d) stopped and started again (pid %d) after %v", pid, kube.PID(), time.Since(t0).Round(time.Millisecond))
 				}, nil)
 			case "pause":
-				var held, reuse map[string]netip.Addr
-				phase(kind+" "+victim.name, others, func() {
-					held = hold(t, victim, fmt.Sprint("p", r), 10)
-					owned := ownedBy(blocksOf(t, others[0]), victim.name)
-					pid := victim.PID()
-					t0 := time.Now()
-					if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-						t.Error(err)
-						return
-					}
-					defer syscall.Kill(pid, syscall.SIGCONT)
-					took := waitBlocksLeave(t, others[0], victim, owned, t0)
-					if took < kubeQuarantine {
-						t.Errorf("%s's blocks reclaimed %v after SIGSTOP, before the %v quarantine", victim.name, took, kubeQuarantine)
-					}
-					// another node takes the freed blocks (the lowest free block is
-					// claimed first) and hands out the paused node's addresses again
-					reuse = hold(t, others[0], fmt.Sprint("reuse", r), 64*len(owned))
-					t.Logf("%s SIGSTOPped: its %d blocks reclaimed after %v; SIGCONT follows", victim.name, len(owned), took.Round(time.Millisecond))
-				}, func() {
-					deadline := time.Now().Add(30 * time.Second)
-					for {
-						lost := 0
-						for _, l := range victim.Leases(t) {
-							if l.Lost {
-								lost++
-							}
-						}
-						if lost == len(held) {
-							break
-						}
-						if time.Now().After(deadline) {
-							t.Fatalf("%s flags %d of %d leases lost 30s after SIGCONT", victim.name, lost, len(held))
-						}
-						time.Sleep(200 * time.Millisecond)
-					}
-					rep := auditPhase(t, tally, "pause (resumed, lost leases held)", live)
-					if rep.Lost != len(held) {
-						t.Fatalf("audit counts %d lost leases, want the paused node's %d", rep.Lost, len(held))
-					}
-					releaseHeld(t, victim, held)
-					// the paused node's DELs touched nothing of the new owner's
-					have := map[string]bool{}
-					for _, l := range others[0].Leases(t) {
-						have[l.ContainerID] = !l.Lost
-					}
-					for cid := range reuse {
-						if !have[cid] {
-							t.Fatalf("%s: lease %s of the new owner gone or lost after %s's DELs", others[0].name, cid, victim.name)
-						}
-					}
-					releaseHeld(t, others[0], reuse)
-				})
+				fault, check := pauseAndResume(t, tally, victim, others[0], func() []*node { return live }, fmt.Sprint(r), kubeQuarantine)
+				phase(kind+" "+victim.name, others, fault, check)
 			case "node-delete":
 				held := hold(t, victim, fmt.Sprint("d", r), 10)
 				owned := ownedBy(blocksOf(t, others[0]), victim.name)
