@@ -151,3 +151,55 @@ func TestTargetsWorstAndWhere(t *testing.T) {
 		t.Errorf("goals %s, want only the three DEL goals (no ADD, veth without a baseline, burst, agent rows)", strings.Join(names, "; "))
 	}
 }
+
+// TestTargetsBound: the IPAM goals carry the lower bound's worst value over the same
+// rows, against the same baseline (host-local's ADD for an ADD goal, its DEL for a
+// DEL goal) or floor, and whether even the bound meets the goal; the report prints it.
+func TestTargetsBound(t *testing.T) {
+	o := Options{PoolBits: 22, BurstSize: 110, AgentLeases: 64000}
+	var rows []Row
+	for _, pct := range fills {
+		for _, q := range []string{"p50", "p99"} {
+			base := map[int]float64{0: 3, 50: 10, 95: 16}[pct]
+			rows = append(rows,
+				Row{Group: groupIPAM, Name: fillName("ADD", pct, q, 22), IPledger: 2.7, Baseline: base + 0.5, Floor: 1.5},
+				Row{Group: groupIPAM, Name: fillName("DEL", pct, q, 22), IPledger: 2.7, Baseline: base, Floor: 1.5},
+				Row{Group: groupIPAM, Name: boundName(pct, q, 22), IPledger: 2.46, Baseline: base, Floor: 1.5})
+		}
+	}
+	r := &Report{Rows: rows}
+	r.Targets = targets(r, o)
+	got := map[string]Target{}
+	for _, tg := range r.Targets {
+		got[tg.Goal] = tg
+	}
+	for goal, want := range map[string]struct {
+		bound string
+		met   bool
+	}{
+		"ipledger ADD p50 and p99 ≤ 0.8× host-local at 0, 50 and 95% fill": {"worst 0.70× (p50 at 0%)", true},
+		"ipledger DEL p50 and p99 ≤ 0.8× host-local at 0, 50 and 95% fill": {"worst 0.82× (p50 at 0%)", false},
+		"ipledger DEL p50 and p99 ≤ 0.25× host-local at 95% fill":          {"worst 0.15× (p50 at 95%)", true},
+		"ipledger ADD p50 ≤ 1.6× the exec floor at every fill":             {"worst 1.64× (p50 at 0%)", false},
+	} {
+		tg := got[goal]
+		if tg.Bound != want.bound || tg.BoundMet != want.met {
+			t.Errorf("goal %q: bound %q (meets it: %v), want %q (%v)", goal, tg.Bound, tg.BoundMet, want.bound, want.met)
+		}
+	}
+	if tg := got["ipledger-veth + ipledger ADD and DEL p50 ≤ 0.9× ptp + host-local"]; tg.Bound != "" {
+		t.Errorf("the veth goal has no bound, got %q", tg.Bound)
+	}
+	var b strings.Builder
+	if err := r.Markdown(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range []string{
+		"| ipledger DEL p50 and p99 ≤ 0.8× host-local at 0, 50 and 95% fill | worst 0.90× (p50 at 0%) | no | worst 0.82× (p50 at 0%): misses it |",
+		"| ipledger ADD p50 and p99 ≤ 0.8× host-local at 0, 50 and 95% fill | worst 0.77× (p50 at 0%) | yes | worst 0.70× (p50 at 0%): meets it |",
+	} {
+		if !strings.Contains(b.String(), line+"\n") {
+			t.Errorf("report lacks the line\n%s\nin\n%s", line, b.String())
+		}
+	}
+}
