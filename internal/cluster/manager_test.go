@@ -461,62 +461,50 @@ func testReclaimExactlyOne(t *testing.T, newC func(*testing.T) *cl) {
 }
 
 // NodeGone: a deleted Node's blocks are reclaimed once its lease ran out, without the
-// quarantine, and not before.
+// quarantine, and not before. NodeBack: a Node deleted and registered again under its
+// name (its kubelet still runs, and so may its pods) is a live node again: when its
+// agent stops renewing, its blocks wait out the quarantine after the lease, as any
+// node's do.
 func TestNodeGone(t *testing.T) { forBackends(t, testNodeGone) }
 
 func testNodeGone(t *testing.T, newC func(*testing.T) *cl) {
-	c := newC(t)
-	r := ranges(t, v4)
-	gone := c.agent("node-gone", r, []int{26})
-	gone.mustAlloc(t, "p")
-	w := c.agent("node-w", r, []int{26})
-	gone.ds.cut.Store(true)
-	w.m.NodeGone("node-gone")
-	step := func() { _ = w.m.Renew(ctx); _ = w.m.Sweep(ctx) }
-	step()
-	c.clk.Advance(ttl - time.Second)
-	step()
-	if rec := blockRec(t, c.ds, "10.20.0.0/26"); rec.Owner != "node-gone" {
-		t.Fatalf("reclaimed before the deleted node's lease ran out: %+v", rec)
+	for _, back := range []bool{false, true} {
+		t.Run(fmt.Sprintf("registered again %v", back), func(t *testing.T) {
+			c := newC(t)
+			r := ranges(t, v4)
+			gone := c.agent("node-gone", r, []int{26})
+			gone.mustAlloc(t, "p")
+			w := c.agent("node-w", r, []int{26})
+			gone.ds.cut.Store(true)
+			w.m.NodeGone("node-gone")
+			if back {
+				w.m.NodeBack("node-gone")
+			}
+			owner := func() string { return blockRec(t, c.ds, "10.20.0.0/26").Owner }
+			step := func() { _ = w.m.Renew(ctx); _ = w.m.Sweep(ctx) }
+			step()
+			c.clk.Advance(ttl - time.Second)
+			step()
+			if o := owner(); o != "node-gone" {
+				t.Fatalf("reclaimed before the node's lease ran out: owner %q", o)
+			}
+			c.clk.Advance(2 * time.Second)
+			step()
+			step()
+			if back {
+				if o := owner(); o != "node-gone" {
+					t.Fatalf("re-registered node's block reclaimed when its lease ran out, before the quarantine: owner %q", o)
+				}
+				c.clk.Advance(ttl) // the quarantine (one TTL here)
+				step()
+				step()
+			}
+			if o := owner(); o != "" {
+				t.Fatalf("block not reclaimed (owner %q)", o)
+			}
+			c.allowOutside = true
+		})
 	}
-	c.clk.Advance(2 * time.Second)
-	step()
-	step()
-	if rec := blockRec(t, c.ds, "10.20.0.0/26"); rec.Owner != "" {
-		t.Fatalf("deleted node's block not reclaimed once its lease ran out: %+v", rec)
-	}
-	c.allowOutside = true
-}
-
-// NodeBack: a Node deleted and registered again under its name (its kubelet still
-// runs, and so may its pods) is a live node again: when its agent then stops
-// renewing, its blocks wait out the quarantine after the lease, as any node's do.
-func TestNodeBack(t *testing.T) { forBackends(t, testNodeBack) }
-
-func testNodeBack(t *testing.T, newC func(*testing.T) *cl) {
-	c := newC(t)
-	r := ranges(t, v4)
-	back := c.agent("node-back", r, []int{26})
-	back.mustAlloc(t, "p")
-	w := c.agent("node-w", r, []int{26})
-	w.m.NodeGone("node-back")
-	w.m.NodeBack("node-back")
-	back.ds.cut.Store(true)
-	step := func() { _ = w.m.Renew(ctx); _ = w.m.Sweep(ctx) }
-	step()
-	c.clk.Advance(ttl + time.Second) // the lease ran out: NodeGone alone reclaims here
-	step()
-	step()
-	if rec := blockRec(t, c.ds, "10.20.0.0/26"); rec.Owner != "node-back" {
-		t.Fatalf("re-registered node's block reclaimed before the quarantine: %+v", rec)
-	}
-	c.clk.Advance(ttl) // the quarantine (one TTL here)
-	step()
-	step()
-	if rec := blockRec(t, c.ds, "10.20.0.0/26"); rec.Owner != "" {
-		t.Fatalf("block not reclaimed after the lease and the quarantine: %+v", rec)
-	}
-	c.allowOutside = true
 }
 
 // TestSweepReadsWatchedBlocks: the periodic sweep reads the blocks from the watched
