@@ -122,6 +122,11 @@ type Manager struct {
 	// blind: a datastore read of this manager failed since it last listed the node
 	// leases, so it may have missed renewals that nobody could make
 	blind bool
+	// fullList: monotonic time of the sweep's last LIST of every network's blocks
+	// (listed once a quarantine; between, the sweep reads the networks set up here
+	// from their watched copies); listed: whether there was one. Guarded by stepMu.
+	fullList time.Duration
+	listed   bool
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -958,27 +963,35 @@ func (m *Manager) giveBack(ctx context.Context, key string, b ledger.BlockStatus
 	return fmt.Errorf("giving back block %s of %q: outcome unknown: %w", b.Prefix, b.Network, err)
 }
 
-// reclaim frees the blocks of dead nodes in the networks set up on this node. It
-// reads the blocks before the leases, so that an owner which renews and re-affirms
-// its blocks after that read makes the compare-and-swap fail. It also re-adopts
-// blocks the datastore gives this node that its ledger lacks (a give-back whose
-// outcome was unknown).
+// reclaim frees the blocks of dead nodes. It reads the blocks before the leases, so
+// that an owner which renews and re-affirms its blocks after that read makes the
+// compare-and-swap fail. It also re-adopts blocks the datastore gives this node that
+// its ledger lacks (a give-back whose outcome was unknown).
 //
-// The blocks come from the claims' watched copy of each network (listed, and watched
-// from then on, when there is no live copy): a sweep every third of the lease TTL
-// on every node must not LIST every block of the cluster (on Kubernetes, custom
-// resources read from etcd on each unpaged LIST). The copy satisfies the ordering
-// above: whatever it holds was read from the datastore before the lease list that
-// follows, and a record older than the datastore's makes the compare-and-swap fail,
-// never succeed wrongly. A network that no live node has set up keeps a dead node's
-// blocks until one does; nobody allocates from them meanwhile.
+// A sweep every third of the lease TTL on every node must not LIST every block of
+// the cluster each time (on Kubernetes, custom resources read from etcd on each
+// unpaged LIST): the blocks of the networks set up here come from the claims'
+// watched copies (listed, and watched from then on, where there is none), and every
+// network's blocks are listed only once a quarantine, for the networks this node has
+// not set up (their dead owners' blocks are freed at most a quarantine later). A
+// watched copy keeps the ordering above: whatever it holds was read from the
+// datastore before the lease list that follows, and a record older than the
+// datastore's makes the compare-and-swap fail, never succeed wrongly.
 func (m *Manager) reclaim(ctx context.Context) error {
-	kvs, err := m.knownBlocks(ctx)
-	if err != nil {
-		return err
-	}
 	cctx, cancel := m.ctx(ctx)
 	defer cancel()
+	var kvs []datastore.KV
+	var err error
+	if start := m.mono(); !m.listed || start-m.fullList >= m.opts.Quarantine {
+		kvs, _, err = m.ds.List(cctx, BlocksPrefix(""))
+		m.note(err)
+		if err != nil {
+			return fmt.Errorf("listing blocks: %w", err)
+		}
+		m.fullList, m.listed = start, true
+	} else if kvs, err = m.knownBlocks(ctx); err != nil {
+		return err
+	}
 	leases, err := m.ds.Leases().List(cctx)
 	m.note(err)
 	if err != nil {
