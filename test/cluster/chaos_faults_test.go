@@ -129,22 +129,7 @@ func pauseAndResume(t *testing.T, tally *chaosTally, victim, newOwner *node, liv
 		t.Logf("%s SIGSTOPped: its %d blocks reclaimed after %v; SIGCONT follows", victim.name, len(owned), took.Round(time.Millisecond))
 	}
 	check = func() {
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			lost := 0
-			for _, l := range victim.Leases(t) {
-				if l.Lost {
-					lost++
-				}
-			}
-			if lost == len(held) {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s flags %d of %d leases lost 30s after SIGCONT", victim.name, lost, len(held))
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+		waitLost(t, victim, len(held))
 		rep := auditPhase(t, tally, "pause (resumed, lost leases held)", live())
 		if rep.Lost != len(held) {
 			t.Fatalf("audit counts %d lost leases, want the paused node's %d", rep.Lost, len(held))
@@ -162,6 +147,28 @@ func pauseAndResume(t *testing.T, tally *chaosTally, victim, newOwner *node, liv
 		releaseHeld(t, newOwner, reuse)
 	}
 	return fault, check
+}
+
+// waitLost waits up to 30s for n, resumed after a pause past its lease, to flag want
+// leases lost (those in the blocks reclaimed meanwhile).
+func waitLost(t *testing.T, n *node, want int) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		lost := 0
+		for _, l := range n.Leases(t) {
+			if l.Lost {
+				lost++
+			}
+		}
+		if lost == want {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s flags %d of its %d leases lost 30s after SIGCONT", n.name, lost, want)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 func releaseHeld(t *testing.T, n *node, held map[string]netip.Addr) {

@@ -147,22 +147,7 @@ func TestPausedAgentFenced(t *testing.T) {
 
 	resume()
 	// a renews, finds the block's epoch moved, and flags its leases there lost
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		lost := 0
-		for _, l := range a.Leases(t) {
-			if l.Lost {
-				lost++
-			}
-		}
-		if lost == len(paused) {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s flags %d of its %d leases lost 30s after SIGCONT", a.name, lost, len(paused))
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	waitLost(t, a, len(paused))
 	if out, _, _ := ctlRun(t, "--socket", a.Socket, "leases"); strings.Count(out, "(block "+blockA.Block+" lost)") != len(paused) {
 		t.Errorf("ipledgerctl leases does not mark the %d leases in the lost block:\n%s", len(paused), out)
 	}
