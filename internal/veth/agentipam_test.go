@@ -8,6 +8,9 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
@@ -98,4 +101,45 @@ func TestIPAMHandedToAgent(t *testing.T) {
 	if !bytes.Equal(errOut[false], errOut[true]) {
 		t.Errorf("the IPAM error reached the runtime differently:\nhanded to the agent %s\nexec'd IPAM plugin  %s", errOut[false], errOut[true])
 	}
+
+	// An agent that takes the hand-over and never answers (a relay that reads and
+	// stays silent): the plugin waits ipam.timeout once and answers as the IPAM plugin
+	// would after its own wait, without exec'ing it to wait again. ADD fails with code
+	// 11 and leaves nothing on the host; DEL is spooled where the agent reads, and the
+	// agent applies it.
+	t.Run("agent hung", func(t *testing.T) {
+		mute := a.StartRelay(t, agentenv.Mute)
+		hung := ipam.Section(p, false, false)
+		hung["socket"], hung["timeout"] = mute.Socket, "300ms"
+		conf := confBytes(t, "1.0.0", network, hung, nil)
+		check := func(t *testing.T, verb string) {
+			t.Helper()
+			if ops, ex := mute.Take(), execs(); !slices.Equal(ops, []string{api.OpCNI}) || len(ex) != 0 {
+				t.Errorf("%s: requests %q and IPAM execs %q, want one %q and no exec", verb, ops, ex, api.OpCNI)
+			}
+		}
+		failed := run(t, "ADD", "hungadd", newNetNS(t, "hand"), conf)
+		if e := failed.cniError(t); e.Code != types.ErrTryAgainLater {
+			t.Errorf("ADD against a hung agent: %+v, want code %d (try again later)", e, types.ErrTryAgainLater)
+		}
+		check(t, "ADD")
+
+		ns := newNetNS(t, "hand")
+		run(t, "ADD", "hungdel", ns, confBytes(t, "1.0.0", network, ipam.Section(p, false, false), nil)).ok(t)
+		execs()
+		if held := ipam.Leases(t, network); len(held) != 1 {
+			t.Fatalf("the agent holds %v, want the one lease of hungdel", held)
+		}
+		del := run(t, "DEL", "hungdel", ns, conf)
+		del.ok(t)
+		check(t, "DEL")
+		if !strings.Contains(string(del.stderr), "spooled in "+a.SpoolDir) {
+			t.Errorf("DEL against a hung agent: stderr %q, want it spooled in %s", del.stderr, a.SpoolDir)
+		}
+		for deadline := time.Now().Add(30 * time.Second); len(ipam.Leases(t, network)) != 0; time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the agent did not apply the spooled DEL: it holds %v", ipam.Leases(t, network))
+			}
+		}
+	})
 }
