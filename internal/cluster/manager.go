@@ -17,8 +17,8 @@
 // or has not changed for its TTL (judged on this manager's monotonic clock), and has
 // stayed so for a quarantine at least one TTL long, or whose Node object was deleted
 // (NodeGone, and not registered again since: NodeBack) and whose lease ran out, loses
-// its blocks: the first manager to bump
-// their epoch by compare-and-swap frees them (owner ""); exactly one wins.
+// its blocks: the first manager to bump their epoch by compare-and-swap frees them
+// (owner ""); exactly one wins.
 package cluster
 
 import (
