@@ -57,11 +57,7 @@ func (m *Manager) cachedBlocks(network string) ([]cachedBlock, bool) {
 // from the list's revision (a failed Watch leaves the cache dead: the next claim
 // lists again). It returns the records in key order.
 func (m *Manager) relist(ctx context.Context, network string) ([]cachedBlock, error) {
-	m.counts.blockLists.Add(1)
-	cctx, cancel := m.ctx(ctx)
-	kvs, rev, err := m.ds.List(cctx, BlocksPrefix(network))
-	cancel()
-	m.note(err)
+	kvs, rev, err := m.listBlocks(ctx, BlocksPrefix(network))
 	if err != nil {
 		return nil, fmt.Errorf("listing blocks of %q: %w", network, err)
 	}

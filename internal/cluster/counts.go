@@ -13,8 +13,9 @@ type Counts struct {
 	HandBacks   uint64 // empty blocks given back after the grace
 	Reclaims    uint64 // dead nodes' blocks freed by this manager
 	Suspensions uint64 // times the node's blocks were suspended (lease not provable)
-	// BlockLists: times a claim or the sweep listed a network's blocks (no live
-	// watched copy, or a claim on the copy found nothing: it was stale)
+	// BlockLists: LISTs of block records sent to the datastore: a claim's (no live
+	// watched copy, or the copy was stale), a network's set-up, the sweep's (once a
+	// quarantine, and for a network without a live copy) and `ipledgerctl blocks`
 	BlockLists uint64
 }
 

@@ -480,10 +480,7 @@ func (m *Manager) lose(network string, p netip.Prefix, why string) {
 // adopt adds to the ledger the blocks of network that the datastore says the node
 // owns and skip does not name.
 func (m *Manager) adopt(ctx context.Context, network string, skip func(netip.Prefix) bool) error {
-	cctx, cancel := m.ctx(ctx)
-	kvs, _, err := m.ds.List(cctx, BlocksPrefix(network))
-	cancel()
-	m.note(err)
+	kvs, _, err := m.listBlocks(ctx, BlocksPrefix(network))
 	if err != nil {
 		return fmt.Errorf("listing blocks of %q: %w", network, err)
 	}
@@ -983,9 +980,7 @@ func (m *Manager) reclaim(ctx context.Context) error {
 	var kvs []datastore.KV
 	var err error
 	if start := m.mono(); !m.listed || start-m.fullList >= m.opts.Quarantine {
-		kvs, _, err = m.ds.List(cctx, BlocksPrefix(""))
-		m.note(err)
-		if err != nil {
+		if kvs, _, err = m.listBlocks(ctx, BlocksPrefix("")); err != nil {
 			return fmt.Errorf("listing blocks: %w", err)
 		}
 		m.fullList, m.listed = start, true
@@ -1081,6 +1076,17 @@ func (m *Manager) reclaim(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
+// listBlocks sends one LIST of the block records under prefix to the datastore,
+// counted in BlockLists (ipledger_block_lists_total).
+func (m *Manager) listBlocks(ctx context.Context, prefix string) ([]datastore.KV, int64, error) {
+	m.counts.blockLists.Add(1)
+	cctx, cancel := m.ctx(ctx)
+	defer cancel()
+	kvs, rev, err := m.ds.List(cctx, prefix)
+	m.note(err)
+	return kvs, rev, err
+}
+
 // knownBlocks returns the block records of every network set up on this node, from
 // each network's watched copy, listing (and starting its watch) where it has none.
 func (m *Manager) knownBlocks(ctx context.Context) ([]datastore.KV, error) {
@@ -1169,10 +1175,7 @@ type BlockView struct {
 // counts, and blocks the ledger holds that the datastore does not give the node
 // (lost ones still holding leases), by network and address.
 func (m *Manager) Blocks(ctx context.Context) ([]BlockView, error) {
-	cctx, cancel := m.ctx(ctx)
-	defer cancel()
-	kvs, _, err := m.ds.List(cctx, BlocksPrefix(""))
-	m.note(err)
+	kvs, _, err := m.listBlocks(ctx, BlocksPrefix(""))
 	if err != nil {
 		return nil, fmt.Errorf("listing blocks: %w", err)
 	}

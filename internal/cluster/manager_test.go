@@ -551,6 +551,10 @@ func testSweepReadsWatchedBlocks(t *testing.T, newC func(*testing.T) *cl) {
 		if n := a.ds.lists.Load() - lists[a.name]; n > 3 {
 			t.Errorf("%s sent %d Lists in %d sweeps over %v, want at most 3 (one per %v quarantine, one of the network)", a.name, n, sweeps, sweeps*ttl/5, 3*ttl)
 		}
+		// ipledger_block_lists_total counts every one the node sent
+		if got, sent := a.m.Counts().BlockLists, a.ds.lists.Load(); got != uint64(sent) {
+			t.Errorf("%s counts %d block Lists, sent %d", a.name, got, sent)
+		}
 	}
 	if frees != 1 {
 		t.Fatalf("%d successful reclaims of one block, want exactly one", frees)

@@ -202,6 +202,13 @@ func TestPausedAgentFenced(t *testing.T) {
 			t.Errorf("%s %s = %v, want %v", m.n.name, m.name, got, m.want)
 		}
 	}
+	// block LISTs are counted (the network's set-up lists once at least; how many in
+	// all is checked against the datastore's count in internal/cluster)
+	for _, n := range nodes {
+		if got := n.metric(t, "ipledger_block_lists_total"); got < 1 {
+			t.Errorf("%s ipledger_block_lists_total = %v, want at least the set-up's 1", n.name, got)
+		}
+	}
 	// leave the books empty for the cleanup audits
 	for _, l := range b.Leases(t) {
 		if _, err := b.Call(api.Request{Op: api.OpDel, Network: network, ContainerID: l.ContainerID, IfName: "eth0"}); err != nil {
