@@ -256,12 +256,14 @@ var ErrUnreachable = errors.New("agent unreachable")
 
 // ErrNoAnswer: the agent took the request but closed the connection (or timed out)
 // before answering, e.g. because it was killed; the request may or may not have been
-// applied. Every verb is idempotent, so the caller may retry (or spool a DEL).
+// applied. Every verb is idempotent, so the caller may retry (or spool a DEL). When the
+// ctx's deadline is what ended the wait, the error is also os.ErrDeadlineExceeded.
 var ErrNoAnswer = errors.New("agent gave no answer")
 
 // Call sends req to the agent at socket and returns its answer. An agent error comes
 // back as *Error; a socket that cannot be reached as ErrUnreachable (wrapped, naming the
-// socket).
+// socket). A wait that ctx's deadline ended is also os.ErrDeadlineExceeded: the read
+// deadline fires on its own, and ctx.Err() may still be nil then on a busy machine.
 func Call(ctx context.Context, socket string, req Request) (*Response, error) {
 	req.Version = Version
 	var d net.Dialer
@@ -282,9 +284,9 @@ func Call(ctx context.Context, socket string, req Request) (*Response, error) {
 	line, err := readLine(r, MaxResponse)
 	if err != nil {
 		if werr != nil {
-			return nil, fmt.Errorf("%w: socket %s: write: %v", ErrUnreachable, socket, werr)
+			return nil, fmt.Errorf("%w: socket %s: write: %w", ErrUnreachable, socket, werr)
 		}
-		return nil, fmt.Errorf("%w: socket %s: reading the answer: %v", ErrNoAnswer, socket, err)
+		return nil, fmt.Errorf("%w: socket %s: reading the answer: %w", ErrNoAnswer, socket, err)
 	}
 	// an agent that refused the request (too large) may have answered before the
 	// write ended: its answer is read and returned below

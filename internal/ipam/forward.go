@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"errors"
+	"os"
 	"slices"
 	"time"
 
@@ -58,7 +59,7 @@ func Forward(ctx context.Context, call func(context.Context, string, api.Request
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	resp, err := call(ctx, socket, api.Request{Op: api.OpCNI, CNI: &c})
-	if err != nil && ctx.Err() != nil && (errors.Is(err, api.ErrNoAnswer) || errors.Is(err, api.ErrUnreachable)) {
+	if timedOut(ctx, err) && (errors.Is(err, api.ErrNoAnswer) || errors.Is(err, api.ErrUnreachable)) {
 		// The agent has had the call's whole ipam.timeout. The plugin exec'd now would
 		// wait for it as long again (twice the timeout before the runtime hears of it),
 		// and then do what its own code does with this error here: fail an ADD with
@@ -71,6 +72,14 @@ func Forward(ctx context.Context, call func(context.Context, string, api.Request
 		return nil, false
 	}
 	return resp.CNI, true
+}
+
+// timedOut tells whether err ended a call because ctx's deadline passed. The socket's
+// deadline fires apart from ctx's timer: on a busy node the read fails before ctx.Err()
+// is set, so ctx.Err() alone misses the very case it stands for (the fresh clone's CI
+// saw it), and the error's own cause is checked too.
+func timedOut(ctx context.Context, err error) bool {
+	return err != nil && (ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded))
 }
 
 // skipField skips the value of key, one of known or a key encoding/json would not

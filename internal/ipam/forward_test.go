@@ -2,15 +2,21 @@ package ipam_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/ipam"
+	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 )
 
@@ -199,5 +205,49 @@ func TestForwardAnswersWhenTheAgentHangs(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("the agent did not apply the spooled DEL: held still holds its lease")
 		}
+	}
+}
+
+// TestForwardTimeoutFromTheError: the deadline that ends a hand-over is read from the
+// call's error as well as from ctx, whose timer may not have fired yet when the socket's
+// deadline has (a busy node; the fresh clone's CI saw Forward leave a timed-out call to
+// the plugin, which waits as long again). A fake call answers at once with each error,
+// so ctx has not ended: only the error tells a timeout from an agent that closed the
+// connection, which is still left to the plugin. TestForwardAnswersWhenTheAgentHangs
+// is the same over a real agent.
+func TestForwardTimeoutFromTheError(t *testing.T) {
+	conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"n","type":"ipledger","ipam":{"type":"ipledger","socket":%q,"timeout":"1h","ranges":[[{"subnet":"10.85.0.0/24"}]]}}`,
+		filepath.Join(t.TempDir(), "s.sock"))
+	for _, tc := range []struct {
+		name     string
+		err      error
+		answered bool
+	}{
+		{"read deadline", fmt.Errorf("%w: reading the answer: %w", api.ErrNoAnswer, os.ErrDeadlineExceeded), true},
+		{"write deadline", fmt.Errorf("%w: write: %w", api.ErrUnreachable, os.ErrDeadlineExceeded), true},
+		{"closed without an answer", fmt.Errorf("%w: reading the answer: %w", api.ErrNoAnswer, io.EOF), false},
+		{"unreachable", fmt.Errorf("%w: connect: %w", api.ErrUnreachable, syscall.ECONNREFUSED), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			calls := 0
+			fake := func(ctx context.Context, _ string, _ api.Request) (*api.Response, error) {
+				calls++
+				if ctx.Err() != nil {
+					t.Fatal("ctx ended before the fake call returned")
+				}
+				return nil, tc.err
+			}
+			ans, ok := ipam.Forward(ctx(t), fake, func(string) ledger.NetNS { return ledger.NetNS{} }, api.CNICall{Command: "ADD",
+				ContainerID: "c1", NetNS: "/proc/self/ns/net", IfName: "eth0", Path: "/opt/cni/bin", Stdin: []byte(conf)})
+			if calls != 1 {
+				t.Errorf("%d calls, want 1", calls)
+			}
+			if ok != tc.answered {
+				t.Fatalf("answered %v, want %v", ok, tc.answered)
+			}
+			if ok && (ans.Exit == 0 || !bytes.Contains(ans.Stdout, []byte(`"code": 11`))) {
+				t.Errorf("exit %d %s %s, want CNI error 11 (try again later)", ans.Exit, ans.Stdout, ans.Stderr)
+			}
+		})
 	}
 }
