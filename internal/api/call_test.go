@@ -52,13 +52,14 @@ func TestCallErrors(t *testing.T) {
 		socket             func(t *testing.T) string
 		unreachable, noAns bool
 		deadline           bool
+		timeout            time.Duration // long where the deadline must not end the call, on a loaded machine too
 	}{
-		{name: "no socket", socket: func(t *testing.T) string { return filepath.Join(t.TempDir(), "none.sock") }, unreachable: true},
-		{name: "closed without an answer", socket: func(t *testing.T) string { return serve(t, func(net.Conn) {}) }, noAns: true},
-		{name: "never answers", socket: func(t *testing.T) string { return serve(t, func(net.Conn) { <-hang }) }, noAns: true, deadline: true},
+		{name: "no socket", socket: func(t *testing.T) string { return filepath.Join(t.TempDir(), "none.sock") }, unreachable: true, timeout: time.Minute},
+		{name: "closed without an answer", socket: func(t *testing.T) string { return serve(t, func(net.Conn) {}) }, noAns: true, timeout: time.Minute},
+		{name: "never answers", socket: func(t *testing.T) string { return serve(t, func(net.Conn) { <-hang }) }, noAns: true, deadline: true, timeout: 200 * time.Millisecond},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			ctx, cancel := context.WithTimeout(context.Background(), tc.timeout)
 			defer cancel()
 			_, err := api.Call(ctx, tc.socket(t), api.Request{Op: api.OpStatus})
 			if err == nil {
