@@ -7,7 +7,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -233,4 +235,76 @@ func TestCNIBinDirsMerged(t *testing.T) {
 			t.Errorf("plugin %s not in merged bin dir: %v", p, err)
 		}
 	}
+}
+
+// TestCleanupKillsOrphanedShim: containerd killed while it deletes a sandbox's task
+// leaves the shim running in a bundle it had renamed to ".ID" (seen after `make demo`,
+// whose faults kill containerd mid-churn: a shim left on the machine for the next
+// session). The env's cleanup must stop that shim and its pause too: found by the
+// env's socket on the shim's command line, since no bundle names it any more.
+func TestCleanupKillsOrphanedShim(t *testing.T) {
+	var shims []int
+	var pause int
+	t.Cleanup(func() { // whatever the outcome, nothing of this test outlives it
+		for _, p := range append(shims, pause) {
+			if p > 0 && running(p) {
+				_ = syscall.Kill(p, syscall.SIGKILL)
+			}
+		}
+	})
+	t.Run("env", func(t *testing.T) {
+		env := start(t, "ipltest2", "10.244.253.0/24")
+		c := env.Client(t)
+		id, err := c.RunPodSandbox(context.Background(), cri.PodSpec{Namespace: "ns1", Name: "pod-o", UID: "uid-o"})
+		if err != nil {
+			t.Fatalf("RunPodSandbox: %v", err)
+		}
+		if shims = env.ShimPIDs(); len(shims) != 1 {
+			t.Fatalf("shims of this env: %v, want one", shims)
+		}
+		bundle := filepath.Join(env.StateDir(), "io.containerd.runtime.v2.task", "k8s.io", id)
+		b, err := os.ReadFile(filepath.Join(bundle, "init.pid"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pause, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil || !running(pause) {
+			t.Fatalf("pause pid %q: %v", b, err)
+		}
+		// containerd's task delete renames the bundle to ".ID" and removes it, and
+		// then has the shim exit; killed in between, it leaves the shim running in a
+		// deleted directory, where the leaked one was found. The rootfs is unmounted
+		// first, as containerd does: the removal must not reach into the image.
+		env.Kill()
+		gone := filepath.Join(filepath.Dir(bundle), "."+id)
+		if err := os.Rename(bundle, gone); err != nil {
+			t.Fatal(err)
+		}
+		if err := syscall.Unmount(filepath.Join(gone, "rootfs"), syscall.MNT_DETACH); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.RemoveAll(gone); err != nil {
+			t.Fatal(err)
+		}
+	})
+	for _, p := range append(shims, pause) {
+		if running(p) {
+			t.Errorf("pid %d (%s) still runs after the env's cleanup", p, procCmdline(p))
+		}
+	}
+}
+
+// running reports whether pid exists and is not a zombie.
+func running(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i >= 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X'
+}
+
+func procCmdline(pid int) string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return strings.ReplaceAll(string(b), "\x00", " ")
 }

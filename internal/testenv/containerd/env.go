@@ -185,6 +185,10 @@ func (e *Env) Client(tb testing.TB) *cri.Client {
 	return c
 }
 
+// ShimPIDs returns the live runc shims serving this env's containerd (its socket,
+// unique to the env, on their command lines).
+func (e *Env) ShimPIDs() []int { return pidsWithArgs("-address " + e.sock + " ") }
+
 // Kill sends SIGKILL to containerd and waits for it to exit. Shims and
 // sandboxes keep running, as after a containerd crash.
 func (e *Env) Kill() {
@@ -444,6 +448,20 @@ func (e *Env) killTasks() []string {
 		if cg := cgroupsPath(filepath.Join(b, "config.json")); cg != "" {
 			removeCgroup(cg)
 		}
+	}
+	// A shim whose bundle containerd had renamed to ".ID" to delete it, when
+	// containerd was killed mid-delete (the demo's and the seed tests' kill -9), is
+	// under no bundle above and outlives every containerd of this env: found by our
+	// socket, unique to this env, on its command line, with its /pause if it has one.
+	for _, pid := range e.ShimPIDs() {
+		for _, c := range childrenOf(pid) {
+			if strings.HasPrefix(cmdline(c), "/pause") {
+				killPID(c)
+				did = append(did, fmt.Sprintf("killed pause pid %d of an orphaned shim", c))
+			}
+		}
+		killPID(pid)
+		did = append(did, fmt.Sprintf("killed orphaned shim pid %d", pid))
 	}
 	return did
 }

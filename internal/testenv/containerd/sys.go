@@ -209,17 +209,9 @@ func removeCgroup(path string) {
 
 // pidsWithCwd returns the live processes whose working directory is dir.
 func pidsWithCwd(dir string) []int {
-	ents, err := os.ReadDir("/proc")
-	if err != nil {
-		return nil
-	}
 	dir = filepath.Clean(dir)
 	var out []int
-	for _, ent := range ents {
-		pid, err := strconv.Atoi(ent.Name())
-		if err != nil || pid <= 1 {
-			continue
-		}
+	for _, pid := range pids() {
 		cwd, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid))
 		if err != nil {
 			continue
@@ -230,6 +222,64 @@ func pidsWithCwd(dir string) []int {
 		}
 	}
 	return out
+}
+
+// pidsWithArgs returns the live processes whose command line (arguments joined by
+// spaces, with a trailing one) contains args.
+func pidsWithArgs(args string) []int {
+	var out []int
+	for _, pid := range pids() {
+		if strings.Contains(cmdline(pid), args) && alive(pid) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// childrenOf returns the live processes whose parent is pid.
+func childrenOf(pid int) []int {
+	var out []int
+	for _, c := range pids() {
+		if ppid(c) == pid && alive(c) {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// pids lists the processes in /proc.
+func pids() []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, ent := range ents {
+		if pid, err := strconv.Atoi(ent.Name()); err == nil && pid > 1 {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// ppid reads pid's parent from /proc/PID/stat (0 if it cannot): the field after the
+// state, which follows the command name's closing parenthesis.
+func ppid(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(s[i+1:])
+	if len(f) < 2 {
+		return 0
+	}
+	p, _ := strconv.Atoi(f[1])
+	return p
 }
 
 type spawnReq struct {
