@@ -245,6 +245,7 @@ func TestCNIBinDirsMerged(t *testing.T) {
 func TestCleanupKillsOrphanedShim(t *testing.T) {
 	var shims []int
 	var pause int
+	var cg []byte      // the pause's /proc/PID/cgroup
 	t.Cleanup(func() { // whatever the outcome, nothing of this test outlives it
 		for _, p := range append(shims, pause) {
 			if p > 0 && running(p) {
@@ -270,6 +271,9 @@ func TestCleanupKillsOrphanedShim(t *testing.T) {
 		if pause, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil || !running(pause) {
 			t.Fatalf("pause pid %q: %v", b, err)
 		}
+		if cg, err = os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pause)); err != nil {
+			t.Fatal(err)
+		}
 		// containerd's task delete renames the bundle to ".ID" and removes it, and
 		// then has the shim exit; killed in between, it leaves the shim running in a
 		// deleted directory, where the leaked one was found. The rootfs is unmounted
@@ -289,6 +293,21 @@ func TestCleanupKillsOrphanedShim(t *testing.T) {
 	for _, p := range append(shims, pause) {
 		if running(p) {
 			t.Errorf("pid %d (%s) still runs after the env's cleanup", p, procCmdline(p))
+		}
+	}
+	// and its cgroup is gone from every hierarchy (lines "N:controllers:/path")
+	for _, line := range strings.Split(strings.TrimSpace(string(cg)), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 || f[2] == "/" {
+			continue
+		}
+		left, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", f[2])) // v1 and hybrid
+		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup", f[2])); err == nil {
+			left = append(left, filepath.Join("/sys/fs/cgroup", f[2])) // v2
+		}
+		for _, d := range left {
+			t.Errorf("the pause's cgroup is left: %s", d)
+			_ = syscall.Rmdir(d)
 		}
 	}
 }

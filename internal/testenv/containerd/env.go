@@ -452,11 +452,16 @@ func (e *Env) killTasks() []string {
 	// A shim whose bundle containerd had renamed to ".ID" to delete it, when
 	// containerd was killed mid-delete (the demo's and the seed tests' kill -9), is
 	// under no bundle above and outlives every containerd of this env: found by our
-	// socket, unique to this env, on its command line, with its /pause if it has one.
+	// socket, unique to this env, on its command line, with its /pause if it has one
+	// (and the pause's cgroup, which no bundle's config.json names any more).
 	for _, pid := range e.ShimPIDs() {
 		for _, c := range childrenOf(pid) {
 			if strings.HasPrefix(cmdline(c), "/pause") {
+				cg := cgroupOf(c)
 				killPID(c)
+				if cg != "" {
+					removeCgroup(cg)
+				}
 				did = append(did, fmt.Sprintf("killed pause pid %d of an orphaned shim", c))
 			}
 		}

@@ -207,6 +207,21 @@ func removeCgroup(path string) {
 	}
 }
 
+// cgroupOf returns pid's cgroup path below the hierarchies' roots, as a bundle's
+// linux.cgroupsPath names it ("" when it is the root or cannot be read).
+func cgroupOf(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.SplitN(line, ":", 3); len(f) == 3 && f[2] != "/" && f[2] != "" {
+			return f[2]
+		}
+	}
+	return ""
+}
+
 // pidsWithCwd returns the live processes whose working directory is dir.
 func pidsWithCwd(dir string) []int {
 	dir = filepath.Clean(dir)
