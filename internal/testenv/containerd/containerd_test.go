@@ -248,7 +248,7 @@ func TestCleanupKillsOrphanedShim(t *testing.T) {
 	var cg []byte      // the pause's /proc/PID/cgroup
 	t.Cleanup(func() { // whatever the outcome, nothing of this test outlives it
 		for _, p := range append(shims, pause) {
-			if p > 0 && running(p) {
+			if p > 0 && containerdenv.Alive(p) {
 				_ = syscall.Kill(p, syscall.SIGKILL)
 			}
 		}
@@ -268,7 +268,7 @@ func TestCleanupKillsOrphanedShim(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if pause, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil || !running(pause) {
+		if pause, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil || !containerdenv.Alive(pause) {
 			t.Fatalf("pause pid %q: %v", b, err)
 		}
 		if cg, err = os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pause)); err != nil {
@@ -291,8 +291,12 @@ func TestCleanupKillsOrphanedShim(t *testing.T) {
 		}
 	})
 	for _, p := range append(shims, pause) {
-		if running(p) {
-			t.Errorf("pid %d (%s) still runs after the env's cleanup", p, procCmdline(p))
+		if containerdenv.Alive(p) {
+			t.Errorf("pid %d (%s) still runs after the env's cleanup", p, containerdenv.Cmdline(p))
+			_ = syscall.Kill(p, syscall.SIGKILL) // before its cgroup is checked and removed below
+			for try := 0; try < 300 && containerdenv.Alive(p); try++ {
+				time.Sleep(10 * time.Millisecond)
+			}
 		}
 	}
 	// and its cgroup is gone from every hierarchy (lines "N:controllers:/path")
@@ -307,23 +311,10 @@ func TestCleanupKillsOrphanedShim(t *testing.T) {
 		}
 		for _, d := range left {
 			t.Errorf("the pause's cgroup is left: %s", d)
-			_ = syscall.Rmdir(d)
+			// a task killed just now may still be leaving it: retry, bounded
+			for try := 0; try < 100 && syscall.Rmdir(d) == syscall.EBUSY; try++ {
+				time.Sleep(10 * time.Millisecond)
+			}
 		}
 	}
-}
-
-// running reports whether pid exists and is not a zombie.
-func running(pid int) bool {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return false
-	}
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i >= 0 && i+2 < len(s) && s[i+2] != 'Z' && s[i+2] != 'X'
-}
-
-func procCmdline(pid int) string {
-	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	return strings.ReplaceAll(string(b), "\x00", " ")
 }
