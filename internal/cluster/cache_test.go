@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/netip"
 	"testing"
+	"time"
 
 	"github.com/ipledger/ipledger/internal/clock/clocktest"
 	"github.com/ipledger/ipledger/internal/cluster"
@@ -155,4 +156,57 @@ func TestClaimCacheRecoversAfterCompaction(t *testing.T) {
 		t.Errorf("claims took %s and %s, want the freed %s and %s", p1, p2, others[0], others[1])
 	}
 	wantOwners(t, c, a, map[string]string{first.String(): "a", others[0]: "a", others[1]: "a", others[2]: "ghost"})
+}
+
+// TestReadoptReadsFresh: the sweep takes back a block the records show this node
+// owning and its ledger lacks, but the records may come from the watched copy, which
+// can be older than the datastore. Here another node reclaimed the block (no owner,
+// epoch+1) while the copy still shows it ours at the old epoch, and the node learnt
+// of the loss from its own re-verification. A re-adoption from the copy would hand out
+// addresses from a block anyone may claim (TestChaos caught one in a fresh clone's
+// CI): it must re-read the block first and leave it alone.
+func TestReadoptReadsFresh(t *testing.T) { forBackends(t, testReadoptReadsFresh) }
+
+func testReadoptReadsFresh(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
+	a := c.agent("a", ranges(t, `[[{"subnet":"10.0.0.0/26"}]]`), []int{28})
+	ctx := context.Background()
+	mine := mustClaim(t, a)                // lists and starts the watch
+	if err := a.m.Sweep(ctx); err != nil { // the sweep's first full list
+		t.Fatal(err)
+	}
+	epoch := blockRec(t, c.ds, mine.String()).Epoch
+	a.ds.lag.Lock() // the manager's watch lags from here
+	lagging := true
+	defer func() {
+		if lagging {
+			a.ds.lag.Unlock()
+		}
+	}()
+	// cut off past its lease, its block reclaimed by another node meanwhile
+	a.ds.cut.Store(true)
+	c.clk.Advance(ttl + time.Second)
+	putBlock(t, c.ds, mine.String(), "", epoch+1)
+	a.ds.cut.Store(false)
+	if err := a.m.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, b := range a.l.Blocks("net") {
+		if b.Prefix == mine {
+			t.Fatalf("block %s still in the ledger after re-verification found it reclaimed", mine)
+		}
+	}
+	for i := 0; i < 2; i++ { // the copy is read between the full lists
+		_ = a.m.Sweep(ctx)
+		for _, b := range a.l.Blocks("net") {
+			if b.Prefix == mine {
+				t.Fatalf("sweep %d re-adopted %s at epoch %d from the lagging copy; the datastore has it free at epoch %d", i+1, mine, b.Epoch, epoch+1)
+			}
+		}
+	}
+	a.ds.lag.Unlock()
+	lagging = false
+	if rec := blockRec(t, c.ds, mine.String()); rec.Owner != "" || rec.Epoch != epoch+1 {
+		t.Errorf("block %+v, want free at epoch %d", rec, epoch+1)
+	}
 }

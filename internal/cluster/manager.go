@@ -1031,10 +1031,7 @@ func (m *Manager) reclaim(ctx context.Context) error {
 			_, own := m.owned[kv.Key]
 			m.mu.Unlock()
 			if net && !own && m.Provable() {
-				m.claimMu.Lock()
-				err := m.took(rec, kv.Revision)
-				m.claimMu.Unlock()
-				errs = append(errs, err)
+				errs = append(errs, m.readopt(cctx, kv.Key))
 			}
 			continue
 		}
@@ -1074,6 +1071,36 @@ func (m *Manager) reclaim(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// readopt takes back into the ledger a block that the records read show this node
+// owning and that the ledger lacks (a give-back whose outcome was unknown), once a
+// fresh read confirms it: the records may come from a watched copy, older than the
+// datastore. A copy that had not yet seen another node reclaim the block (epoch+1,
+// no owner) showed it still ours at the old epoch; adopting that handed out
+// addresses from a block that was free for anyone to claim (TestChaos caught it).
+func (m *Manager) readopt(ctx context.Context, key string) error {
+	kv, err := m.ds.Get(ctx, key)
+	m.note(err)
+	switch {
+	case errors.Is(err, datastore.ErrNotFound):
+		return nil
+	case err != nil:
+		return fmt.Errorf("reading block %s before re-adopting it: %w", key, err)
+	}
+	rec, err := decodeBlock(kv)
+	if err != nil || rec.Owner != m.opts.Node {
+		return nil
+	}
+	m.claimMu.Lock()
+	defer m.claimMu.Unlock()
+	m.mu.Lock()
+	_, own := m.owned[key]
+	m.mu.Unlock()
+	if own {
+		return nil
+	}
+	return m.took(rec, kv.Revision)
 }
 
 // listBlocks sends one LIST of the block records under prefix to the datastore,
