@@ -1,0 +1,111 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/ipledger/ipledger/internal/ledger"
+)
+
+// handBack gives back blocks seen empty on two observations at least Grace apart
+// with nothing allocated in between; the node keeps its last active block of every
+// range set.
+func (m *Manager) handBack(ctx context.Context) error {
+	now := m.mono()
+	type setKey struct {
+		network string
+		set     int
+	}
+	active := map[setKey]int{}
+	blocks := m.l.Blocks("")
+	for _, b := range blocks {
+		if b.State == ledger.BlockActive {
+			active[setKey{b.Network, b.Set}]++
+		}
+	}
+	var errs []error
+	for _, b := range blocks {
+		key := BlockKey(b.Network, b.Prefix)
+		if b.State != ledger.BlockActive || b.Used > 0 {
+			m.mu.Lock()
+			delete(m.empty, key)
+			m.mu.Unlock()
+			continue
+		}
+		m.mu.Lock()
+		o, seen := m.empty[key]
+		if !seen || o.gen != b.Allocations {
+			m.empty[key] = emptyObs{since: now, gen: b.Allocations}
+			m.mu.Unlock()
+			continue
+		}
+		own, ok := m.owned[key]
+		m.mu.Unlock()
+		if now-o.since < m.opts.Grace || active[setKey{b.Network, b.Set}] <= 1 || !ok {
+			continue
+		}
+		if err := m.giveBack(ctx, key, b, own); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		active[setKey{b.Network, b.Set}]--
+	}
+	return errors.Join(errs...)
+}
+
+func (m *Manager) giveBack(ctx context.Context, key string, b ledger.BlockStatus, own ownedBlock) error {
+	// Out of the ledger first: from here nothing can be allocated in it. A lease
+	// taken since the observation makes this fail, and the block is kept.
+	if err := m.l.RemoveBlock(b.Network, b.Prefix); err != nil {
+		m.mu.Lock()
+		delete(m.empty, key)
+		m.mu.Unlock()
+		if errors.Is(err, ledger.ErrBlockInUse) {
+			return nil
+		}
+		return err
+	}
+	rec := own.rec
+	rec.Owner, rec.Holder, rec.Lease, rec.Epoch = "", "", "", rec.Epoch+1
+	val, _ := json.Marshal(rec)
+	cctx, cancel := m.ctx(ctx)
+	rev, err := m.ds.Update(cctx, key, val, own.rev)
+	cancel()
+	m.note(err)
+	m.mu.Lock()
+	delete(m.empty, key)
+	delete(m.owned, key)
+	m.mu.Unlock()
+	if err == nil {
+		m.cacheWrite(b.Network, key, val, rev)
+		m.log.Info("empty block given back", "network", b.Network, "block", b.Prefix.String(), "epoch", rec.Epoch)
+		m.counts.handBacks.Add(1)
+		return nil
+	}
+	if _, _, ok := m.settle(ctx, key, rec); ok {
+		m.counts.handBacks.Add(1)
+		return nil
+	}
+	// Still ours (the write failed) or changed meanwhile: re-adopt it when the
+	// datastore says it is the node's at the same epoch; otherwise it is gone.
+	cctx, cancel = m.ctx(ctx)
+	kv, gerr := m.ds.Get(cctx, key)
+	cancel()
+	if gerr == nil {
+		if cur, derr := decodeBlock(kv); derr == nil && cur.Owner == m.opts.Node && cur.Epoch == b.Epoch {
+			if aerr := m.l.AddBlock(b.Network, b.Prefix, b.Epoch); aerr != nil {
+				return aerr
+			}
+			m.mu.Lock()
+			m.owned[key] = ownedBlock{rec: cur, rev: kv.Revision}
+			m.mu.Unlock()
+			return fmt.Errorf("giving back block %s of %q failed; kept: %w", b.Prefix, b.Network, err)
+		}
+		return nil
+	}
+	// Unknown: keep it out of the ledger; the sweep re-adopts it if the datastore
+	// still gives it to the node.
+	return fmt.Errorf("giving back block %s of %q: outcome unknown: %w", b.Prefix, b.Network, err)
+}

@@ -1,0 +1,195 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+
+	"github.com/ipledger/ipledger/internal/datastore"
+	"github.com/ipledger/ipledger/internal/ledger"
+)
+
+// guard is the ledger's allocation guard: nothing is handed out from the node's
+// blocks unless the lease is provable now.
+func (m *Manager) guard(network string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.started {
+		return ErrNotStarted
+	}
+	if now := m.mono(); m.lapsed || now >= m.deadline {
+		return fmt.Errorf("%w: node %s: no successful lease renewal for too long (datastore unreachable?); allocation resumes once it renews", ErrFenced, m.opts.Node)
+	}
+	return nil
+}
+
+// Provable reports whether the node's lease is provable now.
+func (m *Manager) Provable() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.started && !m.lapsed && m.mono() < m.deadline
+}
+
+// Renew renews the node lease (acquiring it when the manager holds none or lost it)
+// and, after a lapse, re-verifies the node's blocks. It also suspends the blocks once
+// the lease can no longer be proven.
+func (m *Manager) Renew(ctx context.Context) error {
+	m.stepMu.Lock()
+	defer m.stepMu.Unlock()
+	m.fence()
+	m.mu.Lock()
+	cur := m.lease
+	m.mu.Unlock()
+	leases := m.ds.Leases()
+	sent := m.mono()
+	cctx, cancel := m.ctx(ctx)
+	var nl datastore.NodeLease
+	var err error
+	if cur.ID == "" {
+		nl, err = leases.Acquire(cctx, m.opts.Node, m.opts.Holder, m.opts.LeaseTTL)
+	} else {
+		nl, err = leases.Renew(cctx, cur)
+		if errors.Is(err, datastore.ErrNotFound) || errors.Is(err, datastore.ErrConflict) {
+			// The lease expired or was taken over: whatever the node proved before is
+			// void; suspend, take a new lease, re-verify every block.
+			m.log.Warn("node lease lost; suspending blocks", "err", err)
+			m.suspend()
+			sent = m.mono()
+			nl, err = leases.Acquire(cctx, m.opts.Node, m.opts.Holder, m.opts.LeaseTTL)
+		}
+	}
+	cancel()
+	m.note(err)
+	if err != nil {
+		m.fence()
+		return fmt.Errorf("node lease of %s: %w", m.opts.Node, err)
+	}
+	m.mu.Lock()
+	m.lease = nl
+	m.deadline = sent + m.opts.LeaseTTL - m.opts.Margin
+	lapsed := m.lapsed
+	m.mu.Unlock()
+	if lapsed {
+		return m.verify(ctx)
+	}
+	return nil
+}
+
+// fence suspends the node's blocks once the lease can no longer be proven.
+func (m *Manager) fence() {
+	m.mu.Lock()
+	expired := m.started && !m.lapsed && m.mono() >= m.deadline
+	m.mu.Unlock()
+	if expired {
+		m.log.Warn("node lease not proven in time; suspending blocks")
+		m.suspend()
+	}
+}
+
+func (m *Manager) suspend() {
+	m.mu.Lock()
+	if !m.lapsed {
+		m.counts.suspensions.Add(1)
+	}
+	m.lapsed = true
+	m.mu.Unlock()
+	if err := m.l.SuspendAll(); err != nil {
+		m.log.Error("suspending blocks in the ledger", "err", err)
+	}
+}
+
+// verify re-reads every block the ledger holds (and every block the datastore says
+// the node owns in its networks) after a lapse: a block still the node's at the
+// ledger's epoch is re-affirmed by compare-and-swap and resumed; any other is lost.
+// The allocation guard opens only when every block was judged.
+func (m *Manager) verify(ctx context.Context) error {
+	type want struct {
+		network string
+		prefix  netip.Prefix
+	}
+	seen := map[want]bool{}
+	for _, b := range m.l.Blocks("") {
+		if b.State == ledger.BlockLost {
+			continue
+		}
+		seen[want{b.Network, b.Prefix}] = true
+		key := BlockKey(b.Network, b.Prefix)
+		cctx, cancel := m.ctx(ctx)
+		kv, err := m.ds.Get(cctx, key)
+		cancel()
+		m.note(err)
+		var rec BlockRecord
+		if err == nil {
+			rec, err = decodeBlock(kv)
+		}
+		switch {
+		case errors.Is(err, datastore.ErrNotFound):
+			m.lose(b.Network, b.Prefix, "its record is gone from the datastore")
+			continue
+		case err != nil:
+			return fmt.Errorf("re-verifying block %s of %q: %w", b.Prefix, b.Network, err)
+		}
+		if rec.Owner != m.opts.Node || rec.Epoch != b.Epoch {
+			m.lose(b.Network, b.Prefix, fmt.Sprintf("owner %q at epoch %d now (ours was epoch %d)", rec.Owner, rec.Epoch, b.Epoch))
+			continue
+		}
+		// Re-affirm: a reclaimer that read the block before this write fails its
+		// compare-and-swap, one that reads it after sees the renewed lease.
+		rec.Holder, rec.Lease = m.opts.Holder, m.leaseID()
+		val, _ := json.Marshal(rec)
+		cctx, cancel = m.ctx(ctx)
+		rev, err := m.ds.Update(cctx, key, val, kv.Revision)
+		cancel()
+		m.note(err)
+		if errors.Is(err, datastore.ErrConflict) || errors.Is(err, datastore.ErrNotFound) {
+			return fmt.Errorf("re-verifying block %s of %q: changed while re-affirming; retrying at the next renewal: %w", b.Prefix, b.Network, err)
+		}
+		if err != nil {
+			return fmt.Errorf("re-affirming block %s of %q: %w", b.Prefix, b.Network, err)
+		}
+		if err := m.l.ResumeBlock(b.Network, b.Prefix, b.Epoch); err != nil {
+			return err
+		}
+		m.mu.Lock()
+		m.owned[key] = ownedBlock{rec: rec, rev: rev}
+		m.mu.Unlock()
+	}
+	// blocks the datastore gives the node that the ledger lacks (a crash between a
+	// claim and its AddBlock)
+	m.mu.Lock()
+	nets := make([]string, 0, len(m.nets))
+	for n := range m.nets {
+		nets = append(nets, n)
+	}
+	m.mu.Unlock()
+	for _, n := range nets {
+		if err := m.adopt(ctx, n, func(p netip.Prefix) bool { return seen[want{n, p}] }); err != nil {
+			return err
+		}
+	}
+	m.mu.Lock()
+	m.lapsed = false
+	m.mu.Unlock()
+	m.log.Info("blocks verified; allocation allowed")
+	return nil
+}
+
+func (m *Manager) leaseID() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.lease.ID
+}
+
+// lose drops a block the node no longer owns from the ledger and from its books.
+func (m *Manager) lose(network string, p netip.Prefix, why string) {
+	m.log.Warn("block lost", "network", network, "block", p.String(), "why", why)
+	if err := m.l.LoseBlock(network, p); err != nil {
+		m.log.Error("recording a lost block", "network", network, "block", p.String(), "err", err)
+	}
+	m.mu.Lock()
+	delete(m.owned, BlockKey(network, p))
+	delete(m.empty, BlockKey(network, p))
+	m.mu.Unlock()
+}

@@ -1,0 +1,207 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/ipledger/ipledger/internal/datastore"
+)
+
+// NodeGone tells the manager that node's Node object was deleted (Kubernetes): its
+// blocks are reclaimed as soon as its lease has run out, without the quarantine,
+// unless NodeBack says the Node exists again before that.
+func (m *Manager) NodeGone(node string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.gone[node] = true
+}
+
+// NodeBack tells the manager that a Node object of that name exists (created, or
+// registered again after a deletion): a deletion it was told of no longer counts,
+// and the node's blocks wait out the quarantine after its lease as any live node's
+// do. A kubelet re-registers its deleted Node while it and its pods still run; an
+// agent that is down then (restarting, or cut off) must not lose its blocks at the
+// lease's end, with those pods still using their addresses.
+func (m *Manager) NodeBack(node string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.gone[node] {
+		delete(m.gone, node)
+		m.log.Info("Node registered again: its blocks wait out the quarantine again", "node", node)
+	}
+}
+
+// reclaim frees the blocks of dead nodes. It reads the blocks before the leases, so
+// that an owner which renews and re-affirms its blocks after that read makes the
+// compare-and-swap fail. It also re-adopts blocks the datastore gives this node that
+// its ledger lacks (a give-back whose outcome was unknown).
+//
+// A sweep every third of the lease TTL on every node must not LIST every block of
+// the cluster each time (on Kubernetes, custom resources read from etcd on each
+// unpaged LIST): the blocks of the networks set up here come from the claims'
+// watched copies (listed, and watched from then on, where there is none), and every
+// network's blocks are listed only once a quarantine, for the networks this node has
+// not set up (their dead owners' blocks are freed at most a quarantine later). A
+// watched copy keeps the ordering above: whatever it holds was read from the
+// datastore before the lease list that follows, and a record older than the
+// datastore's makes the compare-and-swap fail, never succeed wrongly.
+func (m *Manager) reclaim(ctx context.Context) error {
+	cctx, cancel := m.ctx(ctx)
+	defer cancel()
+	var kvs []datastore.KV
+	var err error
+	if start := m.mono(); !m.listed || start-m.fullList >= m.opts.Quarantine {
+		if kvs, _, err = m.listBlocks(ctx, BlocksPrefix("")); err != nil {
+			return fmt.Errorf("listing blocks: %w", err)
+		}
+		m.fullList, m.listed = start, true
+	} else if kvs, err = m.knownBlocks(ctx); err != nil {
+		return err
+	}
+	leases, err := m.ds.Leases().List(cctx)
+	m.note(err)
+	if err != nil {
+		return fmt.Errorf("listing node leases: %w", err)
+	}
+	now := m.mono()
+	m.mu.Lock()
+	if m.blind {
+		// This manager could not reach the datastore for a while. If nobody could
+		// (the datastore was away), nobody could renew either, so an unchanged lease
+		// is no evidence of death: the expiry and the quarantine count again from
+		// now, over time the owners can renew in.
+		m.log.Info("node leases read again after a datastore failure; restarting every expiry clock")
+		for _, o := range m.obs {
+			o.seen, o.goneSince = now, now
+		}
+		m.blind = false
+	}
+	live := map[string]bool{}
+	for _, l := range leases {
+		live[l.Node] = true
+		o := m.obs[l.Node]
+		if o == nil || o.gone || o.rev != l.Revision {
+			m.obs[l.Node] = &leaseObs{rev: l.Revision, seen: now, ttl: l.TTL}
+		}
+	}
+	for n, o := range m.obs {
+		if !live[n] && !o.gone {
+			o.gone, o.goneSince = true, now
+		}
+	}
+	m.mu.Unlock()
+	var errs []error
+	for _, kv := range kvs {
+		rec, err := decodeBlock(kv)
+		if err != nil || rec.Owner == "" {
+			continue
+		}
+		if rec.Owner == m.opts.Node {
+			m.mu.Lock()
+			_, net := m.nets[rec.Network]
+			_, own := m.owned[kv.Key]
+			m.mu.Unlock()
+			if net && !own && m.Provable() {
+				errs = append(errs, m.readopt(cctx, kv.Key))
+			}
+			continue
+		}
+		m.mu.Lock()
+		o := m.obs[rec.Owner]
+		if o == nil { // an owner without a lease since this manager looks
+			o = &leaseObs{gone: true, goneSince: now}
+			m.obs[rec.Owner] = o
+		}
+		expiredAt := o.seen + o.ttl
+		if o.gone {
+			expiredAt = o.goneSince
+		}
+		wait := m.opts.Quarantine
+		if m.gone[rec.Owner] {
+			wait = 0
+		}
+		due := now >= expiredAt+wait
+		m.mu.Unlock()
+		if !due {
+			continue
+		}
+		prev := rec
+		rec.Owner, rec.Holder, rec.Lease, rec.Epoch = "", "", "", rec.Epoch+1
+		val, _ := json.Marshal(rec)
+		rev, err := m.ds.Update(cctx, kv.Key, val, kv.Revision)
+		m.note(err)
+		switch {
+		case err == nil:
+			m.cacheWrite(rec.Network, kv.Key, val, rev)
+			m.counts.reclaims.Add(1)
+			m.log.Warn("dead node's block reclaimed", "network", rec.Network, "block", rec.CIDR.String(), "owner", prev.Owner, "epoch", rec.Epoch)
+		case errors.Is(err, datastore.ErrConflict), errors.Is(err, datastore.ErrNotFound):
+			// another agent reclaimed it first, or the owner re-affirmed it
+		default:
+			errs = append(errs, fmt.Errorf("reclaiming block %s of %q from %s: %w", rec.CIDR, rec.Network, prev.Owner, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// readopt takes back into the ledger a block that the records read show this node
+// owning and that the ledger lacks (a give-back whose outcome was unknown), once a
+// fresh read confirms it: the records may come from a watched copy, older than the
+// datastore. A copy that had not yet seen another node reclaim the block (epoch+1,
+// no owner) showed it still ours at the old epoch; adopting that handed out
+// addresses from a block that was free for anyone to claim (TestChaos caught it).
+func (m *Manager) readopt(ctx context.Context, key string) error {
+	kv, err := m.ds.Get(ctx, key)
+	m.note(err)
+	switch {
+	case errors.Is(err, datastore.ErrNotFound):
+		return nil
+	case err != nil:
+		return fmt.Errorf("reading block %s before re-adopting it: %w", key, err)
+	}
+	rec, err := decodeBlock(kv)
+	if err != nil || rec.Owner != m.opts.Node {
+		return nil
+	}
+	m.claimMu.Lock()
+	defer m.claimMu.Unlock()
+	m.mu.Lock()
+	_, own := m.owned[key]
+	m.mu.Unlock()
+	if own {
+		return nil
+	}
+	return m.took(rec, kv.Revision)
+}
+
+// knownBlocks returns the block records of every network set up on this node, from
+// each network's watched copy, listing (and starting its watch) where it has none.
+func (m *Manager) knownBlocks(ctx context.Context) ([]datastore.KV, error) {
+	m.mu.Lock()
+	nets := make([]string, 0, len(m.nets))
+	for n := range m.nets {
+		nets = append(nets, n)
+	}
+	m.mu.Unlock()
+	sort.Strings(nets)
+	var kvs []datastore.KV
+	for _, n := range nets {
+		blocks, ok := m.cachedBlocks(n)
+		if !ok {
+			var err error
+			m.claimMu.Lock()
+			blocks, err = m.relist(ctx, n)
+			m.claimMu.Unlock()
+			if err != nil {
+				return nil, err
+			}
+		}
+		for _, b := range blocks {
+			kvs = append(kvs, b.kv)
+		}
+	}
+	return kvs, nil
+}

@@ -1,0 +1,117 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sort"
+
+	"github.com/ipledger/ipledger/internal/ledger"
+)
+
+// Status is the node's cluster-mode health for one network (CNI STATUS).
+type Status struct {
+	Network   string `json:"network"`
+	Provable  bool   `json:"provable"`  // the node lease is provable: its blocks hand out addresses
+	Reachable bool   `json:"reachable"` // the last datastore call succeeded
+	Available bool   `json:"available"` // an ADD can be served from the node's blocks without a new one
+	// Degraded: no address can be handed out without claiming a new block, and no
+	// block can be claimed now (datastore unreachable or lease not provable).
+	Degraded bool   `json:"degraded"`
+	Blocks   int    `json:"blocks"` // active blocks
+	Reason   string `json:"reason,omitempty"`
+}
+
+// Status reports the network's state for the agent's STATUS.
+func (m *Manager) Status(network string) Status {
+	st := Status{Network: network, Provable: m.Provable()}
+	m.mu.Lock()
+	st.Reachable = m.reachable
+	lastErr := m.lastErr
+	_, known := m.nets[network]
+	m.mu.Unlock()
+	for _, b := range m.l.Blocks(network) {
+		if b.State == ledger.BlockActive {
+			st.Blocks++
+		}
+	}
+	if p, err := m.l.Pool(network); err == nil {
+		st.Available = p.Available && st.Blocks > 0 && st.Provable
+	}
+	switch {
+	case !known:
+		st.Degraded, st.Reason = true, "network not set up for cluster mode yet"
+	case st.Available:
+	case !st.Provable:
+		st.Degraded, st.Reason = true, "node lease not provable: no allocation until the datastore answers"
+	case !st.Reachable:
+		st.Degraded, st.Reason = true, fmt.Sprintf("no free address in the node's blocks and the datastore is unreachable (%v)", lastErr)
+	}
+	return st
+}
+
+// BlockView is one block of the cluster as `ipledgerctl blocks` shows it.
+type BlockView struct {
+	Network string       `json:"network"`
+	CIDR    netip.Prefix `json:"cidr"`
+	Owner   string       `json:"owner"`
+	Epoch   uint64       `json:"epoch"`
+	// Local: the block is this node's; State, Used, Free and Usable come from its ledger.
+	Local  bool              `json:"local"`
+	State  ledger.BlockState `json:"state,omitempty"`
+	Used   int               `json:"used"`
+	Free   int               `json:"free"`
+	Usable uint64            `json:"usable"`
+}
+
+// Blocks lists every block in the datastore, the node's own with their ledger
+// counts, and blocks the ledger holds that the datastore does not give the node
+// (lost ones still holding leases), by network and address.
+func (m *Manager) Blocks(ctx context.Context) ([]BlockView, error) {
+	kvs, _, err := m.listBlocks(ctx, BlocksPrefix(""))
+	if err != nil {
+		return nil, fmt.Errorf("listing blocks: %w", err)
+	}
+	type k struct {
+		n string
+		p netip.Prefix
+	}
+	local := map[k]ledger.BlockStatus{}
+	for _, b := range m.l.Blocks("") {
+		local[k{b.Network, b.Prefix}] = b
+	}
+	m.mu.Lock()
+	nets := make(map[string]PoolRecord, len(m.nets))
+	for n, p := range m.nets {
+		nets[n] = p
+	}
+	m.mu.Unlock()
+	var out []BlockView
+	for _, kv := range kvs {
+		rec, err := decodeBlock(kv)
+		if err != nil {
+			continue
+		}
+		v := BlockView{Network: rec.Network, CIDR: rec.CIDR, Owner: rec.Owner, Epoch: rec.Epoch}
+		if b, ok := local[k{rec.Network, rec.CIDR}]; ok && rec.Owner == m.opts.Node {
+			v.Local, v.State, v.Used, v.Free, v.Usable = true, b.State, b.Used, b.Free, b.Usable
+			delete(local, k{rec.Network, rec.CIDR})
+		} else if p := nets[rec.Network]; rec.Set >= 0 && rec.Set < len(p.Ranges) {
+			v.Usable = p.Ranges[rec.Set].Clip(rec.CIDR).Usable()
+		}
+		out = append(out, v)
+	}
+	for _, b := range local {
+		out = append(out, BlockView{Network: b.Network, CIDR: b.Prefix, Owner: m.opts.Node + " (ledger only)", Epoch: b.Epoch, Local: true, State: b.State, Used: b.Used, Free: b.Free, Usable: b.Usable})
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Network != out[j].Network {
+			return out[i].Network < out[j].Network
+		}
+		if c := out[i].CIDR.Addr().Compare(out[j].CIDR.Addr()); c != 0 {
+			return c < 0
+		}
+		return out[i].Owner < out[j].Owner
+	})
+	return out, nil
+}
