@@ -34,11 +34,11 @@ func (m *Manager) Health() Health {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := m.mono()
-	h := Health{Node: m.opts.Node, Started: m.started, LeaseTTL: m.opts.LeaseTTL,
+	h := Health{Node: m.opts.Node, Started: m.fencing.started, LeaseTTL: m.opts.LeaseTTL,
 		Called: m.called, Reachable: m.reachable}
-	h.Provable = m.started && !m.lapsed && now < m.deadline
+	h.Provable = m.fencing.started && !m.fencing.lapsed && now < m.fencing.deadline
 	if h.Provable {
-		h.ProvableFor = m.deadline - now
+		h.ProvableFor = m.fencing.deadline - now
 	}
 	if m.called {
 		h.LastCallAge = now - m.lastCall
@@ -46,7 +46,7 @@ func (m *Manager) Health() Health {
 	if m.lastErr != nil {
 		h.LastError = m.lastErr.Error()
 	}
-	if m.started {
+	if m.fencing.started {
 		h.SinceSuccess = now - m.lastOK
 	}
 	for n := range m.nets {

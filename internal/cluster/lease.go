@@ -16,10 +16,10 @@ import (
 func (m *Manager) guard(network string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if !m.started {
+	if !m.fencing.started {
 		return ErrNotStarted
 	}
-	if now := m.mono(); m.lapsed || now >= m.deadline {
+	if now := m.mono(); m.fencing.lapsed || now >= m.fencing.deadline {
 		return fmt.Errorf("%w: node %s: no successful lease renewal for too long (datastore unreachable?); allocation resumes once it renews", ErrFenced, m.opts.Node)
 	}
 	return nil
@@ -29,7 +29,7 @@ func (m *Manager) guard(network string) error {
 func (m *Manager) Provable() bool {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.started && !m.lapsed && m.mono() < m.deadline
+	return m.fencing.started && !m.fencing.lapsed && m.mono() < m.fencing.deadline
 }
 
 // Renew renews the node lease (acquiring it when the manager holds none or lost it)
@@ -40,7 +40,7 @@ func (m *Manager) Renew(ctx context.Context) error {
 	defer m.stepMu.Unlock()
 	m.fence()
 	m.mu.Lock()
-	cur := m.lease
+	cur := m.fencing.lease
 	m.mu.Unlock()
 	leases := m.ds.Leases()
 	sent := m.mono()
@@ -67,9 +67,9 @@ func (m *Manager) Renew(ctx context.Context) error {
 		return fmt.Errorf("node lease of %s: %w", m.opts.Node, err)
 	}
 	m.mu.Lock()
-	m.lease = nl
-	m.deadline = sent + m.opts.LeaseTTL - m.opts.Margin
-	lapsed := m.lapsed
+	m.fencing.lease = nl
+	m.fencing.deadline = sent + m.opts.LeaseTTL - m.opts.Margin
+	lapsed := m.fencing.lapsed
 	m.mu.Unlock()
 	if lapsed {
 		return m.verify(ctx)
@@ -80,7 +80,7 @@ func (m *Manager) Renew(ctx context.Context) error {
 // fence suspends the node's blocks once the lease can no longer be proven.
 func (m *Manager) fence() {
 	m.mu.Lock()
-	expired := m.started && !m.lapsed && m.mono() >= m.deadline
+	expired := m.fencing.started && !m.fencing.lapsed && m.mono() >= m.fencing.deadline
 	m.mu.Unlock()
 	if expired {
 		m.log.Warn("node lease not proven in time; suspending blocks")
@@ -90,10 +90,10 @@ func (m *Manager) fence() {
 
 func (m *Manager) suspend() {
 	m.mu.Lock()
-	if !m.lapsed {
+	if !m.fencing.lapsed {
 		m.counts.suspensions.Add(1)
 	}
-	m.lapsed = true
+	m.fencing.lapsed = true
 	m.mu.Unlock()
 	if err := m.l.SuspendAll(); err != nil {
 		m.log.Error("suspending blocks in the ledger", "err", err)
@@ -170,7 +170,7 @@ func (m *Manager) verify(ctx context.Context) error {
 		}
 	}
 	m.mu.Lock()
-	m.lapsed = false
+	m.fencing.lapsed = false
 	m.mu.Unlock()
 	m.log.Info("blocks verified; allocation allowed")
 	return nil
@@ -179,7 +179,7 @@ func (m *Manager) verify(ctx context.Context) error {
 func (m *Manager) leaseID() string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.lease.ID
+	return m.fencing.lease.ID
 }
 
 // lose drops a block the node no longer owns from the ledger and from its books.

@@ -100,11 +100,8 @@ type Manager struct {
 	stepMu  sync.Mutex // Renew, Sweep, verification: one at a time
 
 	mu        sync.Mutex
-	lease     datastore.NodeLease
-	started   bool
-	deadline  time.Duration // monotonic: allocation allowed while now < deadline
-	lapsed    bool          // blocks suspended (or unverified) until a renewal and re-verification
-	reachable bool          // the last datastore call succeeded
+	fencing   fencing
+	reachable bool // the last datastore call succeeded
 	lastErr   error
 	called    bool          // a datastore call's outcome was noted (health.go)
 	lastCall  time.Duration // monotonic: when the last outcome was noted
@@ -129,6 +126,18 @@ type Manager struct {
 
 	cacheMu sync.Mutex
 	caches  map[string]*blockCache // by network (cache.go)
+}
+
+// fencing is the state the allocation guard decides on; Manager.mu guards it. It
+// carries the fencing rule: the node hands out nothing from its blocks, and claims
+// none, unless the manager has started, its blocks are not suspended, and the
+// monotonic clock is before the deadline its last successful renewal proved (past
+// it the lease may have expired and another node reclaimed the blocks).
+type fencing struct {
+	lease    datastore.NodeLease // the node lease as last acquired or renewed (ID "" when none)
+	started  bool                // Start was called, Stop was not
+	deadline time.Duration       // monotonic: allocation allowed while now < deadline
+	lapsed   bool                // blocks suspended (or unverified) until a renewal and re-verification
 }
 
 type ownedBlock struct {
@@ -192,7 +201,7 @@ func New(ds datastore.Store, l *ledger.Ledger, opts Options) (*Manager, error) {
 	}
 	m := &Manager{ds: ds, l: l, opts: opts, log: log.With("node", opts.Node),
 		nets: map[string]PoolRecord{}, owned: map[string]ownedBlock{}, empty: map[string]emptyObs{},
-		obs: map[string]*leaseObs{}, gone: map[string]bool{}, lapsed: true,
+		obs: map[string]*leaseObs{}, gone: map[string]bool{}, fencing: fencing{lapsed: true},
 		caches: map[string]*blockCache{}}
 	l.SetAllocationGuard(m.guard)
 	return m, nil
@@ -236,7 +245,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		return err
 	}
 	m.mu.Lock()
-	m.started, m.lapsed, m.lastOK = true, true, m.mono()
+	m.fencing.started, m.fencing.lapsed, m.lastOK = true, true, m.mono()
 	m.mu.Unlock()
 	err := m.Renew(ctx)
 	if !m.opts.Manual {
@@ -278,8 +287,8 @@ func (m *Manager) Stop(ctx context.Context) error {
 	}
 	m.stopWatches()
 	m.mu.Lock()
-	l, started := m.lease, m.started
-	m.started = false
+	l, started := m.fencing.lease, m.fencing.started
+	m.fencing.started = false
 	m.mu.Unlock()
 	if !started || l.ID == "" {
 		return nil
