@@ -176,7 +176,7 @@ func BenchmarkHundredNodesSteady(b *testing.B) {
 	nodes := startBenchNodes(b, e, 100, `[[{"subnet":"10.128.0.0/12"}]]`, ledger.Options{ReuseDelay: time.Millisecond})
 	// Each node claims its first block before the clock starts, one after the other:
 	// 100 nodes claiming at once all try the lowest unclaimed block first and time
-	// out (each claim's budget is TTL/3) on a loaded machine.
+	// out (each datastore call's budget is TTL/3) on a loaded machine.
 	for _, n := range nodes {
 		if _, err := n.m.Claim(context.Background(), "net", 0); err != nil {
 			b.Fatalf("%s: claim: %v", n.name, err)

@@ -101,8 +101,6 @@ func (m *Manager) claim(ctx context.Context, network string, set int) error {
 // claimFrom claims a block of network's range set among blocks (the network's block
 // records as last known): a free one, else a never-claimed prefix.
 func (m *Manager) claimFrom(ctx context.Context, network string, set int, cfg PoolRecord, blocks []cachedBlock) error {
-	cctx, cancel := m.ctx(ctx)
-	defer cancel()
 	existing := map[netip.Prefix]bool{}
 	var free []datastore.KV
 	var freeRecs []BlockRecord
@@ -127,7 +125,11 @@ func (m *Manager) claimFrom(ctx context.Context, network string, set int, cfg Po
 		kv, rec := free[i], freeRecs[i]
 		rec.Owner, rec.Holder, rec.Epoch, rec.Lease = m.opts.Node, m.opts.Holder, rec.Epoch+1, lid
 		val, _ := json.Marshal(rec)
-		rev, err := m.ds.Update(cctx, kv.Key, val, kv.Revision)
+		var rev int64
+		err := m.call(ctx, func(ctx context.Context) (err error) {
+			rev, err = m.ds.Update(ctx, kv.Key, val, kv.Revision)
+			return err
+		})
 		m.note(err)
 		if errors.Is(err, datastore.ErrConflict) || errors.Is(err, datastore.ErrNotFound) {
 			continue // another node was first
@@ -168,7 +170,11 @@ func (m *Manager) claimFrom(ctx context.Context, network string, set int, cfg Po
 			rec := BlockRecord{Network: network, CIDR: p, Set: set, Owner: m.opts.Node, Holder: m.opts.Holder, Epoch: 1, Lease: lid}
 			val, _ := json.Marshal(rec)
 			key := BlockKey(network, p)
-			rev, err := m.ds.Create(cctx, key, val)
+			var rev int64
+			err := m.call(ctx, func(ctx context.Context) (err error) {
+				rev, err = m.ds.Create(ctx, key, val)
+				return err
+			})
 			m.note(err)
 			if errors.Is(err, datastore.ErrExists) {
 				existing[p] = true
@@ -198,9 +204,11 @@ func (m *Manager) spread(network string, set int) uint64 {
 // settle re-reads a block after a write whose outcome is unknown: ok when the write
 // took effect (the record is the one written).
 func (m *Manager) settle(ctx context.Context, key string, wrote BlockRecord) (BlockRecord, int64, bool) {
-	cctx, cancel := m.ctx(ctx)
-	defer cancel()
-	kv, err := m.ds.Get(cctx, key)
+	var kv datastore.KV
+	err := m.call(ctx, func(ctx context.Context) (err error) {
+		kv, err = m.ds.Get(ctx, key)
+		return err
+	})
 	m.note(err)
 	if err != nil {
 		return BlockRecord{}, 0, false

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/ipledger/ipledger/internal/datastore"
 	"github.com/ipledger/ipledger/internal/ledger"
 )
 
@@ -70,9 +71,11 @@ func (m *Manager) giveBack(ctx context.Context, key string, b ledger.BlockStatus
 	rec := own.rec
 	rec.Owner, rec.Holder, rec.Lease, rec.Epoch = "", "", "", rec.Epoch+1
 	val, _ := json.Marshal(rec)
-	cctx, cancel := m.ctx(ctx)
-	rev, err := m.ds.Update(cctx, key, val, own.rev)
-	cancel()
+	var rev int64
+	err := m.call(ctx, func(ctx context.Context) (err error) {
+		rev, err = m.ds.Update(ctx, key, val, own.rev)
+		return err
+	})
 	m.note(err)
 	m.mu.Lock()
 	delete(m.empty, key)
@@ -90,9 +93,11 @@ func (m *Manager) giveBack(ctx context.Context, key string, b ledger.BlockStatus
 	}
 	// Still ours (the write failed) or changed meanwhile: re-adopt it when the
 	// datastore says it is the node's at the same epoch; otherwise it is gone.
-	cctx, cancel = m.ctx(ctx)
-	kv, gerr := m.ds.Get(cctx, key)
-	cancel()
+	var kv datastore.KV
+	gerr := m.call(ctx, func(ctx context.Context) (err error) {
+		kv, err = m.ds.Get(ctx, key)
+		return err
+	})
 	if gerr == nil {
 		if cur, derr := decodeBlock(kv); derr == nil && cur.Owner == m.opts.Node && cur.Epoch == b.Epoch {
 			if aerr := m.l.AddBlock(b.Network, b.Prefix, b.Epoch); aerr != nil {

@@ -44,23 +44,28 @@ func (m *Manager) Renew(ctx context.Context) error {
 	m.mu.Unlock()
 	leases := m.ds.Leases()
 	sent := m.mono()
-	cctx, cancel := m.ctx(ctx)
 	var nl datastore.NodeLease
+	acquire := func(ctx context.Context) (err error) {
+		nl, err = leases.Acquire(ctx, m.opts.Node, m.opts.Holder, m.opts.LeaseTTL)
+		return err
+	}
 	var err error
 	if cur.ID == "" {
-		nl, err = leases.Acquire(cctx, m.opts.Node, m.opts.Holder, m.opts.LeaseTTL)
+		err = m.call(ctx, acquire)
 	} else {
-		nl, err = leases.Renew(cctx, cur)
+		err = m.call(ctx, func(ctx context.Context) (err error) {
+			nl, err = leases.Renew(ctx, cur)
+			return err
+		})
 		if errors.Is(err, datastore.ErrNotFound) || errors.Is(err, datastore.ErrConflict) {
 			// The lease expired or was taken over: whatever the node proved before is
 			// void; suspend, take a new lease, re-verify every block.
 			m.log.Warn("node lease lost; suspending blocks", "err", err)
 			m.suspend()
 			sent = m.mono()
-			nl, err = leases.Acquire(cctx, m.opts.Node, m.opts.Holder, m.opts.LeaseTTL)
+			err = m.call(ctx, acquire)
 		}
 	}
-	cancel()
 	m.note(err)
 	if err != nil {
 		m.fence()
@@ -116,9 +121,11 @@ func (m *Manager) verify(ctx context.Context) error {
 		}
 		seen[want{b.Network, b.Prefix}] = true
 		key := BlockKey(b.Network, b.Prefix)
-		cctx, cancel := m.ctx(ctx)
-		kv, err := m.ds.Get(cctx, key)
-		cancel()
+		var kv datastore.KV
+		err := m.call(ctx, func(ctx context.Context) (err error) {
+			kv, err = m.ds.Get(ctx, key)
+			return err
+		})
 		m.note(err)
 		var rec BlockRecord
 		if err == nil {
@@ -139,9 +146,11 @@ func (m *Manager) verify(ctx context.Context) error {
 		// compare-and-swap, one that reads it after sees the renewed lease.
 		rec.Holder, rec.Lease = m.opts.Holder, m.leaseID()
 		val, _ := json.Marshal(rec)
-		cctx, cancel = m.ctx(ctx)
-		rev, err := m.ds.Update(cctx, key, val, kv.Revision)
-		cancel()
+		var rev int64
+		err = m.call(ctx, func(ctx context.Context) (err error) {
+			rev, err = m.ds.Update(ctx, key, val, kv.Revision)
+			return err
+		})
 		m.note(err)
 		if errors.Is(err, datastore.ErrConflict) || errors.Is(err, datastore.ErrNotFound) {
 			return fmt.Errorf("re-verifying block %s of %q: changed while re-affirming; retrying at the next renewal: %w", b.Prefix, b.Network, err)

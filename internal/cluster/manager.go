@@ -213,8 +213,16 @@ func (m *Manager) Holder() string { return m.opts.Holder }
 
 func (m *Manager) mono() time.Duration { return m.opts.Clock.Mono() }
 
-func (m *Manager) ctx(parent context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(parent, m.opts.Timeout)
+// call runs f, one datastore call, under a deadline of its own: Options.Timeout
+// from now, within ctx. Every request the manager sends goes through it (a block
+// watch, which lasts until Stop or the next list, does not), so that a call never
+// waits past the timeout, and an operation of many calls (a claim's compare-and-swap
+// attempts, the sweep's reclaims) never runs a later call on what the earlier ones
+// left of a shared deadline.
+func (m *Manager) call(ctx context.Context, f func(context.Context) error) error {
+	cctx, cancel := context.WithTimeout(ctx, m.opts.Timeout)
+	defer cancel()
+	return f(cctx)
 }
 
 // note records the outcome of a datastore call for Status.
@@ -293,18 +301,19 @@ func (m *Manager) Stop(ctx context.Context) error {
 	if !started || l.ID == "" {
 		return nil
 	}
-	cctx, cancel := m.ctx(ctx)
-	defer cancel()
-	return m.ds.Leases().Release(cctx, l)
+	return m.call(ctx, func(ctx context.Context) error { return m.ds.Leases().Release(ctx, l) })
 }
 
 // listBlocks sends one LIST of the block records under prefix to the datastore,
 // counted in BlockLists (ipledger_block_lists_total).
 func (m *Manager) listBlocks(ctx context.Context, prefix string) ([]datastore.KV, int64, error) {
 	m.counts.blockLists.Add(1)
-	cctx, cancel := m.ctx(ctx)
-	defer cancel()
-	kvs, rev, err := m.ds.List(cctx, prefix)
+	var kvs []datastore.KV
+	var rev int64
+	err := m.call(ctx, func(ctx context.Context) (err error) {
+		kvs, rev, err = m.ds.List(ctx, prefix)
+		return err
+	})
 	m.note(err)
 	return kvs, rev, err
 }

@@ -107,13 +107,18 @@ func (m *Manager) ensurePoolRecord(ctx context.Context, want PoolRecord) error {
 		return err
 	}
 	key := PoolKey(want.Network)
-	cctx, cancel := m.ctx(ctx)
-	defer cancel()
 	for range 3 {
-		kv, err := m.ds.Get(cctx, key)
+		var kv datastore.KV
+		err := m.call(ctx, func(ctx context.Context) (err error) {
+			kv, err = m.ds.Get(ctx, key)
+			return err
+		})
 		m.note(err)
 		if errors.Is(err, datastore.ErrNotFound) {
-			_, err = m.ds.Create(cctx, key, val)
+			err = m.call(ctx, func(ctx context.Context) (err error) {
+				_, err = m.ds.Create(ctx, key, val)
+				return err
+			})
 			m.note(err)
 			if errors.Is(err, datastore.ErrExists) {
 				continue // another node was first: compare with its record

@@ -49,8 +49,6 @@ func (m *Manager) NodeBack(node string) {
 // datastore before the lease list that follows, and a record older than the
 // datastore's makes the compare-and-swap fail, never succeed wrongly.
 func (m *Manager) reclaim(ctx context.Context) error {
-	cctx, cancel := m.ctx(ctx)
-	defer cancel()
 	var kvs []datastore.KV
 	var err error
 	if start := m.mono(); !m.listed || start-m.fullList >= m.opts.Quarantine {
@@ -61,7 +59,11 @@ func (m *Manager) reclaim(ctx context.Context) error {
 	} else if kvs, err = m.knownBlocks(ctx); err != nil {
 		return err
 	}
-	leases, err := m.ds.Leases().List(cctx)
+	var leases []datastore.NodeLease
+	err = m.call(ctx, func(ctx context.Context) (err error) {
+		leases, err = m.ds.Leases().List(ctx)
+		return err
+	})
 	m.note(err)
 	if err != nil {
 		return fmt.Errorf("listing node leases: %w", err)
@@ -105,7 +107,7 @@ func (m *Manager) reclaim(ctx context.Context) error {
 			_, own := m.owned[kv.Key]
 			m.mu.Unlock()
 			if net && !own && m.Provable() {
-				errs = append(errs, m.readopt(cctx, kv.Key))
+				errs = append(errs, m.readopt(ctx, kv.Key))
 			}
 			continue
 		}
@@ -131,7 +133,11 @@ func (m *Manager) reclaim(ctx context.Context) error {
 		prev := rec
 		rec.Owner, rec.Holder, rec.Lease, rec.Epoch = "", "", "", rec.Epoch+1
 		val, _ := json.Marshal(rec)
-		rev, err := m.ds.Update(cctx, kv.Key, val, kv.Revision)
+		var rev int64
+		err = m.call(ctx, func(ctx context.Context) (err error) {
+			rev, err = m.ds.Update(ctx, kv.Key, val, kv.Revision)
+			return err
+		})
 		m.note(err)
 		switch {
 		case err == nil:
@@ -154,7 +160,11 @@ func (m *Manager) reclaim(ctx context.Context) error {
 // no owner) showed it still ours at the old epoch; adopting that handed out
 // addresses from a block that was free for anyone to claim (TestChaos caught it).
 func (m *Manager) readopt(ctx context.Context, key string) error {
-	kv, err := m.ds.Get(ctx, key)
+	var kv datastore.KV
+	err := m.call(ctx, func(ctx context.Context) (err error) {
+		kv, err = m.ds.Get(ctx, key)
+		return err
+	})
 	m.note(err)
 	switch {
 	case errors.Is(err, datastore.ErrNotFound):
