@@ -9,9 +9,10 @@ import (
 )
 
 // The rules ipledgerctl cluster-audit relies on: an address held in two networks is
-// held twice (the stricter rule of the two audits this one replaced), and a lease
-// left in a block its node's ledger holds lost is outside, marked Lost, naming the
-// block and its new owner.
+// held twice (doubles are keyed by address alone: DESIGN.md's invariant 1 allows no
+// address held by two live attachments cluster-wide), and a lease left in a block
+// its node's ledger holds lost is outside, marked Lost, naming the block and its
+// new owner.
 func TestAuditAddressAcrossNetworksAndLostBlocks(t *testing.T) {
 	p := netip.MustParsePrefix("10.0.0.0/26")
 	blocks := []cluster.BlockRecord{

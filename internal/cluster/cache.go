@@ -11,12 +11,13 @@ import (
 // blockCache is the manager's copy of one network's block records, kept current by
 // a datastore Watch from the revision of a List. A claim picks its candidates (free
 // blocks, never-claimed prefixes) from it instead of listing every block of the
-// network (an unpaged LIST of hundreds of custom resources on Kubernetes made the ADD
-// p99 miss its goal). Correctness does not rest on it: every claim is still a
-// compare-and-swap (Update on the cached revision, Create of a block the cache does
-// not know), so a stale copy costs a failed write and a retry, never a second owner.
-// When the watch ends (compaction, a restarted apiserver, ctx) the copy is marked
-// dead and the next claim lists again, as the datastore contract says.
+// network (on Kubernetes an unpaged LIST reads every custom resource from etcd: with
+// hundreds of blocks, too slow for an ADD that claims one). Correctness does not
+// rest on it: every claim is still a compare-and-swap (Update on the cached
+// revision, Create of a block the cache does not know), so a stale copy costs a
+// failed write and a retry, never a second owner. When the watch ends (compaction,
+// a restarted apiserver, ctx) the copy is marked dead and the next claim lists
+// again, as the datastore contract says.
 type blockCache struct {
 	kvs  map[string]cachedBlock // by key
 	live bool                   // a watch started from the last List feeds kvs

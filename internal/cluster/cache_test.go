@@ -163,8 +163,8 @@ func TestClaimCacheRecoversAfterCompaction(t *testing.T) {
 // can be older than the datastore. Here another node reclaimed the block (no owner,
 // epoch+1) while the copy still shows it ours at the old epoch, and the node learnt
 // of the loss from its own re-verification. A re-adoption from the copy would hand out
-// addresses from a block anyone may claim (TestChaos caught one in a fresh clone's
-// CI): it must re-read the block first and leave it alone.
+// addresses from a block anyone may claim: it must re-read the block first and leave
+// it alone.
 func TestReadoptReadsFresh(t *testing.T) { forBackends(t, testReadoptReadsFresh) }
 
 func testReadoptReadsFresh(t *testing.T, newC func(*testing.T) *cl) {

@@ -143,8 +143,9 @@ func (m *Manager) claimFrom(ctx context.Context, network string, set int, cfg Po
 		return m.took(rec, rev)
 	}
 	// 2. a never-claimed block, in address order; in a range set of many blocks from
-	// a place of this node's own, then from the start (100 nodes claiming at once
-	// from the first block made ~50 failed creates each: spread, they rarely meet)
+	// a place of this node's own, then from the start (nodes claiming at once, all
+	// from the first block, would each fail a create on every block the ones ahead
+	// of it took; spread, they rarely meet)
 	ranges := cfg.Ranges[set]
 	bits := cfg.BlockBits[set]
 	// each pass searches from its start up to (not into) the block holding its stop

@@ -156,9 +156,9 @@ func (m *Manager) reclaim(ctx context.Context) error {
 // readopt takes back into the ledger a block that the records read show this node
 // owning and that the ledger lacks (a give-back whose outcome was unknown), once a
 // fresh read confirms it: the records may come from a watched copy, older than the
-// datastore. A copy that had not yet seen another node reclaim the block (epoch+1,
-// no owner) showed it still ours at the old epoch; adopting that handed out
-// addresses from a block that was free for anyone to claim (TestChaos caught it).
+// datastore. A copy that has not yet seen another node reclaim the block (epoch+1,
+// no owner) still shows it ours at the old epoch; adopting it from there would hand
+// out addresses from a block that is free for anyone to claim.
 func (m *Manager) readopt(ctx context.Context, key string) error {
 	var kv datastore.KV
 	err := m.call(ctx, func(ctx context.Context) (err error) {
