@@ -1,0 +1,308 @@
+package ledger
+
+import (
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sort"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/pool"
+)
+
+// ensurePool returns the pool of network, creating it (within c) from ranges when it
+// does not exist. ranges may be nil to require an existing pool.
+func (c *change) ensurePool(network string, ranges []pool.RangeSet) (*poolState, error) {
+	l := c.l
+	if ps := l.pools[network]; ps != nil {
+		if ranges != nil && !pool.Equal(ps.rec.Ranges, ranges) {
+			return nil, fmt.Errorf("%w: network %q already has ranges %v; a config for the same network name must use the same ranges (use another network name for a new pool, or release every lease of %q first)", ErrPoolConflict, network, pool.SetsString(ps.rec.Ranges), network)
+		}
+		return ps, nil
+	}
+	if ranges == nil {
+		return nil, fmt.Errorf("%w: %q has no pool; an ADD with its ranges creates it", ErrUnknownNetwork, network)
+	}
+	if err := pool.Validate(ranges); err != nil {
+		return nil, err
+	}
+	if err := l.checkDisjoint(network, ranges); err != nil {
+		return nil, err
+	}
+	rec := PoolRecord{Network: network, Ranges: ranges, Created: l.opts.Clock.Now().UTC(), NextFresh: make([]uint64, len(ranges))}
+	ps, err := newPoolState(rec)
+	if err != nil {
+		return nil, err
+	}
+	l.pools[network] = ps
+	c.onUndo(func() { delete(l.pools, network) })
+	c.touchPool(ps)
+	return ps, nil
+}
+
+// AllocateRequest asks for the addresses of one attachment.
+type AllocateRequest struct {
+	Key   Key
+	Pod   Pod
+	NetNS NetNS
+	// Ranges of the network's pool; the pool is created on first use and a later
+	// request with other ranges fails with ErrPoolConflict. Nil uses the existing pool.
+	Ranges []pool.RangeSet
+	// Supersede names leases (of the same pod) to release, reason superseded, in the
+	// same transaction before allocating, so the pod may keep its address. Whatever
+	// lease such an attachment holds when the request is applied is released; prefer
+	// SupersedeHolders.
+	Supersede []Key
+	// SupersedeHolders names the leases to supersede by the holder that was judged
+	// (attachment and creation time): one whose attachment holds another lease by the
+	// time the request is applied (released and allocated again meanwhile) is kept.
+	SupersedeHolders []Holder
+	// LogLater, when set, receives the allocation's log lines instead of their being
+	// written before Allocate returns (see LogLines).
+	LogLater *LogLines
+}
+
+// Holder identifies one lease: an attachment and the time its lease was created. A
+// lease released and allocated again under the same key is another holder.
+type Holder struct {
+	Key     Key       `json:"key"`
+	Created time.Time `json:"created"`
+}
+
+// HolderOf returns the holder identity of ls.
+func HolderOf(ls Lease) Holder { return Holder{Key: ls.Key, Created: ls.Created} }
+
+// MaxSupersede bounds how many leases one request may supersede.
+const MaxSupersede = 64
+
+// Validate checks every field of the request before it joins a group commit, so that
+// a bad request fails alone with an error naming the field and its limit.
+func (req AllocateRequest) Validate() error {
+	if err := req.Key.Validate(); err != nil {
+		return err
+	}
+	if err := req.Pod.Validate(); err != nil {
+		return err
+	}
+	if err := req.NetNS.Validate(); err != nil {
+		return err
+	}
+	if req.Ranges != nil {
+		if err := pool.Validate(req.Ranges); err != nil {
+			return err
+		}
+	}
+	if n := len(req.Supersede) + len(req.SupersedeHolders); n > MaxSupersede {
+		return fmt.Errorf("%w: supersede: %d leases; at most %d", ErrInvalidAttachment, n, MaxSupersede)
+	}
+	for _, k := range req.Supersede {
+		if err := k.Validate(); err != nil {
+			return fmt.Errorf("supersede: %w", err)
+		}
+	}
+	for _, h := range req.SupersedeHolders {
+		if err := h.Key.Validate(); err != nil {
+			return fmt.Errorf("supersede: %w", err)
+		}
+	}
+	return nil
+}
+
+// Allocate gives the attachment one address from every range set of its network's
+// pool. It is idempotent: an attachment that already holds a lease gets that lease
+// back (existed is true) and nothing changes.
+func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err error) {
+	if err := req.Validate(); err != nil {
+		return Lease{}, false, err
+	}
+	err = l.doLater(func(c *change) error {
+		if ls, ok := l.leases[req.Key]; ok {
+			if req.Ranges != nil && !pool.Equal(l.pools[req.Key.Network].rec.Ranges, req.Ranges) {
+				return fmt.Errorf("%w: network %q already has ranges %v; a config for the same network name must use the same ranges", ErrPoolConflict, req.Key.Network, pool.SetsString(l.pools[req.Key.Network].rec.Ranges))
+			}
+			lease, existed = cloneLease(ls), true
+			return nil
+		}
+		ps, err := c.ensurePool(req.Key.Network, req.Ranges)
+		if err != nil {
+			return err
+		}
+		now := l.opts.Clock.Now().UTC()
+		mono := l.opts.Clock.Mono()
+		supersede := func(k Key, judged func(*Lease) bool) error {
+			if k == req.Key {
+				return nil
+			}
+			if ls, ok := l.leases[k]; ok && judged(ls) {
+				return c.release(k, ReasonSuperseded, "superseded by "+req.Key.ContainerID, now, mono)
+			}
+			return nil
+		}
+		for _, k := range req.Supersede {
+			if err := supersede(k, func(*Lease) bool { return true }); err != nil {
+				return err
+			}
+		}
+		for _, h := range req.SupersedeHolders {
+			if err := supersede(h.Key, func(ls *Lease) bool { return ls.Created.Equal(h.Created) }); err != nil {
+				return err
+			}
+		}
+		if ps.rec.BlockBits != nil && l.guard != nil {
+			if err := l.guard(req.Key.Network); err != nil {
+				return fmt.Errorf("network %q: allocation refused: %w", req.Key.Network, err)
+			}
+		}
+		ls := &Lease{Key: req.Key, Pod: req.Pod, NetNS: req.NetNS, Created: now, State: StateActive}
+		for i := range ps.sets {
+			a, err := c.pick(ps, i, req.Pod.UID, mono)
+			if err != nil {
+				return err
+			}
+			r, _ := ps.sets[i].set.RangeOf(a)
+			ls.IPs = append(ls.IPs, netip.PrefixFrom(a, r.Subnet.Bits()))
+			ps.held[a] = ls
+			c.onUndo(func() { delete(ps.held, a) })
+			if b := ps.sets[i].blockOf(a); b != nil {
+				b.held++
+				b.gen++
+				c.onUndo(func() { b.held--; b.gen-- })
+			}
+		}
+		c.touchPool(ps)
+		ps.rec.Allocations += uint64(len(ls.IPs))
+		l.leases[req.Key] = ls
+		l.indexUID(ls)
+		c.onUndo(func() { delete(l.leases, req.Key); l.unindexUID(ls) })
+		lease = cloneLease(ls)
+		snapshot := lease
+		c.write(func(tx Tx) error { return tx.PutLease(snapshot) })
+		c.onCommit(func(at time.Time) {
+			l.logAt(at, slog.LevelInfo, "allocated", "attachment", req.Key.String(), "ips", fmt.Sprint(snapshot.IPs), "podUID", req.Pod.UID)
+		})
+		return nil
+	}, req.LogLater)
+	if err != nil {
+		return Lease{}, false, err
+	}
+	return lease, existed, nil
+}
+
+// takeFree hands out the free address it (removing it from s's free list, undone
+// with the change) and deletes its free record at commit.
+func (c *change) takeFree(s *setState, it *freeItem) netip.Addr {
+	s.removeFree(it)
+	f, m := it.f, it.mono
+	c.onUndo(func() { s.addFree(f, m) })
+	c.write(func(tx Tx) error { return tx.DeleteFree(f.Network, f.IP) })
+	return f.IP
+}
+
+// nextFresh returns the first address of set at or after offset *next (below size)
+// that is neither reserved, nor held (held), nor waiting in s's free list, and moves
+// *next past every offset it looked at; false when there is none. The node-mode
+// cursor (the pool record's) and a block's cursor both move through it.
+func (s *setState) nextFresh(held map[netip.Addr]*Lease, set pool.RangeSet, size uint64, next *uint64) (netip.Addr, bool) {
+	for *next < size {
+		off := *next
+		*next++
+		a, ok := set.Addr(off)
+		if !ok {
+			break
+		}
+		if set.Reserved(a) {
+			continue
+		}
+		if _, h := held[a]; h {
+			continue
+		}
+		if _, free := s.index[a]; free {
+			continue
+		}
+		return a, true
+	}
+	return netip.Addr{}, false
+}
+
+// pick takes one address of range set i: the pod's own last address when it is free,
+// else a never-used one, else the least recently released one past the reuse delay
+// (measured on the monotonic clock: mono is now's reading).
+func (c *change) pick(ps *poolState, i int, uid string, mono time.Duration) (netip.Addr, error) {
+	s := ps.sets[i]
+	if s.bits != 0 {
+		return c.pickBlock(ps, i, uid, mono)
+	}
+	if uid != "" {
+		var best *freeItem
+		for _, it := range s.byUID[uid] {
+			if best == nil || it.f.Seq > best.f.Seq {
+				best = it
+			}
+		}
+		if best != nil {
+			return c.takeFree(s, best), nil
+		}
+	}
+	c.touchPool(ps)
+	if a, ok := s.nextFresh(ps.held, s.set, s.size, &ps.rec.NextFresh[i]); ok {
+		return a, nil
+	}
+	if top := s.free.top(); top != nil && mono-top.mono >= c.l.opts.ReuseDelay {
+		return c.takeFree(s, top), nil
+	}
+	return netip.Addr{}, fmt.Errorf("%w: network %q range set %d (%s): all %d usable addresses are in use (%d more released less than the reuse delay of %s ago)",
+		ErrPoolExhausted, ps.rec.Network, i, s.set.String(), s.usable, s.free.Len(), c.l.opts.ReuseDelay)
+}
+
+// checkDisjoint refuses a new pool for network whose ranges overlap a range of
+// another network's pool: the two pools would hand out one address twice (each
+// ledger key is per network). Pools are created rarely, so it sorts every range of
+// every pool, O(n log n), and sweeps once, remembering the furthest end among the
+// existing ranges and among the new ones: an overlapping pair is found when its
+// later-starting member is reached. Overlaps between two existing pools (state
+// written before this check) are left to the audit.
+func (l *Ledger) checkDisjoint(network string, ranges []pool.RangeSet) error {
+	type span struct {
+		lo, hi  netip.Addr
+		network string
+		isNew   bool
+	}
+	var spans []span
+	for n, ps := range l.pools {
+		for _, set := range ps.rec.Ranges {
+			for _, r := range set {
+				spans = append(spans, span{r.RangeStart, r.RangeEnd, n, false})
+			}
+		}
+	}
+	for _, set := range ranges {
+		for _, r := range set {
+			spans = append(spans, span{r.RangeStart, r.RangeEnd, network, true})
+		}
+	}
+	sort.Slice(spans, func(i, j int) bool { return spans[i].lo.Less(spans[j].lo) })
+	var far [2]*span // furthest-reaching existing [0] and new [1] range so far
+	for i := range spans {
+		s := &spans[i]
+		other := 0
+		if !s.isNew {
+			other = 1
+		}
+		if o := far[other]; o != nil && o.lo.BitLen() == s.lo.BitLen() && !o.hi.Less(s.lo) {
+			old, nw := o, s
+			if !s.isNew {
+				old, nw = s, o
+			}
+			return fmt.Errorf("%w: network %q: range %s-%s overlaps range %s-%s of network %q; two networks must not share addresses (each would hand them out): give %q ranges of its own, or use the network name %q",
+				ErrPoolConflict, network, nw.lo, nw.hi, old.lo, old.hi, old.network, network, old.network)
+		}
+		mine := 0
+		if s.isNew {
+			mine = 1
+		}
+		if f := far[mine]; f == nil || f.lo.BitLen() != s.lo.BitLen() || f.hi.Less(s.hi) {
+			far[mine] = s
+		}
+	}
+	return nil
+}
