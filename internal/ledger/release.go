@@ -1,0 +1,119 @@
+package ledger
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// release frees every address of the lease k within c; now is the wall time recorded,
+// mono the monotonic reading the reuse delay counts from.
+func (c *change) release(k Key, reason Reason, detail string, now time.Time, mono time.Duration) error {
+	l := c.l
+	ls := l.leases[k]
+	ps := l.pools[k.Network]
+	if ps == nil {
+		return fmt.Errorf("%w: lease %s has no pool", ErrCorrupt, k)
+	}
+	c.touchPool(ps)
+	for _, p := range ls.IPs {
+		a := p.Addr()
+		set := -1
+		for i, s := range ps.sets {
+			if s.set.Contains(a) {
+				set = i
+				break
+			}
+		}
+		if set < 0 {
+			return fmt.Errorf("%w: lease %s holds %s outside its pool", ErrCorrupt, k, a)
+		}
+		ps.rec.Seq++
+		f := Free{Network: k.Network, IP: a, Set: set, ReleasedAt: now, Seq: ps.rec.Seq, LastUID: ls.Pod.UID}
+		if l.opts.Boot != nil {
+			// read after mono: a reading later than the release's only shortens what
+			// a restart counts as already waited
+			if id, since, ok := l.opts.Boot.Boot(); ok {
+				f.BootID, f.SinceBoot = id, since
+			}
+		}
+		s := ps.sets[set]
+		var b *blockState
+		if s.bits != 0 {
+			if b = s.blockOf(a); b == nil {
+				return fmt.Errorf("%w: lease %s holds %s outside the node's blocks", ErrCorrupt, k, a)
+			}
+			b.held--
+			c.onUndo(func() { b.held++ })
+		}
+		// An address of a lost block is another node's now: its release is recorded
+		// here (history, counters) but the address is not kept free.
+		keepFree := b == nil || b.rec.State != BlockLost
+		if keepFree {
+			s.addFree(f, mono)
+			// Undo by address, not by the item added here: a later step of the same
+			// operation (a supersede ADD given the pod's old address) may have taken
+			// that item and its own undo put back another one in its place.
+			c.onUndo(func() { s.removeFree(s.index[a]) })
+		}
+		delete(ps.held, a)
+		c.onUndo(func() { ps.held[a] = ls })
+		ps.rec.Releases++
+		r := Release{Network: k.Network, IP: a, Key: k, Pod: ls.Pod, From: ls.Created, To: now, Reason: reason, Detail: detail, Seq: f.Seq}
+		keep := l.opts.HistoryKeep
+		c.write(func(tx Tx) error {
+			if keepFree {
+				if err := tx.PutFree(f); err != nil {
+					return err
+				}
+			}
+			return tx.AppendHistory(r, keep)
+		})
+		if b != nil && b.rec.State == BlockLost && b.held == 0 {
+			c.dropBlock(s, b)
+		}
+	}
+	delete(l.leases, k)
+	l.unindexUID(ls)
+	c.onUndo(func() { l.leases[k] = ls; l.indexUID(ls) })
+	c.write(func(tx Tx) error { return tx.DeleteLease(k) })
+	return nil
+}
+
+// Release frees the lease of attachment k, recording reason. Releasing an attachment
+// that holds nothing succeeds with released false (a DEL is idempotent).
+func (l *Ledger) Release(k Key, reason Reason, detail string) (released Lease, ok bool, err error) {
+	return l.releaseIf(k, reason, detail, func(*Lease) bool { return true }, nil)
+}
+
+// ReleaseLogLater is Release, handing the release's log lines to later instead of
+// writing them before it returns (see LogLines).
+func (l *Ledger) ReleaseLogLater(k Key, reason Reason, detail string, later *LogLines) (released Lease, ok bool, err error) {
+	return l.releaseIf(k, reason, detail, func(*Lease) bool { return true }, later)
+}
+
+// releaseIf releases the lease of k when cond holds for it; later as in doLater.
+func (l *Ledger) releaseIf(k Key, reason Reason, detail string, cond func(*Lease) bool, later *LogLines) (released Lease, ok bool, err error) {
+	if err := validRelease(reason, detail); err != nil {
+		return Lease{}, false, err
+	}
+	err = l.doLater(func(c *change) error {
+		ls, held := l.leases[k]
+		if !held || !cond(ls) {
+			return nil
+		}
+		released, ok = cloneLease(ls), true
+		if err := c.release(k, reason, detail, l.opts.Clock.Now().UTC(), l.opts.Clock.Mono()); err != nil {
+			return err
+		}
+		snapshot := released
+		c.onCommit(func(at time.Time) {
+			l.logAt(at, slog.LevelInfo, "released", "attachment", k.String(), "ips", fmt.Sprint(snapshot.IPs), "reason", string(reason), "detail", detail)
+		})
+		return nil
+	}, later)
+	if err != nil {
+		return Lease{}, false, err
+	}
+	return released, ok, nil
+}
