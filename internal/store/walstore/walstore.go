@@ -49,6 +49,15 @@ var (
 // are checkpointed into ledger.db (it grows further while a checkpoint runs or fails).
 const DefaultSegmentBytes = 1 << 20
 
+// checkpointRetryRecords is how often, in records, a full log asks the checkpointer
+// again while a segment is still sealed, its checkpoint running or failed (a full
+// disk) and to be tried again. Asking after every record would retry a failing
+// checkpoint (a bbolt transaction: page writes and up to two fdatasyncs) once per
+// commit for as long as the disk stays full, competing with the commits' own
+// fdatasyncs; every 64th record keeps retries to one per 64 commits, while a segment
+// that filled during a checkpoint is sealed within 64 records of that checkpoint.
+const checkpointRetryRecords = 64
+
 // Store is a ledger.Store: a write-ahead log in front of a boltstore file.
 type Store struct {
 	bs       *boltstore.Store
@@ -384,7 +393,7 @@ func (s *Store) Update(fn func(ledger.Tx) error) (err error) {
 	s.last = idx
 	s.mu.Unlock()
 	s.pending = append(s.pending, record{idx, t.ops})
-	if seg.off >= s.segSize && (s.sealed < 0 || idx%64 == 0) {
+	if seg.off >= s.segSize && (s.sealed < 0 || idx%checkpointRetryRecords == 0) {
 		select {
 		case s.kick <- struct{}{}:
 		default:
