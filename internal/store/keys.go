@@ -42,6 +42,11 @@ func HistoryKey(network string, ip netip.Addr, seq uint64) []byte {
 	return binary.BigEndian.AppendUint64(b, seq)
 }
 
+// HistorySeqLen is the length of the release sequence that ends every HistoryKey: a
+// uint64, written big-endian in full so that keys compare in sequence order. A history
+// key without its last HistorySeqLen bytes is the AddrKey of its address.
+const HistorySeqLen = 8
+
 // HistoryPrefixLen is the length of the AddrKey part of a HistoryKey of network.
 func HistoryPrefixLen(network string) int { return len(network) + 17 }
 

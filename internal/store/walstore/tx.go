@@ -51,8 +51,8 @@ func (o *overlay) clone() overlay {
 }
 
 func (o *overlay) set(b uint8, key string, e entry) {
-	if _, ok := o.m[b][key]; !ok && b == bHistory && len(key) > 8 {
-		p := key[:len(key)-8]
+	if _, ok := o.m[b][key]; !ok && b == bHistory && len(key) > store.HistorySeqLen {
+		p := key[:len(key)-store.HistorySeqLen]
 		o.hist[p] = append(o.hist[p], key)
 	}
 	o.m[b][key] = e
@@ -75,8 +75,8 @@ func (o *overlay) prune(upTo uint64) {
 	}
 	o.hist = map[string][]string{}
 	for k := range o.m[bHistory] {
-		if len(k) > 8 {
-			o.hist[k[:len(k)-8]] = append(o.hist[k[:len(k)-8]], k)
+		if len(k) > store.HistorySeqLen {
+			o.hist[k[:len(k)-store.HistorySeqLen]] = append(o.hist[k[:len(k)-store.HistorySeqLen]], k)
 		}
 	}
 }
