@@ -72,8 +72,9 @@ type Ledger struct {
 type poolState struct {
 	rec  PoolRecord
 	sets []*setState
-	// held maps every address of a live lease to that lease (the *Lease of
-	// Ledger.leases, not a copy of its key: a fifth of the books at 64k leases).
+	// held maps every address of a live lease to that lease: the *Lease of
+	// Ledger.leases, not a copy of its key (three strings in every slot of a map
+	// with one slot per held address).
 	held map[netip.Addr]*Lease
 }
 
@@ -166,10 +167,11 @@ func (l *Ledger) load(keep map[freeMark]time.Duration) error {
 		}); err != nil {
 			return err
 		}
-		// Sized from the pool records' counts: growing these maps lease by lease was
-		// a fifth of ledger.Open's time at 64k leases, and the garbage it left a good
-		// part of the GC's. Each lease of a UID gets its own one-element slice of
-		// uids, so that indexUID's append copies rather than writes into a neighbour.
+		// Sized from the pool records' counts, so that loading does not grow them
+		// lease by lease: every growth rehashes the map and leaves its old table to
+		// the GC, and Open's time is time the agent does not serve. Each lease of a
+		// UID gets its own one-element slice of uids, so that indexUID's append
+		// copies rather than writes into a neighbour.
 		leases = make(map[Key]*Lease, nLeases)
 		byUID = make(map[string][]Key, nLeases)
 		uids := make([]Key, nLeases)

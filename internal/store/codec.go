@@ -1,11 +1,11 @@
 package store
 
 // Record codecs without reflection for the ledger's most numerous records, leases and
-// free addresses: decoding 64k lease records with encoding/json took most of an
-// agent's start (profile of ledger.Open at 64k leases: json.Unmarshal 57% of its CPU),
-// and every ADD and DEL encodes one or two records. The bytes are exactly those of
-// encoding/json (which stays the format of the file); anything the jsonlite subset does
-// not cover is left to encoding/json. codec_test.go checks both directions against it.
+// free addresses: ledger.Open decodes every one of them before the agent serves, where
+// encoding/json's reflection would be most of the work, and every ADD and DEL encodes
+// one or two records. The bytes are exactly those of encoding/json (which stays the
+// format of the file); anything the jsonlite subset does not cover is left to
+// encoding/json. codec_test.go checks both directions against it.
 
 import (
 	"encoding/json"
@@ -149,11 +149,11 @@ func decodeLease(d *jsonlite.Decoder, l *ledger.Lease, in *Interner) bool {
 }
 
 // Interner shares the strings that repeat across many records (network names,
-// interface names, pod namespaces, lease states) while a store reads them all: with
-// 64k leases, four fewer allocations per lease at agent start and about 4 MiB less
-// heap for as long as the leases live. It holds at most internMax strings; past that
-// it copies as a plain decode does. A nil *Interner interns nothing. Not safe for
-// concurrent use: one per read.
+// interface names, pod namespaces, lease states) while a store reads them all, so
+// that the leases hold one copy of each rather than one per lease: fewer allocations
+// at agent start and less heap for as long as the leases live. It holds at most
+// internMax strings; past that it copies as a plain decode does. A nil *Interner
+// interns nothing. Not safe for concurrent use: one per read.
 type Interner struct{ m map[string]string }
 
 const internMax = 4096

@@ -138,7 +138,7 @@ func testBlocksGatewayAndRanges(t *testing.T, newStore Factory) {
 
 // testBlocksConfigConflicts: a node-mode pool does not become cluster-scoped, block
 // sizes do not change, ranges must match, node-mode networks beside cluster ones
-// work as before.
+// work as they do alone.
 func testBlocksConfigConflicts(t *testing.T, newStore Factory) {
 	st, _ := newStore(t)
 	l := Open(t, st, ledger.Options{Clock: NewClock()})

@@ -126,7 +126,7 @@ func Run(t *testing.T, newStore Factory) {
 // testReuseDelayAcrossRestart: an address released before a restart on the same boot
 // waits only what is left of its reuse delay (the release's CLOCK_BOOTTIME reading is
 // stored with it), to the nanosecond and never less; after another boot, or when the
-// boot clock cannot be read, it waits a whole delay from Open, as before.
+// boot clock cannot be read, it waits a whole delay from Open.
 func testReuseDelayAcrossRestart(t *testing.T, newStore Factory) {
 	const delay = time.Minute
 	for _, c := range []struct {

@@ -30,8 +30,9 @@ var (
 	bucketLeases  = []byte("leases")
 	bucketFree    = []byte("free")
 	bucketHistory = []byte("history")
-	// bucketBlocks holds the node's blocks of cluster-scoped pools. It was added
-	// without a schema change: a file written before it gets it at its next Open.
+	// bucketBlocks holds the node's blocks of cluster-scoped pools. It is not part
+	// of the schema version: a schema 1 file may lack it (written by an ipledgerd
+	// without cluster-scoped pools) and gets it at its next writable Open.
 	bucketBlocks = []byte("blocks")
 	keySchema    = []byte("schema")
 )
@@ -351,7 +352,7 @@ func (t *tx) AppendHistory(r ledger.Release, keep int) error {
 	return nil
 }
 func (t *tx) ForEachBlock(fn func(ledger.BlockRecord) error) error {
-	if t.btx.Bucket(bucketBlocks) == nil { // a file from before blocks, opened read-only
+	if t.btx.Bucket(bucketBlocks) == nil { // a file without blocks, opened read-only
 		return nil
 	}
 	return forEach(t, bucketBlocks, nil, fn)

@@ -13,7 +13,7 @@ const (
 	bLeases
 	bFree
 	bHistory
-	bBlocks // added with cluster mode; numbered last so that older records read the same
+	bBlocks // the numbers are stored in log records: a new bucket takes the next one
 	numBuckets
 )
 
