@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks the form of every commit message added since BASE (default: the last commit
 # before the convention was adopted): a subject of at most 72 characters of the form
-# `pkg: what changed` (one or more comma-separated scopes, then ": "), and, when there
+# `pkg: what changed` (one or more comma-separated scopes, each a package path
+# with at most one more word, as in `ledger tests`, then ": "), and, when there
 # is a body, a blank line between the subject and the body.
 set -euo pipefail
 base=${1:-01bf7fb4d978b73cefc025f7b1e880b7cbe5a86e}
@@ -11,13 +12,15 @@ if ! git cat-file -e "$base^{commit}" 2>/dev/null; then
   exit 2
 fi
 bad=0
+# a scope: a package path, optionally followed by one word ("ledger tests")
+scope='[A-Za-z0-9_./{}*-]+(\ [A-Za-z0-9_./-]+)?'
 while read -r sha; do
   subject=$(git log -1 --format=%s "$sha")
   second=$(git log -1 --format=%B "$sha" | sed -n 2p)
   if [ ${#subject} -gt 72 ]; then
     echo "check-commits: $sha: subject is ${#subject} characters (at most 72): $subject" >&2; bad=1
   fi
-  if ! [[ $subject =~ ^[A-Za-z0-9_./{}*-]+(,\ ?[A-Za-z0-9_./{}*-]+)*:\ [^\ ] ]]; then
+  if ! [[ $subject =~ ^$scope(,\ ?$scope)*:\ [^\ ] ]]; then
     echo "check-commits: $sha: subject is not \`pkg: what changed\`: $subject" >&2; bad=1
   fi
   if [ -n "$second" ]; then
