@@ -1,0 +1,105 @@
+package netnodes_test
+
+import (
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/testenv/netnodes"
+)
+
+// serveSource answers each connection on ln with the source address it came
+// from, until ln is closed.
+func serveSource(t *testing.T, ln net.Listener) {
+	t.Helper()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			ap, _ := netip.ParseAddrPort(c.RemoteAddr().String())
+			_, _ = io.WriteString(c, ap.Addr().Unmap().String())
+			c.Close()
+		}
+	}()
+}
+
+// sourceSeen dials addr from ns and returns the source address the listener saw.
+func sourceSeen(t *testing.T, from *netnodes.NS, addr string) string {
+	t.Helper()
+	c, err := from.Dial("tcp", addr, 3*time.Second)
+	if err != nil {
+		t.Fatalf("dial %s from %s: %v", addr, from.Name, err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	b, err := io.ReadAll(c)
+	if err != nil {
+		t.Fatalf("read from %s: %v", addr, err)
+	}
+	return string(b)
+}
+
+func TestEnv(t *testing.T) {
+	var names []string
+	t.Run("build", func(t *testing.T) {
+		env := netnodes.New(t, 2)
+		n0, n1 := env.Node(0), env.Node(1)
+		pod := env.AddPod(n0, "a1", netip.MustParseAddr("10.244.0.5"), netip.MustParseAddr("fd00:244::5"))
+		for _, ns := range []*netnodes.NS{env.L2, n0.NS, n1.NS, env.Outside.NS, pod.NS} {
+			names = append(names, ns.Name)
+			if _, err := os.Stat("/run/netns/" + ns.Name); err != nil {
+				t.Errorf("namespace %s: %v", ns.Name, err)
+			}
+		}
+		if got := n1.Addrs(); got[0] != netip.MustParseAddr("10.250.0.12") || got[1] != netip.MustParseAddr("fd00:250::12") {
+			t.Errorf("node1 addresses %v", got)
+		}
+		ln, err := env.Outside.Listen("tcp", ":7000")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		serveSource(t, ln)
+		// Nodes reach the outside over the L2 network, both families.
+		if got := sourceSeen(t, n1.NS, "10.250.0.254:7000"); got != "10.250.0.12" {
+			t.Errorf("outside saw %s, want node1's 10.250.0.12", got)
+		}
+		if got := sourceSeen(t, n0.NS, "[fd00:250::fe]:7000"); got != "fd00:250::11" {
+			t.Errorf("outside saw %s, want node0's fd00:250::11", got)
+		}
+		// The pod reaches its node through its veth, both families.
+		nl, err := n0.Listen("tcp", ":7001")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nl.Close()
+		serveSource(t, nl)
+		if got := sourceSeen(t, pod.NS, "10.250.0.11:7001"); got != "10.244.0.5" {
+			t.Errorf("node0 saw %s, want the pod's 10.244.0.5", got)
+		}
+		if got := sourceSeen(t, pod.NS, "[fd00:250::11]:7001"); got != "fd00:244::5" {
+			t.Errorf("node0 saw %s, want the pod's fd00:244::5", got)
+		}
+		if d := pod.Dump(); d != "" && !strings.Contains(d, "169.254.1.1") {
+			t.Errorf("pod routes lack the gateway:\n%s", d)
+		}
+		// Without routes for it, the pod cannot reach outside: outside has no
+		// route back to pod addresses.
+		if c, err := pod.Dial("tcp", "10.250.0.254:7000", 500*time.Millisecond); err == nil {
+			c.Close()
+			t.Errorf("pod reached outside without masquerade")
+		}
+	})
+	for _, n := range names {
+		if _, err := os.Stat("/run/netns/" + n); !os.IsNotExist(err) {
+			t.Errorf("namespace %s left after cleanup (%v)", n, err)
+		}
+	}
+}
