@@ -69,8 +69,9 @@ var seq atomic.Int64
 
 // NS is a network namespace of the environment.
 type NS struct {
-	// Name is the namespace's name under /run/netns.
-	Name string
+	// Netns is the namespace's name under /run/netns (for `ip -n`, `ip netns
+	// exec`).
+	Netns string
 	// Handle is an open descriptor of the namespace (for nftables.WithNetNSFd,
 	// netlink.NewHandleAt).
 	Handle netns.NsHandle
@@ -293,7 +294,7 @@ func (e *Env) newNS(role string) *NS {
 	if err != nil {
 		e.tb.Fatalf("netnodes: namespace %s: %v", name, err)
 	}
-	ns := &NS{Name: name, Handle: h}
+	ns := &NS{Netns: name, Handle: h}
 	e.tb.Cleanup(func() {
 		if ns.Netlink != nil {
 			ns.Netlink.Close()
@@ -324,7 +325,7 @@ func (e *Env) setSysctls(ns *NS, kv map[string]string) {
 		return nil
 	})
 	if err != nil {
-		e.tb.Fatalf("netnodes: sysctl in %s: %v", ns.Name, err)
+		e.tb.Fatalf("netnodes: sysctl in %s: %v", ns.Netns, err)
 	}
 }
 
@@ -344,13 +345,13 @@ func (n *NS) Do(fn func() error) error {
 		defer orig.Close()
 		if err := netns.Set(n.Handle); err != nil {
 			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter %s: %w", n.Name, err)
+			errc <- fmt.Errorf("enter %s: %w", n.Netns, err)
 			return
 		}
 		ferr := fn()
 		if err := netns.Set(orig); err != nil {
 			// Stay locked: the thread exits with this goroutine.
-			errc <- errors.Join(ferr, fmt.Errorf("leave %s: %w", n.Name, err))
+			errc <- errors.Join(ferr, fmt.Errorf("leave %s: %w", n.Netns, err))
 			return
 		}
 		runtime.UnlockOSThread()
@@ -389,11 +390,11 @@ func (n *NS) Dial(network, address string, timeout time.Duration) (net.Conn, err
 func (n *NS) Dump() string {
 	var b strings.Builder
 	for _, args := range [][]string{{"-br", "addr"}, {"route"}, {"-6", "route"}} {
-		out, err := exec.Command("ip", append([]string{"-n", n.Name}, args...)...).CombinedOutput()
+		out, err := exec.Command("ip", append([]string{"-n", n.Netns}, args...)...).CombinedOutput()
 		if err != nil && len(out) == 0 {
 			return b.String()
 		}
-		fmt.Fprintf(&b, "# ip -n %s %s\n%s", n.Name, strings.Join(args, " "), out)
+		fmt.Fprintf(&b, "# ip -n %s %s\n%s", n.Netns, strings.Join(args, " "), out)
 	}
 	return b.String()
 }

@@ -35,7 +35,7 @@ func sourceSeen(t *testing.T, from *netnodes.NS, addr string) string {
 	t.Helper()
 	c, err := from.Dial("tcp", addr, 3*time.Second)
 	if err != nil {
-		t.Fatalf("dial %s from %s: %v", addr, from.Name, err)
+		t.Fatalf("dial %s from %s: %v", addr, from.Netns, err)
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
@@ -53,9 +53,9 @@ func TestEnv(t *testing.T) {
 		n0, n1 := env.Node(0), env.Node(1)
 		pod := env.AddPod(n0, "a1", netip.MustParseAddr("10.244.0.5"), netip.MustParseAddr("fd00:244::5"))
 		for _, ns := range []*netnodes.NS{env.L2, n0.NS, n1.NS, env.Outside.NS, pod.NS} {
-			names = append(names, ns.Name)
-			if _, err := os.Stat("/run/netns/" + ns.Name); err != nil {
-				t.Errorf("namespace %s: %v", ns.Name, err)
+			names = append(names, ns.Netns)
+			if _, err := os.Stat("/run/netns/" + ns.Netns); err != nil {
+				t.Errorf("namespace %s: %v", ns.Netns, err)
 			}
 		}
 		if got := n1.Addrs(); got[0] != netip.MustParseAddr("10.250.0.12") || got[1] != netip.MustParseAddr("fd00:250::12") {
