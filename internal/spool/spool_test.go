@@ -309,3 +309,14 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// An entry is read by the agent of whatever release runs when the spool is applied, so
+// its JSON is a contract: renaming a field of Entry or of its key fails this test.
+func TestEntryFieldNames(t *testing.T) {
+	e := Entry{Version: 1, Key: ledger.Key{Network: "n", ContainerID: "c", IfName: "eth0"}, Spooled: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+		CNIVerb: "DEL", PodUID: "u", SpooledBy: "s"}
+	const want = `{"version":1,"key":{"network":"n","containerID":"c","ifname":"eth0"},"spooled":"2026-01-01T00:00:00Z","verb":"DEL","podUID":"u","spooledBy":"s"}`
+	if got, err := json.Marshal(e); err != nil || string(got) != want {
+		t.Errorf("entry:\n got %s (%v)\nwant %s", got, err, want)
+	}
+}
