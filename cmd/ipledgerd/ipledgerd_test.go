@@ -17,7 +17,6 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
-	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/spool"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
@@ -157,7 +156,7 @@ func TestRefusedAgentLeavesSpool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := ledger.Key{Network: "sp", ContainerID: "victim", IfName: "eth0"}
+	k := api.Key{Network: "sp", ContainerID: "victim", IfName: "eth0"}
 	if _, err := a.Call(api.Request{Op: api.OpAdd, Network: k.Network, ContainerID: k.ContainerID, IfName: k.IfName, Ranges: sets}); err != nil {
 		t.Fatal(err)
 	}

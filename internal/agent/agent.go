@@ -24,6 +24,7 @@ import (
 	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/datastore"
 	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/ledgerview"
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/spool"
 )
@@ -224,7 +225,7 @@ func (s *Server) settleSpooled(k ledger.Key, later *ledger.LogLines) error {
 	if s.spool == nil {
 		return nil
 	}
-	applied, err := s.spool.Take(k, func(e spool.Entry) error {
+	applied, err := s.spool.Take(ledgerview.Key(k), func(e spool.Entry) error {
 		detail := "spooled DEL (plugin clock " + e.Spooled.Format(time.RFC3339) + ")"
 		_, ok, err := s.cfg.Ledger.ReleaseLogLater(k, ledger.ReasonDEL, detail, later)
 		if err != nil {
@@ -263,7 +264,8 @@ func (s *Server) ApplySpool() {
 		s.log.Error("DEL spool", "err", err)
 		s.stats.add(CounterSpoolRejected, countRejected(err))
 	}
-	for _, k := range keys {
+	for _, sk := range keys {
+		k := ledgerKey(sk)
 		unlock := s.locks.lock(k)
 		err := s.settleSpooled(k, nil)
 		unlock()
@@ -650,6 +652,24 @@ func clip(s string) string {
 	return s
 }
 
+// keyOf is the attachment req names, as the ledger keys it.
+func keyOf(req api.Request) ledger.Key { return ledgerKey(req.Key()) }
+
+// ledgerKey is an attachment's key as the ledger keys it.
+func ledgerKey(k api.Key) ledger.Key {
+	return ledger.Key{Network: k.Network, ContainerID: k.ContainerID, IfName: k.IfName}
+}
+
+// podOf is a request's pod as the ledger records it.
+func podOf(p api.Pod) ledger.Pod {
+	return ledger.Pod{Namespace: p.Namespace, Name: p.Name, UID: p.UID, InfraContainerID: p.InfraContainerID}
+}
+
+// netnsOf is a request's network namespace as the ledger records it.
+func netnsOf(n api.NetNS) ledger.NetNS {
+	return ledger.NetNS{Path: n.Path, Dev: n.Dev, Ino: n.Ino}
+}
+
 func (s *Server) view(ls ledger.Lease) api.LeaseView {
 	var ranges []pool.RangeSet
 	if ps, err := s.cfg.Ledger.Pool(ls.Key.Network); err == nil {
@@ -673,7 +693,7 @@ func (s *Server) viewIn(ls ledger.Lease, ranges []pool.RangeSet) api.LeaseView {
 }
 
 func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLines) *api.Response {
-	k := req.Key()
+	k := keyOf(req)
 	if err := k.Validate(); err != nil {
 		return errResp(errorOf(err))
 	}
@@ -690,7 +710,7 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 	if err := s.settleSpooled(k, later); err != nil {
 		return errResp(errorOf(err))
 	}
-	areq := ledger.AllocateRequest{Key: k, Pod: req.Pod, NetNS: req.NetNS, Ranges: req.Ranges, LogLater: later}
+	areq := ledger.AllocateRequest{Key: k, Pod: podOf(req.Pod), NetNS: netnsOf(req.NetNS), Ranges: req.Ranges, LogLater: later}
 	if req.Pod.UID != "" && s.cfg.Guard != nil {
 		if _, held := s.cfg.Ledger.Lease(k); !held {
 			var olds []ledger.Lease
@@ -729,7 +749,7 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 }
 
 func (s *Server) del(req api.Request, later *ledger.LogLines) *api.Response {
-	k := req.Key()
+	k := keyOf(req)
 	if err := k.Validate(); err != nil {
 		return errResp(errorOf(err))
 	}
@@ -752,7 +772,7 @@ func (s *Server) del(req api.Request, later *ledger.LogLines) *api.Response {
 }
 
 func (s *Server) check(req api.Request) *api.Response {
-	k := req.Key()
+	k := keyOf(req)
 	if err := k.Validate(); err != nil {
 		return errResp(errorOf(err))
 	}
@@ -864,10 +884,11 @@ func (s *Server) status(req api.Request) *api.Response {
 	if err != nil {
 		return errResp(errorOf(err))
 	}
+	pv := ledgerview.Pool(ps)
 	if !ps.Available {
-		return &api.Response{Pool: &ps, Error: &api.Error{Code: api.CodeExhausted, Msg: fmt.Sprintf("network %q: no address can be allocated now (%d in use, %d waiting out the reuse delay)", req.Network, ps.InUse, ps.Free)}}
+		return &api.Response{Pool: &pv, Error: &api.Error{Code: api.CodeExhausted, Msg: fmt.Sprintf("network %q: no address can be allocated now (%d in use, %d waiting out the reuse delay)", req.Network, ps.InUse, ps.Free)}}
 	}
-	return &api.Response{Pool: &ps}
+	return &api.Response{Pool: &pv}
 }
 
 func (s *Server) leases(req api.Request) *api.Response {
@@ -883,7 +904,7 @@ func (s *Server) audit() *api.Response {
 	if err != nil {
 		return errResp(errorOf(err))
 	}
-	a := &api.Audit{Live: rep.Live, DoubleAssigned: len(rep.DoubleAssigned), Doubles: rep.DoubleAssigned, Problems: rep.Problems, Pools: rep.Pools, Runtime: "none"}
+	a := &api.Audit{Live: rep.Live, DoubleAssigned: len(rep.DoubleAssigned), Doubles: ledgerview.Doubles(rep.DoubleAssigned), Problems: rep.Problems, Pools: ledgerview.Pools(rep.Pools), Runtime: "none"}
 	if s.cfg.Guard != nil {
 		s.cfg.Guard.Summary(a)
 	}
@@ -903,11 +924,11 @@ func (s *Server) history(req api.Request) *api.Response {
 	if h == nil {
 		h = []ledger.Release{}
 	}
-	return &api.Response{History: h}
+	return &api.Response{History: ledgerview.Releases(h)}
 }
 
 func (s *Server) release(ctx context.Context, req api.Request) *api.Response {
-	k := req.Key()
+	k := keyOf(req)
 	if err := k.Validate(); err != nil {
 		return errResp(errorOf(err))
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/ipledger/ipledger/internal/clock/clocktest"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
+	"github.com/ipledger/ipledger/internal/ledgerview"
 	"github.com/ipledger/ipledger/internal/spool"
 	"github.com/ipledger/ipledger/internal/store/boltstore"
 )
@@ -59,7 +60,7 @@ func mustAdd(t *testing.T, s *agent.Server, cid string) *api.Response {
 
 func spoolDel(t *testing.T, dir, cid string, at time.Time) {
 	t.Helper()
-	if err := spool.Write(dir, spool.Entry{Key: ledgertest.Key(cid), Spooled: at, CNIVerb: "DEL"}); err != nil {
+	if err := spool.Write(dir, spool.Entry{Key: ledgerview.Key(ledgertest.Key(cid)), Spooled: at, CNIVerb: "DEL"}); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -10,7 +10,6 @@ import (
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/clock/clocktest"
 	"github.com/ipledger/ipledger/internal/datastore/memds"
-	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 )
 
@@ -64,7 +63,7 @@ func want(t *testing.T, checks []api.Check, prefix, level string, parts ...strin
 func addPod(t *testing.T, n *clusterNode, name string) *api.Response {
 	t.Helper()
 	return n.s.Handle(context.Background(), api.Request{Version: api.Version, Op: api.OpAdd, Network: "pods",
-		ContainerID: "sandbox-" + name, IfName: "eth0", Pod: ledger.Pod{Namespace: "shop", Name: name, UID: "uid-" + name},
+		ContainerID: "sandbox-" + name, IfName: "eth0", Pod: api.Pod{Namespace: "shop", Name: name, UID: "uid-" + name},
 		Ranges: ledgertest.Ranges(t, `[[{"subnet":"10.60.0.0/27"}]]`), BlockSize: 29})
 }
 

@@ -14,6 +14,7 @@ import (
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
+	"github.com/ipledger/ipledger/internal/ledgerview"
 	"github.com/ipledger/ipledger/internal/spool"
 )
 
@@ -60,14 +61,14 @@ func TestServedRequestsLogTheirChanges(t *testing.T) {
 	}
 
 	add := addReq(t, "c1")
-	add.Pod = ledger.Pod{Namespace: "ns", Name: "web", UID: "uid-1"}
+	add.Pod = api.Pod{Namespace: "ns", Name: "web", UID: "uid-1"}
 	first := call(add)
 	del := api.Request{Version: api.Version, Op: api.OpDel, Network: "net", ContainerID: "c1", IfName: "eth0", Detail: "by test"}
 	if r := call(del); r.Released != 1 {
 		t.Fatalf("DEL released %d, want 1", r.Released)
 	}
 	second := call(add)
-	if err := spool.Write(s.spool, spool.Entry{Key: ledgertest.Key("c1"), Spooled: time.Now(), CNIVerb: "DEL"}); err != nil {
+	if err := spool.Write(s.spool, spool.Entry{Key: ledgerview.Key(ledgertest.Key("c1")), Spooled: time.Now(), CNIVerb: "DEL"}); err != nil {
 		t.Fatal(err)
 	}
 	third := call(add) // applies the spooled DEL of c1 first, then allocates

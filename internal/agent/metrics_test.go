@@ -114,7 +114,7 @@ func TestMetricsAfterChurn(t *testing.T) {
 		if network == "other" {
 			r = other
 		}
-		call(api.Request{Op: api.OpAdd, Network: network, ContainerID: cid, IfName: "eth0", Ranges: r, Pod: ledger.Pod{Namespace: "ns", Name: cid, UID: "uid-" + cid}})
+		call(api.Request{Op: api.OpAdd, Network: network, ContainerID: cid, IfName: "eth0", Ranges: r, Pod: api.Pod{Namespace: "ns", Name: cid, UID: "uid-" + cid}})
 	}
 	// before a restart: 3 leases, one DEL lost while the agent is down (spooled)
 	for i := range 3 {
@@ -123,7 +123,7 @@ func TestMetricsAfterChurn(t *testing.T) {
 	if err := a.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	if err := spool.Write(a.SpoolDir, spool.Entry{Version: 1, Key: ledger.Key{Network: "pods", ContainerID: "pre0", IfName: "eth0"}, Spooled: time.Now(), CNIVerb: "DEL"}); err != nil {
+	if err := spool.Write(a.SpoolDir, spool.Entry{Version: 1, Key: api.Key{Network: "pods", ContainerID: "pre0", IfName: "eth0"}, Spooled: time.Now(), CNIVerb: "DEL"}); err != nil {
 		t.Fatal(err)
 	}
 	a.Restart() // counters start at 0; the spooled DEL is applied before serving
@@ -266,8 +266,8 @@ func TestHandedOverCallsCounted(t *testing.T) {
 		{api.CNICall{Command: "DEL", ContainerID: "h1", IfName: "eth0", Path: "/opt/cni/bin", Stdin: good}, 0},
 		{api.CNICall{Command: "ADD", ContainerID: "h2", NetNS: "/proc/1/ns/net", IfName: "eth0", Path: "/opt/cni/bin", Stdin: conf(`[[{"subnet":"banana"}]]`)}, 1},
 	} {
-		c.call.NetNSID = ledger.NetNS{Path: c.call.NetNS, Dev: 4, Ino: 1}
-		c.call.SelfNetNS = ledger.NetNS{Path: "/proc/self/ns/net", Dev: 4, Ino: 2}
+		c.call.NetNSID = api.NetNS{Path: c.call.NetNS, Dev: 4, Ino: 1}
+		c.call.SelfNetNS = api.NetNS{Path: "/proc/self/ns/net", Dev: 4, Ino: 2}
 		resp, err := a.Call(api.Request{Op: api.OpCNI, CNI: &c.call})
 		if err != nil || resp.CNI == nil || resp.CNI.Exit != c.exit {
 			t.Fatalf("%s %s: %v %+v, want exit %d", c.call.Command, c.call.ContainerID, err, resp, c.exit)

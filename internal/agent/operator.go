@@ -79,7 +79,7 @@ func (s *Server) releaseAllowed(ctx context.Context, req api.Request) *api.Error
 	if req.ForceReadySandbox || s.cfg.Runtime == nil {
 		return nil
 	}
-	if _, ok := s.cfg.Ledger.Lease(req.Key()); !ok {
+	if _, ok := s.cfg.Ledger.Lease(keyOf(req)); !ok {
 		return nil // answered not-found by the release itself
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)

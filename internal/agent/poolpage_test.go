@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/ipledger/ipledger/internal/api"
-	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/chromium"
@@ -25,9 +24,9 @@ func TestPoolPageInChromium(t *testing.T) {
 	small, _ := pool.ParseRangeSets([]byte(`[[{"subnet":"10.96.0.0/27"}]]`))
 	big, _ := pool.ParseRangeSets([]byte(`[[{"subnet":"10.97.0.0/16"}]]`))
 	for _, r := range []api.Request{
-		{Op: api.OpAdd, Network: "page", ContainerID: "gone-0", IfName: "eth0", Ranges: small, Pod: ledger.Pod{Namespace: "shop", Name: "cart-0", UID: "u0"}},
-		{Op: api.OpAdd, Network: "page", ContainerID: "sb-web-1", IfName: "eth0", Ranges: small, Pod: ledger.Pod{Namespace: "shop", Name: "web-1", UID: "u1"}, NetNS: ledger.NetNS{Path: "/run/netns/web-1"}},
-		{Op: api.OpAdd, Network: "page", ContainerID: "sb-web-2", IfName: "eth0", Ranges: small, Pod: ledger.Pod{Namespace: "shop", Name: "web-2", UID: "u2"}},
+		{Op: api.OpAdd, Network: "page", ContainerID: "gone-0", IfName: "eth0", Ranges: small, Pod: api.Pod{Namespace: "shop", Name: "cart-0", UID: "u0"}},
+		{Op: api.OpAdd, Network: "page", ContainerID: "sb-web-1", IfName: "eth0", Ranges: small, Pod: api.Pod{Namespace: "shop", Name: "web-1", UID: "u1"}, NetNS: api.NetNS{Path: "/run/netns/web-1"}},
+		{Op: api.OpAdd, Network: "page", ContainerID: "sb-web-2", IfName: "eth0", Ranges: small, Pod: api.Pod{Namespace: "shop", Name: "web-2", UID: "u2"}},
 		{Op: api.OpDel, Network: "page", ContainerID: "gone-0", IfName: "eth0"},
 	} {
 		if _, err := a.Call(r); err != nil {

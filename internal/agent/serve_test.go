@@ -180,7 +180,7 @@ func TestServeSurvivesAcceptErrors(t *testing.T) {
 func TestServeWaitsForRequestsInFlight(t *testing.T) {
 	g := &blockingGuard{entered: make(chan struct{}, 1), release: make(chan struct{})}
 	s := serve(t, func(c *agent.Config) { c.Guard = g; c.DrainTimeout = 50 * time.Millisecond })
-	pod := ledger.Pod{Namespace: "ns", Name: "p", UID: "uid-1"}
+	pod := api.Pod{Namespace: "ns", Name: "p", UID: "uid-1"}
 	first := addReq(t, "sandbox1")
 	first.Pod = pod
 	if _, err := s.call(t, first); err != nil {

@@ -46,7 +46,7 @@ func TestSupersededReleasesCounted(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := s.HTTPHandler()
-	pod := ledger.Pod{Namespace: "default", Name: "web-1", UID: "uid-web-1"}
+	pod := api.Pod{Namespace: "default", Name: "web-1", UID: "uid-web-1"}
 	for _, cid := range []string{"sandbox-1", "sandbox-2", "sandbox-3"} {
 		r := addReq(t, cid)
 		r.Pod = pod

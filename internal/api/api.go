@@ -86,8 +86,8 @@ type CNICall struct {
 	// NetNSID and SelfNetNS are the identities of CNI_NETNS and of the plugin's own
 	// network namespace, read by the plugin (the agent may run in a container that
 	// sees neither path).
-	NetNSID   ledger.NetNS `json:"netnsID,omitzero"`
-	SelfNetNS ledger.NetNS `json:"selfNetNS,omitzero"`
+	NetNSID   NetNS `json:"netnsID,omitzero"`
+	SelfNetNS NetNS `json:"selfNetNS,omitzero"`
 }
 
 // CNIAnswer is the outcome of a CNICall: what the plugin prints and its exit status.
@@ -112,9 +112,9 @@ type Request struct {
 	IfName      string          `json:"ifname,omitempty"`
 	Ranges      []pool.RangeSet `json:"ranges,omitempty"`
 	// BlockSize: ADD in cluster mode, the ipam config's blockSize (0: the defaults).
-	BlockSize int          `json:"blockSize,omitempty"`
-	Pod       ledger.Pod   `json:"pod,omitzero"`
-	NetNS     ledger.NetNS `json:"netns,omitzero"`
+	BlockSize int   `json:"blockSize,omitempty"`
+	Pod       Pod   `json:"pod,omitzero"`
+	NetNS     NetNS `json:"netns,omitzero"`
 	// GC: the attachments of Network that are still valid.
 	Valid []Attachment `json:"valid,omitempty"`
 	// CHECK: the addresses the runtime believes the attachment has.
@@ -130,8 +130,8 @@ type Request struct {
 }
 
 // Key is the attachment the request names.
-func (r Request) Key() ledger.Key {
-	return ledger.Key{Network: r.Network, ContainerID: r.ContainerID, IfName: r.IfName}
+func (r Request) Key() Key {
+	return Key{Network: r.Network, ContainerID: r.ContainerID, IfName: r.IfName}
 }
 
 // Error codes carried in responses; the plugin maps them to CNI codes.
@@ -219,30 +219,30 @@ type Cluster struct {
 
 // Audit is the answer to OpAudit, the contract of `ipledgerctl audit -o json`.
 type Audit struct {
-	OK             bool                    `json:"ok"`
-	Live           int                     `json:"live"`
-	Suspect        int                     `json:"suspect"`
-	Stranded       int                     `json:"stranded"`
-	Leaked         int                     `json:"leaked"`
-	DoubleAssigned int                     `json:"doubleAssigned"`
-	Runtime        string                  `json:"runtime"` // none, ok, unreachable
-	Problems       []string                `json:"problems"`
-	Doubles        []ledger.DoubleAssigned `json:"doubles,omitempty"`
-	SuspectLeases  []LeaseView             `json:"suspectLeases,omitempty"`
-	Pools          []ledger.PoolAudit      `json:"pools"`
+	OK             bool             `json:"ok"`
+	Live           int              `json:"live"`
+	Suspect        int              `json:"suspect"`
+	Stranded       int              `json:"stranded"`
+	Leaked         int              `json:"leaked"`
+	DoubleAssigned int              `json:"doubleAssigned"`
+	Runtime        string           `json:"runtime"` // none, ok, unreachable
+	Problems       []string         `json:"problems"`
+	Doubles        []DoubleAssigned `json:"doubles,omitempty"`
+	SuspectLeases  []LeaseView      `json:"suspectLeases,omitempty"`
+	Pools          []PoolAudit      `json:"pools"`
 }
 
 // Response is the agent's answer.
 type Response struct {
-	Version int                `json:"version"`
-	Error   *Error             `json:"error,omitempty"`
-	Lease   *LeaseView         `json:"lease,omitempty"`
-	Leases  []LeaseView        `json:"leases,omitempty"`
-	Audit   *Audit             `json:"audit,omitempty"`
-	History []ledger.Release   `json:"history,omitempty"`
-	Pool    *ledger.PoolStatus `json:"pool,omitempty"`
-	Doctor  *Diagnosis         `json:"doctor,omitempty"`
-	Cluster *Cluster           `json:"cluster,omitempty"`
+	Version int         `json:"version"`
+	Error   *Error      `json:"error,omitempty"`
+	Lease   *LeaseView  `json:"lease,omitempty"`
+	Leases  []LeaseView `json:"leases,omitempty"`
+	Audit   *Audit      `json:"audit,omitempty"`
+	History []Release   `json:"history,omitempty"`
+	Pool    *PoolStatus `json:"pool,omitempty"`
+	Doctor  *Diagnosis  `json:"doctor,omitempty"`
+	Cluster *Cluster    `json:"cluster,omitempty"`
 	// Released counts leases released (DEL, GC, release).
 	Released int `json:"released"`
 	// Existed is true when ADD returned an existing lease.

@@ -18,7 +18,6 @@ import (
 	"encoding/json"
 
 	"github.com/ipledger/ipledger/internal/jsonlite"
-	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/pool"
 )
 
@@ -76,13 +75,13 @@ func appendRequest(b []byte, r *Request) ([]byte, bool) {
 		e.Raw(`,"blockSize":`)
 		e.Int(int64(r.BlockSize))
 	}
-	if r.Pod != (ledger.Pod{}) {
+	if r.Pod != (Pod{}) {
 		e.Field(&first, "pod")
-		r.Pod.AppendJSON(&e)
+		appendPod(&e, r.Pod)
 	}
-	if r.NetNS != (ledger.NetNS{}) {
+	if r.NetNS != (NetNS{}) {
 		e.Field(&first, "netns")
-		r.NetNS.AppendJSON(&e)
+		appendNetNS(&e, r.NetNS)
 	}
 	if len(r.Valid) > 0 {
 		e.Field(&first, "valid")
@@ -121,18 +120,39 @@ func appendRequest(b []byte, r *Request) ([]byte, bool) {
 		e.StrField(&f, "netnsOverride", c.NetNSOverride, true)
 		e.Field(&f, "stdin")
 		e.Bytes(c.Stdin)
-		if c.NetNSID != (ledger.NetNS{}) {
+		if c.NetNSID != (NetNS{}) {
 			e.Field(&f, "netnsID")
-			c.NetNSID.AppendJSON(&e)
+			appendNetNS(&e, c.NetNSID)
 		}
-		if c.SelfNetNS != (ledger.NetNS{}) {
+		if c.SelfNetNS != (NetNS{}) {
 			e.Field(&f, "selfNetNS")
-			c.SelfNetNS.AppendJSON(&e)
+			appendNetNS(&e, c.SelfNetNS)
 		}
 		e.Raw("}")
 	}
 	e.Raw("}")
 	return e.B, e.OK
+}
+
+// appendPod writes p as json.Marshal does.
+func appendPod(e *jsonlite.Encoder, p Pod) {
+	f := true
+	e.Raw("{")
+	e.StrField(&f, "namespace", p.Namespace, true)
+	e.StrField(&f, "name", p.Name, true)
+	e.StrField(&f, "uid", p.UID, true)
+	e.StrField(&f, "infraContainerID", p.InfraContainerID, true)
+	e.Raw("}")
+}
+
+// appendNetNS writes n as json.Marshal does.
+func appendNetNS(e *jsonlite.Encoder, n NetNS) {
+	f := true
+	e.Raw("{")
+	e.StrField(&f, "path", n.Path, true)
+	e.UintField(&f, "dev", n.Dev, true)
+	e.UintField(&f, "ino", n.Ino, true)
+	e.Raw("}")
 }
 
 func appendResponse(b []byte, r *Response) ([]byte, bool) {
@@ -228,8 +248,8 @@ func decodeRanges(d *jsonlite.Decoder) ([]pool.RangeSet, bool) {
 	return sets, ok
 }
 
-// decodePod reads a ledger.Pod as json.Unmarshal does, within jsonlite's subset.
-func decodePod(d *jsonlite.Decoder, p *ledger.Pod) bool {
+// decodePod reads a Pod as json.Unmarshal does, within jsonlite's subset.
+func decodePod(d *jsonlite.Decoder, p *Pod) bool {
 	return d.Object(func(k string) bool {
 		switch k {
 		case "namespace":
@@ -245,8 +265,8 @@ func decodePod(d *jsonlite.Decoder, p *ledger.Pod) bool {
 	})
 }
 
-// decodeNetNS reads a ledger.NetNS as json.Unmarshal does, within jsonlite's subset.
-func decodeNetNS(d *jsonlite.Decoder, n *ledger.NetNS) bool {
+// decodeNetNS reads a NetNS as json.Unmarshal does, within jsonlite's subset.
+func decodeNetNS(d *jsonlite.Decoder, n *NetNS) bool {
 	return d.Object(func(k string) bool {
 		var ok bool
 		switch k {

@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/ipledger/ipledger/internal/jsonlite/fieldtest"
-	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/pool"
 )
 
@@ -56,7 +55,7 @@ func TestWireEncodesEveryField(t *testing.T) {
 		sameAsJSON(t, "Response with only "+f.Name, b, err, &one)
 	}
 
-	var pod ledger.Pod
+	var pod Pod
 	fieldtest.Fill(t, reflect.ValueOf(&pod))
 	b, err = MarshalRequest(Request{Version: Version, Op: OpAdd, Pod: pod})
 	sameAsJSON(t, "Request.Pod", b, err, Request{Version: Version, Op: OpAdd, Pod: pod})
@@ -106,8 +105,8 @@ func TestWireFieldNames(t *testing.T) {
 			`"released":1,"existed":true,"cni":{"exit":1,"stdout":"AQ==","stderr":"AQ=="}}`},
 		{"Response, unset", func() any {
 			var resp Response
-			resp.Lease, resp.Audit, resp.Pool = &LeaseView{}, &Audit{}, new(ledger.PoolStatus)
-			resp.Audit.Doubles, resp.Audit.Pools, resp.History = make([]ledger.DoubleAssigned, 1), make([]ledger.PoolAudit, 1), make([]ledger.Release, 1)
+			resp.Lease, resp.Audit, resp.Pool = &LeaseView{}, &Audit{}, new(PoolStatus)
+			resp.Audit.Doubles, resp.Audit.Pools, resp.History = make([]DoubleAssigned, 1), make([]PoolAudit, 1), make([]Release, 1)
 			return &resp
 		}(), `{"version":0,"lease":{"network":"","containerID":"","ifname":"","ips":null,"created":"0001-01-01T00:00:00Z","state":""},` +
 			`"audit":{"ok":false,"live":0,"suspect":0,"stranded":0,"leaked":0,"doubleAssigned":0,"runtime":"","problems":null,` +

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/jsonlite"
-	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/pool"
 )
 
@@ -70,10 +69,10 @@ func randRequest(r *rand.Rand) Request {
 		Network: randString(r), ContainerID: randString(r), IfName: randString(r), Ranges: randRanges(r),
 		IP: randString(r), Detail: randString(r)}
 	if r.IntN(2) == 0 {
-		req.Pod = ledger.Pod{Namespace: randString(r), Name: randString(r), UID: randString(r), InfraContainerID: randString(r)}
+		req.Pod = Pod{Namespace: randString(r), Name: randString(r), UID: randString(r), InfraContainerID: randString(r)}
 	}
 	if r.IntN(2) == 0 {
-		req.NetNS = ledger.NetNS{Path: randString(r), Dev: uint64(r.IntN(3)) * 1e18, Ino: r.Uint64() >> r.IntN(64)}
+		req.NetNS = NetNS{Path: randString(r), Dev: uint64(r.IntN(3)) * 1e18, Ino: r.Uint64() >> r.IntN(64)}
 	}
 	switch r.IntN(3) {
 	case 0:
@@ -91,8 +90,8 @@ func randRequest(r *rand.Rand) Request {
 		c := &CNICall{Command: []string{"ADD", "DEL", ""}[r.IntN(3)], ContainerID: randString(r), NetNS: randString(r),
 			IfName: randString(r), Args: randString(r), Path: randString(r), NetNSOverride: randString(r), Stdin: randBytes(r)}
 		if r.IntN(2) == 0 {
-			c.NetNSID = ledger.NetNS{Path: randString(r), Dev: uint64(r.IntN(3)), Ino: r.Uint64() >> r.IntN(64)}
-			c.SelfNetNS = ledger.NetNS{Dev: 4, Ino: 4026531840}
+			c.NetNSID = NetNS{Path: randString(r), Dev: uint64(r.IntN(3)), Ino: r.Uint64() >> r.IntN(64)}
+			c.SelfNetNS = NetNS{Dev: 4, Ino: 4026531840}
 		}
 		req.CNI = c
 	}
@@ -142,7 +141,7 @@ func randResponse(r *rand.Rand) *Response {
 	case 0:
 		resp.Leases = []LeaseView{}
 	case 1:
-		resp.Pool = &ledger.PoolStatus{}
+		resp.Pool = &PoolStatus{}
 	}
 	if r.IntN(3) == 0 {
 		resp.CNI = &CNIAnswer{Exit: r.IntN(3), Stdout: randBytes(r), Stderr: randBytes(r)}

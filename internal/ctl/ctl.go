@@ -17,7 +17,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ipledger/ipledger/internal/api"
-	"github.com/ipledger/ipledger/internal/ledger"
 )
 
 // Exit statuses.
@@ -209,7 +208,7 @@ func history(env *Env, socket string, args []string) int {
 	}
 	h := resp.History
 	if h == nil {
-		h = []ledger.Release{}
+		h = []api.Release{}
 	}
 	if printStructured(env, *out, h) {
 		return ExitOK

@@ -12,7 +12,6 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/ctl"
-	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 )
@@ -54,7 +53,7 @@ func TestLeasesAndAuditJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range []api.Request{
-		{Op: api.OpAdd, Network: "n1", ContainerID: "withpod", IfName: "eth0", Ranges: sets, Pod: ledger.Pod{Namespace: "ns1", Name: "web-0", UID: "uid-1"}},
+		{Op: api.OpAdd, Network: "n1", ContainerID: "withpod", IfName: "eth0", Ranges: sets, Pod: api.Pod{Namespace: "ns1", Name: "web-0", UID: "uid-1"}},
 		{Op: api.OpAdd, Network: "n1", ContainerID: "bare", IfName: "net1", Ranges: sets},
 	} {
 		if _, err := a.Call(r); err != nil {

@@ -8,7 +8,6 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/ctl"
-	"github.com/ipledger/ipledger/internal/ledger"
 )
 
 // TestExplain: each kind of finding is explained in plain words with its likely cause,
@@ -37,7 +36,7 @@ func TestExplain(t *testing.T) {
 			api.VerdictSuspect, []string{"suspect: pod default/db-0's sandbox sb4 is notready and no network namespace was recorded"}},
 		{"two leases", api.Audit{}, []api.LeaseView{lease("old", "web-1", "u5", "NOTREADY", "", "", 2*time.Hour, "10.0.0.9/24"), lease("new", "web-1", "u5", "READY", "", "", time.Minute, "10.0.0.10/24")},
 			"two-leases", []string{"pod default/web-1 holds two leases on k8s", "10.0.0.9/24 since 2h (sandbox old, notready); 10.0.0.10/24 since 60s (sandbox new, ready)", "its sandbox was re-created without a DEL for the old one"}},
-		{"double", api.Audit{Doubles: []ledger.DoubleAssigned{{Network: "k8s", IP: netip.MustParseAddr("10.0.0.11"), Holders: []ledger.Key{{Network: "k8s", ContainerID: "a", IfName: "eth0"}, {Network: "k8s", ContainerID: "b", IfName: "eth0"}}}}}, nil,
+		{"double", api.Audit{Doubles: []api.DoubleAssigned{{Network: "k8s", IP: netip.MustParseAddr("10.0.0.11"), Holders: []api.Key{{Network: "k8s", ContainerID: "a", IfName: "eth0"}, {Network: "k8s", ContainerID: "b", IfName: "eth0"}}}}}, nil,
 			"double-assigned", []string{"double-assigned: k8s/10.0.0.11 is held by k8s/a/eth0 and k8s/b/eth0"}},
 		{"runtime", api.Audit{Runtime: "unreachable"}, nil, "runtime", []string{"runtime unreachable", "nothing is released by reconciliation until it answers"}},
 		{"books", api.Audit{Problems: []string{`pool "k8s" does not balance`}}, nil, "books", []string{`books: pool "k8s" does not balance`}},

@@ -32,9 +32,9 @@ func knownLedger(t *testing.T) *agentenv.Agent {
 		t.Fatal(err)
 	}
 	for _, r := range []api.Request{
-		{Op: api.OpAdd, Network: "n1", ContainerID: "old-0", IfName: "eth0", Ranges: n1, Pod: ledger.Pod{Namespace: "ns1", Name: "old-0", UID: "uid-0"}},
-		{Op: api.OpAdd, Network: "n1", ContainerID: "web-0", IfName: "eth0", Ranges: n1, Pod: ledger.Pod{Namespace: "ns1", Name: "web-0", UID: "uid-1"}, NetNS: ledger.NetNS{Path: "/run/netns/web-0"}},
-		{Op: api.OpAdd, Network: "n1", ContainerID: "web-1", IfName: "eth0", Ranges: n1, Pod: ledger.Pod{Namespace: "ns2", Name: "web-1", UID: "uid-2"}},
+		{Op: api.OpAdd, Network: "n1", ContainerID: "old-0", IfName: "eth0", Ranges: n1, Pod: api.Pod{Namespace: "ns1", Name: "old-0", UID: "uid-0"}},
+		{Op: api.OpAdd, Network: "n1", ContainerID: "web-0", IfName: "eth0", Ranges: n1, Pod: api.Pod{Namespace: "ns1", Name: "web-0", UID: "uid-1"}, NetNS: api.NetNS{Path: "/run/netns/web-0"}},
+		{Op: api.OpAdd, Network: "n1", ContainerID: "web-1", IfName: "eth0", Ranges: n1, Pod: api.Pod{Namespace: "ns2", Name: "web-1", UID: "uid-2"}},
 		{Op: api.OpDel, Network: "n1", ContainerID: "old-0", IfName: "eth0", Detail: "pod deleted"},
 		{Op: api.OpAdd, Network: "n2", ContainerID: "bare", IfName: "net1", Ranges: n2},
 	} {

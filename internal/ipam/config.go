@@ -14,7 +14,6 @@ import (
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/cniplugin"
 	"github.com/ipledger/ipledger/internal/jsonlite"
-	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/pool"
 )
 
@@ -90,7 +89,7 @@ func ParseConfig(stdin []byte, needRanges bool) (*NetConf, *cniplugin.Error) {
 	if conf.Name == "" {
 		return nil, cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, "name: missing; the network name identifies the pool", "")
 	}
-	if err := (ledger.Key{Network: conf.Name, ContainerID: "x", IfName: "x"}).Validate(); err != nil {
+	if err := (api.Key{Network: conf.Name, ContainerID: "x", IfName: "x"}).Validate(); err != nil {
 		return nil, cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, fmt.Sprintf("name: %v", err), "")
 	}
 	c := &conf.IPAM
@@ -140,8 +139,8 @@ const maxArgValue = 512
 // PodArgs parses CNI_ARGS ("K=V;K=V"): the pod's namespace, name and UID. Unknown keys
 // are ignored (the runtime sends IgnoreUnknown); malformed pairs or values are errors
 // naming CNI_ARGS.
-func PodArgs(s string) (ledger.Pod, *cniplugin.Error) {
-	var pod ledger.Pod
+func PodArgs(s string) (api.Pod, *cniplugin.Error) {
+	var pod api.Pod
 	if s == "" {
 		return pod, nil
 	}
@@ -225,7 +224,7 @@ func ParseDelConfig(stdin []byte) (conf *NetConf, warnings []string, cerr *cnipl
 	if err := json.Unmarshal(top["name"], &conf.Name); err != nil || conf.Name == "" {
 		return nil, nil, cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, "name: missing or not a string; the network name identifies the attachment", "")
 	}
-	if err := (ledger.Key{Network: conf.Name, ContainerID: "x", IfName: "x"}).Validate(); err != nil {
+	if err := (api.Key{Network: conf.Name, ContainerID: "x", IfName: "x"}).Validate(); err != nil {
 		return nil, nil, cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, fmt.Sprintf("name: %v", err), "")
 	}
 	c := &conf.IPAM

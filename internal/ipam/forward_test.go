@@ -16,7 +16,6 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/ipam"
-	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 )
 
@@ -237,7 +236,7 @@ func TestForwardTimeoutFromTheError(t *testing.T) {
 				}
 				return nil, tc.err
 			}
-			ans, ok := ipam.Forward(ctx(t), fake, func(string) ledger.NetNS { return ledger.NetNS{} }, api.CNICall{Command: "ADD",
+			ans, ok := ipam.Forward(ctx(t), fake, func(string) api.NetNS { return api.NetNS{} }, api.CNICall{Command: "ADD",
 				ContainerID: "c1", NetNS: "/proc/self/ns/net", IfName: "eth0", Path: "/opt/cni/bin", Stdin: []byte(conf)})
 			if calls != 1 {
 				t.Errorf("%d calls, want 1", calls)

@@ -1,11 +1,11 @@
 package ipam
 
 import (
-	"github.com/ipledger/ipledger/internal/cniplugin"
 	"strings"
 	"testing"
 
-	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/cniplugin"
 	"github.com/ipledger/ipledger/internal/pool"
 )
 
@@ -36,7 +36,7 @@ func FuzzParseConfig(f *testing.F) {
 			}
 			return
 		}
-		if err := (ledger.Key{Network: conf.Name, ContainerID: "c", IfName: "eth0"}).Validate(); err != nil {
+		if err := (api.Key{Network: conf.Name, ContainerID: "c", IfName: "eth0"}).Validate(); err != nil {
 			t.Fatalf("accepted network name %q: %v", conf.Name, err)
 		}
 		c := conf.IPAM
@@ -118,7 +118,7 @@ func FuzzParseDelConfig(f *testing.F) {
 			}
 			return
 		}
-		if err := (ledger.Key{Network: conf.Name, ContainerID: "c", IfName: "eth0"}).Validate(); err != nil {
+		if err := (api.Key{Network: conf.Name, ContainerID: "c", IfName: "eth0"}).Validate(); err != nil {
 			t.Fatalf("accepted network name %q: %v", conf.Name, err)
 		}
 		if conf.IPAM.Socket == "" || conf.IPAM.timeout <= 0 {

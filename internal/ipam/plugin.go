@@ -14,7 +14,6 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/cniplugin"
-	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/spool"
 )
 
@@ -37,10 +36,10 @@ type Plugin struct {
 	Now    func() time.Time
 	// NetNS reads the identity of the network namespace at a path: CNI_NETNS, or
 	// SelfNetNS for the plugin's own; nil means NetNSID.
-	NetNS func(path string) ledger.NetNS
+	NetNS func(path string) api.NetNS
 }
 
-func (p *Plugin) netns(path string) ledger.NetNS {
+func (p *Plugin) netns(path string) api.NetNS {
 	if p.NetNS == nil {
 		return NetNSID(path)
 	}
@@ -97,8 +96,8 @@ func toCNI(err error, socket string) *cniplugin.Error {
 	return cniplugin.NewError(cniplugin.ErrInternal, err.Error(), "")
 }
 
-func keyOf(conf *NetConf, args *cniplugin.Args) (ledger.Key, *cniplugin.Error) {
-	k := ledger.Key{Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName}
+func keyOf(conf *NetConf, args *cniplugin.Args) (api.Key, *cniplugin.Error) {
+	k := api.Key{Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName}
 	if err := k.Validate(); err != nil {
 		return k, cniplugin.NewError(cniplugin.ErrInvalidEnvironmentVariables, err.Error(), "")
 	}
@@ -107,8 +106,8 @@ func keyOf(conf *NetConf, args *cniplugin.Args) (ledger.Key, *cniplugin.Error) {
 
 // NetNSID reads the identity of the network namespace at path (CNI_NETNS, or the
 // caller's own); zero but the path when it cannot be read.
-func NetNSID(path string) ledger.NetNS {
-	ns := ledger.NetNS{Path: path}
+func NetNSID(path string) api.NetNS {
+	ns := api.NetNS{Path: path}
 	var st syscall.Stat_t
 	if path != "" && syscall.Stat(path, &st) == nil {
 		ns.Dev, ns.Ino = st.Dev, st.Ino

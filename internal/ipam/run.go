@@ -5,7 +5,6 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/cniplugin"
-	"github.com/ipledger/ipledger/internal/ledger"
 )
 
 // Run runs one handed-over call (api.CNICall) as this plugin's process would run it:
@@ -19,14 +18,14 @@ import (
 func Run(p Plugin, c *api.CNICall) *api.CNIAnswer {
 	var stdout, stderr bytes.Buffer
 	p.Stdout, p.Stderr = &stdout, &stderr
-	p.NetNS = func(path string) ledger.NetNS {
+	p.NetNS = func(path string) api.NetNS {
 		switch path {
 		case c.NetNS:
 			return c.NetNSID
 		case SelfNetNS:
 			return c.SelfNetNS
 		}
-		return ledger.NetNS{Path: path}
+		return api.NetNS{Path: path}
 	}
 	env := cniplugin.Env{Stdin: bytes.NewReader(c.Stdin), Stdout: &stdout, Stderr: &stderr, Getenv: func(k string) string {
 		switch k {

@@ -66,7 +66,7 @@ func TestAgentUnreachable(t *testing.T) {
 		// the DEL answered success because it is in the spool (one entry per
 		// attachment, however often it is repeated)
 		spooled, err := spool.Open(spoolDir, func() time.Duration { return 0 }).Pending()
-		want := ledger.Key{Network: "gone", ContainerID: "lonely", IfName: "eth0"}
+		want := api.Key{Network: "gone", ContainerID: "lonely", IfName: "eth0"}
 		if err != nil || len(spooled) != 1 || spooled[0] != want {
 			t.Fatalf("after DEL %s the spool holds %v (%v), want exactly %v", v, spooled, err, want)
 		}

@@ -26,7 +26,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/api"
 )
 
 // Bounds on the spool: a full spool refuses new entries (the DEL then fails and the
@@ -59,12 +59,12 @@ var (
 // entry: shown in logs and release records, never used to order anything (a wall
 // clock steps).
 type Entry struct {
-	Version   int        `json:"version"`
-	Key       ledger.Key `json:"key"`
-	Spooled   time.Time  `json:"spooled"`
-	CNIVerb   string     `json:"verb"`
-	PodUID    string     `json:"podUID,omitempty"`
-	SpooledBy string     `json:"spooledBy,omitempty"`
+	Version   int       `json:"version"`
+	Key       api.Key   `json:"key"`
+	Spooled   time.Time `json:"spooled"`
+	CNIVerb   string    `json:"verb"`
+	PodUID    string    `json:"podUID,omitempty"`
+	SpooledBy string    `json:"spooledBy,omitempty"`
 }
 
 const (
@@ -78,7 +78,7 @@ const (
 // one attachment (the key itself is inside the entry), so a 128-bit FNV-1a is enough;
 // a cryptographic hash would pull Go's crypto initialisation into the plugin, which is
 // exec'd on every pod start.
-func fileName(k ledger.Key) string {
+func fileName(k api.Key) string {
 	h := fnv.New128a()
 	h.Write([]byte(k.Network + "\x00" + k.ContainerID + "\x00" + k.IfName))
 	return hex.EncodeToString(h.Sum(nil)) + suffix
@@ -273,7 +273,7 @@ func (d *Dir) Path() string { return d.path }
 // directory: entries that are not what the plugin writes are moved to rejected/ (each
 // such rejection is among the returned errors, wrapping ErrRejected), and temporary
 // files this agent has seen for StaleTemp or longer are removed.
-func (d *Dir) Pending() ([]ledger.Key, error) {
+func (d *Dir) Pending() ([]api.Key, error) {
 	ents, err := os.ReadDir(d.path)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
@@ -281,7 +281,7 @@ func (d *Dir) Pending() ([]ledger.Key, error) {
 	if err != nil {
 		return nil, fmt.Errorf("DEL spool %s: %w", d.path, err)
 	}
-	var keys []ledger.Key
+	var keys []api.Key
 	var errs []error
 	now := d.mono()
 	seen := map[string]bool{}
@@ -333,7 +333,7 @@ func (d *Dir) Pending() ([]ledger.Key, error) {
 // entry durably (the directory is fsync'd before Take returns, so an applied entry
 // can never come back after a crash to release a lease handed out later). It reports
 // whether an entry was applied. An error from release leaves the entry in place.
-func (d *Dir) Take(k ledger.Key, release func(Entry) error) (bool, error) {
+func (d *Dir) Take(k api.Key, release func(Entry) error) (bool, error) {
 	p := filepath.Join(d.path, fileName(k))
 	e, err := read(p)
 	if errors.Is(err, os.ErrNotExist) {

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/clock/clocktest"
-	"github.com/ipledger/ipledger/internal/ledger"
 )
 
 // spoolDir is a directory as the agent makes it: root-owned, mode 0700.
@@ -29,7 +29,7 @@ func TestWriteTake(t *testing.T) {
 	dir := spoolDir(t)
 	d := Open(dir, clocktest.New().Mono)
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	keys := []ledger.Key{{Network: "n", ContainerID: "b", IfName: "eth0"}, {Network: "n", ContainerID: "a", IfName: "eth0"}}
+	keys := []api.Key{{Network: "n", ContainerID: "b", IfName: "eth0"}, {Network: "n", ContainerID: "a", IfName: "eth0"}}
 	for i, k := range keys {
 		if err := Write(dir, Entry{Key: k, Spooled: t0.Add(time.Duration(i) * time.Second)}); err != nil {
 			t.Fatal(err)
@@ -62,8 +62,8 @@ func TestWriteTake(t *testing.T) {
 
 func TestWriteRefusesBadKeys(t *testing.T) {
 	dir := spoolDir(t)
-	for _, k := range []ledger.Key{{Network: "n", ContainerID: "../x", IfName: "eth0"}, {Network: "n", ContainerID: strings.Repeat("a", 5000), IfName: "eth0"}} {
-		if err := Write(dir, Entry{Key: k}); !errors.Is(err, ledger.ErrInvalidAttachment) {
+	for _, k := range []api.Key{{Network: "n", ContainerID: "../x", IfName: "eth0"}, {Network: "n", ContainerID: strings.Repeat("a", 5000), IfName: "eth0"}} {
+		if err := Write(dir, Entry{Key: k}); !errors.Is(err, api.ErrInvalidAttachment) {
 			t.Errorf("key %q: err = %v", k.ContainerID[:4], err)
 		}
 	}
@@ -75,7 +75,7 @@ func TestWriteRefusesBadKeys(t *testing.T) {
 // Entries that are not what the plugin writes (content, owner, mode, file type) are
 // moved aside with their reason, never applied and never silently dropped.
 func TestPendingRejectsBadEntries(t *testing.T) {
-	k := ledger.Key{Network: "n", ContainerID: "c", IfName: "eth0"}
+	k := api.Key{Network: "n", ContainerID: "c", IfName: "eth0"}
 	good := func(mut func(map[string]any)) []byte {
 		m := map[string]any{"version": 1, "key": map[string]string{"network": k.Network, "containerID": k.ContainerID, "ifname": k.IfName}, "spooled": "2026-01-01T00:00:00Z", "verb": "DEL"}
 		mut(m)
@@ -164,7 +164,7 @@ func TestPendingRejectsBadEntries(t *testing.T) {
 // rejected entries do not count against the limit.
 func TestWriteFull(t *testing.T) {
 	dir := spoolDir(t)
-	in := ledger.Key{Network: "n", ContainerID: "in", IfName: "eth0"}
+	in := api.Key{Network: "n", ContainerID: "in", IfName: "eth0"}
 	if err := Write(dir, Entry{Key: in, Spooled: time.Now()}); err != nil {
 		t.Fatal(err)
 	}
@@ -181,10 +181,10 @@ func TestWriteFull(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if err := Write(dir, Entry{Key: ledger.Key{Network: "n", ContainerID: "last", IfName: "eth0"}, Spooled: time.Now()}); err != nil {
+	if err := Write(dir, Entry{Key: api.Key{Network: "n", ContainerID: "last", IfName: "eth0"}, Spooled: time.Now()}); err != nil {
 		t.Fatalf("the last free slot (temporary files must not count): %v", err)
 	}
-	err := Write(dir, Entry{Key: ledger.Key{Network: "n", ContainerID: "new", IfName: "eth0"}, Spooled: time.Now()})
+	err := Write(dir, Entry{Key: api.Key{Network: "n", ContainerID: "new", IfName: "eth0"}, Spooled: time.Now()})
 	if !errors.Is(err, ErrFull) || !strings.Contains(err.Error(), dir) {
 		t.Fatalf("write to a full spool: %v, want ErrFull naming %s", err, dir)
 	}
@@ -313,7 +313,7 @@ func must(t *testing.T, err error) {
 // An entry is read by the agent of whatever release runs when the spool is applied, so
 // its JSON is a contract: renaming a field of Entry or of its key fails this test.
 func TestEntryFieldNames(t *testing.T) {
-	e := Entry{Version: 1, Key: ledger.Key{Network: "n", ContainerID: "c", IfName: "eth0"}, Spooled: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
+	e := Entry{Version: 1, Key: api.Key{Network: "n", ContainerID: "c", IfName: "eth0"}, Spooled: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC),
 		CNIVerb: "DEL", PodUID: "u", SpooledBy: "s"}
 	const want = `{"version":1,"key":{"network":"n","containerID":"c","ifname":"eth0"},"spooled":"2026-01-01T00:00:00Z","verb":"DEL","podUID":"u","spooledBy":"s"}`
 	if got, err := json.Marshal(e); err != nil || string(got) != want {

@@ -14,7 +14,6 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/ipam"
-	"github.com/ipledger/ipledger/internal/ledger"
 )
 
 // IPAMCall names one delegated IPAM invocation: the plugin type from the ipam
@@ -213,7 +212,7 @@ type AgentIPAM struct {
 	// Call sends a request to the agent (api.Call); NetNS reads a network
 	// namespace's identity (ipam.NetNSID).
 	Call  func(ctx context.Context, socket string, req api.Request) (*api.Response, error)
-	NetNS func(path string) ledger.NetNS
+	NetNS func(path string) api.NetNS
 }
 
 var _ IPAM = (*AgentIPAM)(nil)

@@ -56,7 +56,7 @@ func TestOperatorSurfaceOnRealRuntime(t *testing.T) {
 	// a lease whose sandbox the runtime never had (an ADD whose sandbox creation
 	// failed after it): the reconciler releases it, reason reconcile-gone
 	if _, err := w.agent.Call(api.Request{Op: api.OpAdd, Network: network, ContainerID: "ghost", IfName: "eth0", Ranges: mustRanges(t, w.subnet),
-		Pod: ledger.Pod{Namespace: "default", Name: "ghost", UID: "uid-ghost"}}); err != nil {
+		Pod: api.Pod{Namespace: "default", Name: "ghost", UID: "uid-ghost"}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := w.run(cri.PodSpec{Namespace: "default", Name: "stuck", UID: "uid-stuck", LogDir: t.TempDir()}); err == nil || !strings.Contains(err.Error(), "failer") {
@@ -146,7 +146,7 @@ func TestOperatorSurfaceOnRealRuntime(t *testing.T) {
 	}
 	for _, v := range []api.LeaseView{stuck, web} {
 		h := w.history(network, addrOf(v))
-		if len(h) == 0 || h[len(h)-1].Reason != ledger.ReasonManual {
+		if len(h) == 0 || h[len(h)-1].Reason != string(ledger.ReasonManual) {
 			t.Errorf("history of %s: %+v; want a manual release", addrOf(v), h)
 		}
 	}

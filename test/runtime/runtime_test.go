@@ -129,7 +129,7 @@ func (w *world) audit() *api.Audit {
 	return resp.Audit
 }
 
-func (w *world) history(network, ip string) []ledger.Release {
+func (w *world) history(network, ip string) []api.Release {
 	resp, err := w.agent.Call(api.Request{Version: api.Version, Op: api.OpHistory, Network: network, IP: ip})
 	if err != nil {
 		w.t.Fatal(err)
@@ -238,7 +238,7 @@ func TestSeed001ChainedPluginFails(t *testing.T) {
 	}
 	// another pod's address is never one of the stranded ones
 	resp, err := w.agent.Call(api.Request{Version: api.Version, Op: api.OpAdd, Network: network, ContainerID: "probe-pod", IfName: "eth0",
-		Ranges: mustRanges(t, w.subnet), Pod: ledger.Pod{Namespace: "default", Name: "other", UID: "uid-other"}})
+		Ranges: mustRanges(t, w.subnet), Pod: api.Pod{Namespace: "default", Name: "other", UID: "uid-other"}})
 	if err != nil || resp.Error != nil {
 		t.Fatalf("ADD: %v %v", err, resp.Error)
 	}
@@ -341,7 +341,7 @@ func TestSeed002SandboxRecreated(t *testing.T) {
 		t.Errorf("pod's address %s, want its old %s back", addrOf(ls[0]), addr)
 	}
 	h := w.history(network, addr)
-	if len(h) == 0 || h[len(h)-1].Reason != ledger.ReasonSuperseded || h[len(h)-1].Key.ContainerID != old {
+	if len(h) == 0 || h[len(h)-1].Reason != string(ledger.ReasonSuperseded) || h[len(h)-1].Key.ContainerID != old {
 		t.Fatalf("history %+v; want the old sandbox's lease released as superseded", h)
 	}
 	t.Logf("old %.12s superseded by %.12s, pod keeps %s: %s", old, nw, addr, h[len(h)-1].Detail)
@@ -431,7 +431,7 @@ func TestChurn200(t *testing.T) {
 	var byRec int
 	for i := 1; i <= 254; i++ {
 		for _, r := range w.history("churn", fmt.Sprintf("10.246.4.%d", i)) {
-			switch r.Reason {
+			switch ledger.Reason(r.Reason) {
 			case ledger.ReasonDEL:
 			case ledger.ReasonReconcileNotReady, ledger.ReasonReconcileGone:
 				byRec++
@@ -452,8 +452,8 @@ func (w *world) leak(network string, n int) map[string]string {
 	for i := 0; i < n; i++ {
 		id := fmt.Sprintf("leak%d", i)
 		resp, err := w.agent.Call(api.Request{Version: api.Version, Op: api.OpAdd, Network: network, ContainerID: id, IfName: "eth0",
-			Ranges: mustRanges(w.t, w.subnet), NetNS: ledger.NetNS{Path: "/run/ipl-test-no-such-netns/" + id},
-			Pod: ledger.Pod{Namespace: "leak", Name: id, UID: "uid-" + id}})
+			Ranges: mustRanges(w.t, w.subnet), NetNS: api.NetNS{Path: "/run/ipl-test-no-such-netns/" + id},
+			Pod: api.Pod{Namespace: "leak", Name: id, UID: "uid-" + id}})
 		if err != nil || resp.Error != nil {
 			w.t.Fatalf("ADD %s: %v %v", id, err, resp.Error)
 		}
@@ -518,7 +518,7 @@ func TestContainerdKilledDuringChurn(t *testing.T) {
 				continue
 			}
 			found = true
-			if r.Reason != ledger.ReasonDEL {
+			if r.Reason != string(ledger.ReasonDEL) {
 				t.Errorf("lease of %s released with reason %s (%s) while containerd was down", v.ContainerID, r.Reason, r.Detail)
 			}
 		}
@@ -546,7 +546,7 @@ func TestContainerdKilledDuringChurn(t *testing.T) {
 	for id, addr := range leaks {
 		h := w.history(network, addr)
 		r := h[len(h)-1]
-		if r.Key.ContainerID != id || r.Reason != ledger.ReasonReconcileGone {
+		if r.Key.ContainerID != id || r.Reason != string(ledger.ReasonReconcileGone) {
 			t.Errorf("leak %s: last release %+v", id, r)
 		}
 		if r.To.Before(tBack.Add(-time.Second)) {
@@ -610,7 +610,7 @@ func TestNodeReboot(t *testing.T) {
 	for _, v := range before {
 		h := w.history(network, addrOf(v))
 		r := h[len(h)-1]
-		if r.Reason != ledger.ReasonReconcileNotReady && r.Reason != ledger.ReasonReconcileGone {
+		if r.Reason != string(ledger.ReasonReconcileNotReady) && r.Reason != string(ledger.ReasonReconcileGone) {
 			t.Errorf("%s released with %s", v.ContainerID, r.Reason)
 		}
 		if r.To.Before(tStart) {

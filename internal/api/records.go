@@ -1,0 +1,146 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/pool"
+)
+
+// The protocol's own shapes of what the ledger records: the agent maps the ledger's
+// types to these (internal/ledgerview), so that the plugins do not link the ledger and
+// a change to the ledger's types cannot change the wire, the DEL spool's entries or
+// `ipledgerctl -o json|yaml`. Their JSON is that of the ledger types they show
+// (wire_fields_test.go holds it).
+
+// ErrInvalidAttachment: a key the plugin was given breaks the CNI spec's rules or the
+// length limits. The message names the field and the limit.
+var ErrInvalidAttachment = errors.New("invalid attachment")
+
+// Limits on a key's fields, the ledger's (the agent refuses longer ones).
+const (
+	maxNetworkLen     = 253
+	maxContainerIDLen = 1024
+	maxIfNameLen      = 15
+)
+
+// Key identifies a CNI attachment: network name, container ID, interface name.
+type Key struct {
+	Network     string `json:"network"`
+	ContainerID string `json:"containerID"`
+	IfName      string `json:"ifname"`
+}
+
+func (k Key) String() string { return k.Network + "/" + k.ContainerID + "/" + k.IfName }
+
+// Validate checks the key against the CNI spec's rules (container ID: alphanumeric
+// first, then alphanumerics, '_', '.', '-'; ifname: at most 15 bytes, not '.' or '..',
+// no '/', ':' or white space), and the length limits: the ledger's rules, which the
+// agent applies again, checked here by the plugin before it sends a key or names a
+// spool file after it.
+func (k Key) Validate() error {
+	if err := validName("network name", k.Network, maxNetworkLen); err != nil {
+		return err
+	}
+	if err := validName("CNI_CONTAINERID", k.ContainerID, maxContainerIDLen); err != nil {
+		return err
+	}
+	n := k.IfName
+	switch {
+	case n == "":
+		return fmt.Errorf("%w: CNI_IFNAME: empty; give the interface name, e.g. eth0", ErrInvalidAttachment)
+	case len(n) > maxIfNameLen:
+		return fmt.Errorf("%w: CNI_IFNAME: %d bytes; at most %d", ErrInvalidAttachment, len(n), maxIfNameLen)
+	case n == "." || n == "..":
+		return fmt.Errorf("%w: CNI_IFNAME: %q is not allowed", ErrInvalidAttachment, n)
+	}
+	for _, c := range []byte(n) {
+		if c <= ' ' || c == '/' || c == ':' || c >= 0x7f {
+			return fmt.Errorf("%w: CNI_IFNAME: %q holds a character not allowed in an interface name", ErrInvalidAttachment, n)
+		}
+	}
+	return nil
+}
+
+func validName(field, s string, max int) error {
+	if s == "" {
+		return fmt.Errorf("%w: %s: empty", ErrInvalidAttachment, field)
+	}
+	if len(s) > max {
+		return fmt.Errorf("%w: %s: %d bytes; at most %d", ErrInvalidAttachment, field, len(s), max)
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
+		if i == 0 && !alnum {
+			return fmt.Errorf("%w: %s: must start with a letter or digit", ErrInvalidAttachment, field)
+		}
+		if !alnum && c != '_' && c != '.' && c != '-' {
+			return fmt.Errorf("%w: %s: byte %d (%q) is not a letter, digit, '_', '.' or '-'", ErrInvalidAttachment, field, i, c)
+		}
+	}
+	return nil
+}
+
+// Pod is the Kubernetes pod an attachment belongs to, when the runtime says.
+type Pod struct {
+	Namespace string `json:"namespace,omitempty"`
+	Name      string `json:"name,omitempty"`
+	UID       string `json:"uid,omitempty"`
+	// InfraContainerID is K8S_POD_INFRA_CONTAINER_ID: the sandbox the runtime says
+	// the attachment is for (with containerd and CRI-O, CNI_CONTAINERID itself).
+	InfraContainerID string `json:"infraContainerID,omitempty"`
+}
+
+// NetNS is a network namespace: its path and, when the path could be read, its
+// identity (device and inode of the nsfs file).
+type NetNS struct {
+	Path string `json:"path,omitempty"`
+	Dev  uint64 `json:"dev,omitempty"`
+	Ino  uint64 `json:"ino,omitempty"`
+}
+
+// Release is one entry of an address's history: who held it, from when to when, and
+// why it was released (one of the ledger's reasons: DEL, GC, reconcile-gone,
+// reconcile-notready, superseded, manual).
+type Release struct {
+	Network string     `json:"network"`
+	IP      netip.Addr `json:"ip"`
+	Key     Key        `json:"key"`
+	Pod     Pod        `json:"pod"`
+	From    time.Time  `json:"from"`
+	To      time.Time  `json:"to"`
+	Reason  string     `json:"reason"`
+	Detail  string     `json:"detail,omitempty"`
+	Seq     uint64     `json:"seq"`
+}
+
+// PoolStatus describes a network's pool.
+type PoolStatus struct {
+	Network   string          `json:"network"`
+	Ranges    []pool.RangeSet `json:"ranges"`
+	Usable    []uint64        `json:"usable"`    // per range set, gateways excluded
+	InUse     int             `json:"inUse"`     // addresses held
+	Free      int             `json:"free"`      // released addresses
+	Available bool            `json:"available"` // an ADD could be served now
+	Allocs    uint64          `json:"allocations"`
+	Releases  uint64          `json:"releases"`
+}
+
+// DoubleAssigned is an address held by more than one live attachment.
+type DoubleAssigned struct {
+	Network string     `json:"network"`
+	IP      netip.Addr `json:"ip"`
+	Holders []Key      `json:"holders"`
+}
+
+// PoolAudit is the balance of one pool: Allocations = Releases + Live.
+type PoolAudit struct {
+	Network     string `json:"network"`
+	Allocations uint64 `json:"allocations"`
+	Releases    uint64 `json:"releases"`
+	Live        uint64 `json:"live"`
+	Free        uint64 `json:"free"`
+}

@@ -1,0 +1,74 @@
+// Package ledgerview shows the ledger's records as the protocol's types (internal/api):
+// the one place a ledger type becomes a type of the wire and of `ipledgerctl -o
+// json|yaml`. The agent and the reconciler answer through it; the plugins, which speak
+// only the protocol, do not link the ledger.
+package ledgerview
+
+import (
+	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/ledger"
+)
+
+// Key shows an attachment's key.
+func Key(k ledger.Key) api.Key {
+	return api.Key{Network: k.Network, ContainerID: k.ContainerID, IfName: k.IfName}
+}
+
+// Pod shows a lease's pod.
+func Pod(p ledger.Pod) api.Pod {
+	return api.Pod{Namespace: p.Namespace, Name: p.Name, UID: p.UID, InfraContainerID: p.InfraContainerID}
+}
+
+// Release shows one entry of an address's history.
+func Release(r ledger.Release) api.Release {
+	return api.Release{Network: r.Network, IP: r.IP, Key: Key(r.Key), Pod: Pod(r.Pod), From: r.From, To: r.To,
+		Reason: string(r.Reason), Detail: r.Detail, Seq: r.Seq}
+}
+
+// Releases shows an address's history; nil stays nil.
+func Releases(h []ledger.Release) []api.Release {
+	if h == nil {
+		return nil
+	}
+	out := make([]api.Release, len(h))
+	for i, r := range h {
+		out[i] = Release(r)
+	}
+	return out
+}
+
+// Pool shows a network's pool status.
+func Pool(ps ledger.PoolStatus) api.PoolStatus {
+	return api.PoolStatus{Network: ps.Network, Ranges: ps.Ranges, Usable: ps.Usable, InUse: ps.InUse, Free: ps.Free,
+		Available: ps.Available, Allocs: ps.Allocs, Releases: ps.Releases}
+}
+
+// Doubles shows the addresses an audit found held twice; nil stays nil.
+func Doubles(ds []ledger.DoubleAssigned) []api.DoubleAssigned {
+	if ds == nil {
+		return nil
+	}
+	out := make([]api.DoubleAssigned, len(ds))
+	for i, d := range ds {
+		out[i] = api.DoubleAssigned{Network: d.Network, IP: d.IP}
+		if d.Holders != nil {
+			out[i].Holders = make([]api.Key, len(d.Holders))
+			for j, k := range d.Holders {
+				out[i].Holders[j] = Key(k)
+			}
+		}
+	}
+	return out
+}
+
+// Pools shows an audit's pool balances; nil stays nil.
+func Pools(ps []ledger.PoolAudit) []api.PoolAudit {
+	if ps == nil {
+		return nil
+	}
+	out := make([]api.PoolAudit, len(ps))
+	for i, p := range ps {
+		out[i] = api.PoolAudit{Network: p.Network, Allocations: p.Allocations, Releases: p.Releases, Live: p.Live, Free: p.Free}
+	}
+	return out
+}
