@@ -683,7 +683,7 @@ func (s *Server) view(ls ledger.Lease) api.LeaseView {
 // Asking the ledger instead waits for its lock, which the next group commit holds
 // through its fsync: in a burst, every ADD's answer waited for one more commit.
 func (s *Server) viewIn(ls ledger.Lease, ranges []pool.RangeSet) api.LeaseView {
-	v := api.ViewOf(ls, ranges)
+	v := ledgerview.Lease(ls, ranges)
 	s.annotateBlock(&v, ls)
 	if s.cfg.Guard != nil {
 		s.cfg.Guard.Annotate(&v)

@@ -12,7 +12,6 @@ import (
 	"net"
 	"time"
 
-	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/pool"
 )
 
@@ -336,25 +335,4 @@ func readLine(r *bufio.Reader, limit int) ([]byte, error) {
 			return out, nil
 		}
 	}
-}
-
-// ViewOf shows a lease; ranges give each address's gateway.
-func ViewOf(ls ledger.Lease, ranges []pool.RangeSet) LeaseView {
-	v := LeaseView{Network: ls.Key.Network, ContainerID: ls.Key.ContainerID, IfName: ls.Key.IfName,
-		Namespace: ls.Pod.Namespace, Name: ls.Pod.Name, UID: ls.Pod.UID, Infra: ls.Pod.InfraContainerID, NetNS: ls.NetNS.Path,
-		Created: ls.Created, State: ls.State, IPs: []string{}}
-	if ls.NetNS.Ino != 0 {
-		v.NetNSID = fmt.Sprintf("%d:%d", ls.NetNS.Dev, ls.NetNS.Ino)
-	}
-	for _, p := range ls.IPs {
-		v.IPs = append(v.IPs, p.String())
-		gw := ""
-		for _, set := range ranges {
-			if r, ok := set.RangeOf(p.Addr()); ok && r.Gateway.IsValid() {
-				gw = r.Gateway.String()
-			}
-		}
-		v.Gateways = append(v.Gateways, gw)
-	}
-	return v
 }

@@ -101,6 +101,7 @@ import (
 	"github.com/ipledger/ipledger/internal/clock"
 	"github.com/ipledger/ipledger/internal/cri"
 	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/ledgerview"
 )
 
 // Runtime is what the reconciler asks of the container runtime. Implemented by
@@ -770,7 +771,7 @@ func (r *Reconciler) Summary(a *api.Audit) {
 			a.Leaked++
 		}
 		{
-			lv := api.ViewOf(ls, nil)
+			lv := ledgerview.Lease(ls, nil)
 			lv.Sandbox, lv.Suspect = w.sandbox, w.suspect
 			a.SuspectLeases = append(a.SuspectLeases, lv)
 		}
