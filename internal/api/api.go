@@ -259,6 +259,14 @@ var ErrUnreachable = errors.New("agent unreachable")
 // ctx's deadline is what ended the wait, the error is also os.ErrDeadlineExceeded.
 var ErrNoAnswer = errors.New("agent gave no answer")
 
+// CallFunc sends req to the agent at socket and returns its answer, with Call's
+// errors. Call is the one that dials the socket; the plugins and the CLI take a
+// CallFunc so that the agent (running the plugin's verbs in its own process) and tests
+// can answer instead.
+type CallFunc func(ctx context.Context, socket string, req Request) (*Response, error)
+
+var _ CallFunc = Call
+
 // Call sends req to the agent at socket and returns its answer. An agent error comes
 // back as *Error; a socket that cannot be reached as ErrUnreachable (wrapped, naming the
 // socket). A wait that ctx's deadline ended is also os.ErrDeadlineExceeded: the read

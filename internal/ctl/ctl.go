@@ -29,7 +29,7 @@ const (
 // Env is the CLI's process edges.
 type Env struct {
 	Stdout, Stderr io.Writer
-	Call           func(ctx context.Context, socket string, req api.Request) (*api.Response, error)
+	Call           api.CallFunc
 	// Now is the wall clock (ages); default time.Now.
 	Now func() time.Time
 	// Loopback reports whether the loopback interface of the network namespace at

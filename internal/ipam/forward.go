@@ -44,7 +44,7 @@ const maxForwardedStdin = api.MaxRequest / 2
 // an answer, unavailable, a configuration outside the common shape, an agent of an
 // older release): the caller then runs the plugin itself. When ipam.timeout ran out
 // the answer is the plugin's for that (ok true).
-func Forward(ctx context.Context, call func(context.Context, string, api.Request) (*api.Response, error), netns func(string) api.NetNS, c api.CNICall) (*api.CNIAnswer, bool) {
+func Forward(ctx context.Context, call api.CallFunc, netns func(string) api.NetNS, c api.CNICall) (*api.CNIAnswer, bool) {
 	if c.Command != "ADD" && c.Command != "DEL" || base64.StdEncoding.EncodedLen(len(c.Stdin)) > maxForwardedStdin {
 		return nil, false
 	}

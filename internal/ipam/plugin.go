@@ -30,7 +30,7 @@ const (
 // Plugin holds the process edges: how to reach the agent, where to write results and
 // notes, the clock.
 type Plugin struct {
-	Call   func(ctx context.Context, socket string, req api.Request) (*api.Response, error)
+	Call   api.CallFunc
 	Stdout io.Writer
 	Stderr io.Writer
 	Now    func() time.Time

@@ -211,7 +211,7 @@ type AgentIPAM struct {
 	Exec *ExecIPAM
 	// Call sends a request to the agent (api.Call); NetNS reads a network
 	// namespace's identity (ipam.NetNSID).
-	Call  func(ctx context.Context, socket string, req api.Request) (*api.Response, error)
+	Call  api.CallFunc
 	NetNS func(path string) api.NetNS
 }
 
