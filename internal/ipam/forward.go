@@ -40,11 +40,13 @@ const maxForwardedStdin = api.MaxRequest / 2
 // Forward hands one ADD or DEL of this plugin, as the runtime (or a main plugin
 // delegating to it) made it, to the agent its configuration names, through call; for
 // an ADD it first reads the identities of CNI_NETNS and of the caller's own namespace
-// with netns. ok is false when the agent did not run it (unreachable, closed without
-// an answer, unavailable, a configuration outside the common shape, an agent of an
-// older release): the caller then runs the plugin itself. When ipam.timeout ran out
-// the answer is the plugin's for that (ok true).
-func Forward(ctx context.Context, call api.CallFunc, netns func(string) api.NetNS, c api.CNICall) (*api.CNIAnswer, bool) {
+// with netns. handled is false when the agent did not run it (unreachable, closed
+// without an answer, unavailable, a configuration outside the common shape, an agent
+// of an older release): ans is nil and the caller runs the plugin itself. When handled,
+// ans is the call's outcome, what the plugin would have printed and its exit status,
+// whether that is success or a CNI error; when ipam.timeout ran out it is the plugin's
+// answer to that.
+func Forward(ctx context.Context, call api.CallFunc, netns func(string) api.NetNS, c api.CNICall) (ans *api.CNIAnswer, handled bool) {
 	if c.Command != "ADD" && c.Command != "DEL" || base64.StdEncoding.EncodedLen(len(c.Stdin)) > maxForwardedStdin {
 		return nil, false
 	}

@@ -220,17 +220,21 @@ var _ IPAM = (*AgentIPAM)(nil)
 // ipledgerType is the ipam type AgentIPAM hands to the agent.
 const ipledgerType = "ipledger"
 
-// forward hands c to the agent; ok is false when the caller must exec the plugin.
-func (a *AgentIPAM) forward(ctx context.Context, verb string, c IPAMCall) (out []byte, ok bool, err error) {
+// forward hands c to the agent. handled says whether the call was settled here: when
+// false (not an ipledger ipam, an agent that did not run it, a plugin that wants
+// another CNI version) err is nil and the caller must exec the plugin; when true, out
+// is the plugin's result, or err the failure its exec would have reported (the plugin
+// missing from CNI_PATH included).
+func (a *AgentIPAM) forward(ctx context.Context, verb string, c IPAMCall) (out []byte, handled bool, err error) {
 	if c.Type != ipledgerType {
 		return nil, false, nil
 	}
 	if _, err := a.Exec.find(c); err != nil {
 		return nil, true, err
 	}
-	ans, ok := ipam.Forward(ctx, a.Call, a.NetNS, api.CNICall{Command: verb, ContainerID: c.ContainerID, NetNS: c.NetNS,
+	ans, handled := ipam.Forward(ctx, a.Call, a.NetNS, api.CNICall{Command: verb, ContainerID: c.ContainerID, NetNS: c.NetNS,
 		IfName: c.IfName, Args: c.Args, Path: c.Path, Stdin: c.NetConf})
-	if !ok {
+	if !handled {
 		return nil, false, nil
 	}
 	if len(ans.Stderr) > 0 && a.Exec.Stderr != nil {
@@ -257,8 +261,8 @@ func (a *AgentIPAM) forward(ctx context.Context, verb string, c IPAMCall) (out [
 
 // Add implements IPAM.
 func (a *AgentIPAM) Add(ctx context.Context, c IPAMCall) (types.Result, error) {
-	out, ok, err := a.forward(ctx, "ADD", c)
-	if !ok {
+	out, handled, err := a.forward(ctx, "ADD", c)
+	if !handled {
 		return a.Exec.Add(ctx, c)
 	}
 	if err != nil {
@@ -274,8 +278,8 @@ func (a *AgentIPAM) Add(ctx context.Context, c IPAMCall) (types.Result, error) {
 
 // Del implements IPAM.
 func (a *AgentIPAM) Del(ctx context.Context, c IPAMCall) error {
-	_, ok, err := a.forward(ctx, "DEL", c)
-	if !ok {
+	_, handled, err := a.forward(ctx, "DEL", c)
+	if !handled {
 		return a.Exec.Del(ctx, c)
 	}
 	return err
