@@ -408,12 +408,10 @@ func (s *Server) admit(ctx context.Context, conn net.Conn) bool {
 // new goroutine; after its connection a worker parks, unless maxIdleWorkers already
 // do (then it ends), until the next connection or the end of ctx (Serve's).
 //
-// Why not a goroutine per connection: a new goroutine grew its stack through the
-// request path on every call (runtime.newstack and copystack were 6% of the agent's
-// CPU under sequential calls) and was created from the accept loop. A parked worker
-// keeps its stack. Measured with two agents called in turn (1500 rounds, 3 runs,
-// both orders): ADD p50 0.01-0.02 ms lower back to back, 0.03-0.05 ms lower with 2
-// ms between calls; DEL and STATUS alike.
+// Why not a goroutine per connection: a new goroutine grows its stack through the
+// request path on every call (runtime.newstack and copystack) and is created from the
+// accept loop, on the path of the next Accept. A parked worker keeps its grown stack
+// and handing it a connection creates nothing.
 func (s *Server) work(ctx context.Context, tc *trackedConn) {
 	for {
 		s.serveConn(ctx, tc)
@@ -444,7 +442,7 @@ func (s *Server) serveConn(ctx context.Context, tc *trackedConn) {
 }
 
 // readers are the connections' request readers: one per connection at a time, reused
-// (a new 4 KiB reader per request was a third of the agent's allocations).
+// (a new 4 KiB reader per request would be a third of the agent's allocations).
 var readers = sync.Pool{New: func() any { return bufio.NewReader(nil) }}
 
 // handleConn reads one request, answers it, and then writes what need not delay the
@@ -681,7 +679,7 @@ func (s *Server) view(ls ledger.Lease) api.LeaseView {
 // viewIn is view with the ranges of the lease's pool given. ADD knows them: they are
 // its request's, which the ledger allocated from only because they equal the pool's.
 // Asking the ledger instead waits for its lock, which the next group commit holds
-// through its fsync: in a burst, every ADD's answer waited for one more commit.
+// through its fsync: in a burst, every ADD's answer would wait for one more commit.
 func (s *Server) viewIn(ls ledger.Lease, ranges []pool.RangeSet) api.LeaseView {
 	v := ledgerview.Lease(ls, ranges)
 	s.annotateBlock(&v, ls)

@@ -21,16 +21,16 @@ import (
 // plugin would, against its ledger without a socket in between; it answers what the
 // plugin would have printed and its exit status. Every call the agent does not answer
 // with a CNI outcome (unreachable, killed, draining, an older agent) is left to the
-// caller, which then execs the plugin as before (and the plugin spools a DEL when the
-// agent is away). A call the agent took but did not answer within ipam.timeout is not
-// left to the plugin, which would wait as long again: Forward answers it as the plugin
-// would after its own wait (Run with the agent's error: an ADD fails with
+// caller, which then execs the plugin (and the plugin spools a DEL when the agent is
+// away). A call the agent took but did not answer within ipam.timeout is not left to
+// the plugin, which would wait as long again: Forward answers it as the plugin would
+// after its own wait (Run with the agent's error: an ADD fails with
 // try-again-later, a DEL is spooled).
 //
-// The plugin itself does not hand its own calls over: measured in interleaved execs
-// (docs/call-breakdown.md), moving its configuration, CNI_ARGS and result work into the
-// agent gained 0.00-0.04 ms of a 3.2 ms ADD, within the method's noise; the scan of the
-// socket, the larger request and the agent's share ate what the cold code cost.
+// The plugin itself does not hand its own calls over: it is a process already, so a
+// hand-over would spare it only its configuration, CNI_ARGS and result work, and the
+// scan of the socket, the larger request and the agent's share cost as much
+// (docs/call-breakdown.md).
 
 // maxForwardedStdin bounds the encoded stdin of a forwarded call well inside the
 // agent's request limit; a larger configuration (a huge prevResult or runtimeConfig) is
@@ -77,8 +77,8 @@ func Forward(ctx context.Context, call api.CallFunc, netns func(string) api.NetN
 
 // timedOut tells whether err ended a call because ctx's deadline passed. The socket's
 // deadline fires apart from ctx's timer: on a busy node the read fails before ctx.Err()
-// is set, so ctx.Err() alone misses the very case it stands for (the fresh clone's CI
-// saw it), and the error's own cause is checked too.
+// is set, so ctx.Err() alone would miss the very case it stands for, and the error's
+// own cause is checked too.
 func timedOut(ctx context.Context, err error) bool {
 	return err != nil && (ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(err, context.DeadlineExceeded))
 }

@@ -201,12 +201,11 @@ func splitPath(p string) []string { return filepath.SplitList(p) }
 // an ADD or DEL is handed to the agent whole (ipam.Forward: the environment and stdin
 // the ipledger plugin would have been exec'd with), the agent runs that plugin's code
 // on it and answers what the plugin would have printed. This spares each pod's ADD and
-// DEL the exec of a second process (a no-op Go binary alone costs about 1.5 ms here:
-// `make bench`'s floor): the ADD went from 0.90-0.94x to 0.61-0.65x of ptp + host-local
-// at p50, bursts of 110 ADDs from 0.71-0.83x to 0.47-0.62x (docs/call-breakdown.md).
-// Every other type and verb, and every call the agent does not run (unreachable,
-// draining, an older agent), goes to Exec, the plugin found in CNI_PATH, as before; the
-// plugin must be there either way.
+// DEL the exec of a second process, whose start alone (a no-op Go binary, `make
+// bench`'s floor) costs about 1.5 ms on the bench machine; docs/call-breakdown.md
+// compares the calls with and without it. Every other type and verb, and every call
+// the agent does not run (unreachable, draining, an older agent), goes to Exec, the
+// plugin found in CNI_PATH; the plugin must be there either way.
 type AgentIPAM struct {
 	Exec *ExecIPAM
 	// Call sends a request to the agent (api.Call); NetNS reads a network
