@@ -12,7 +12,8 @@ import (
 )
 
 const (
-	// DefaultMTU is the MTU of both veth ends when the config has none.
+	// DefaultMTU is the MTU of both veth ends when neither the config nor the
+	// host's default route gives one (see uplinkMTU).
 	DefaultMTU = 1500
 	// DefaultHostVethPrefix is the host-side name prefix when the config has none.
 	DefaultHostVethPrefix = "ipl"
@@ -33,6 +34,8 @@ var prefixRE = regexp.MustCompile(`^[a-zA-Z][a-zA-Z0-9_-]*$`)
 // the ipam section) plus mtu and hostVethPrefix.
 type NetConf struct {
 	types.NetConf
+	// MTU of both veth ends; 0 (no mtu in the config) means the MTU of the
+	// interface of the host's default route, found at ADD (uplinkMTU).
 	MTU            int    `json:"mtu,omitempty"`
 	HostVethPrefix string `json:"hostVethPrefix,omitempty"`
 	// Attachments is GC's list under the spec's older key; cni.dev/valid-attachments
@@ -41,15 +44,13 @@ type NetConf struct {
 }
 
 // ParseConfig decodes stdin, applies defaults and validates the plugin fields.
+// An absent mtu stays 0: only ADD, in the host namespace, can look it up.
 func ParseConfig(stdin []byte) (*NetConf, error) {
 	conf := &NetConf{}
 	if err := json.Unmarshal(stdin, conf); err != nil {
 		return nil, fmt.Errorf("%w: decode: %v", ErrConfig, err)
 	}
-	if conf.MTU == 0 {
-		conf.MTU = DefaultMTU
-	}
-	if conf.MTU < 68 || conf.MTU > 65535 {
+	if conf.MTU != 0 && (conf.MTU < 68 || conf.MTU > 65535) {
 		return nil, fmt.Errorf("%w: mtu %d out of range 68..65535", ErrConfig, conf.MTU)
 	}
 	if conf.HostVethPrefix == "" {
@@ -86,7 +87,7 @@ func ParseDelConfig(stdin []byte) (conf *NetConf, warnings []string, err error) 
 	if err := json.Unmarshal(stdin, &raw); err != nil {
 		return nil, nil, fmt.Errorf("%w: decode: %v (DEL needs name and ipam.type)", ErrConfig, err)
 	}
-	conf = &NetConf{MTU: DefaultMTU, HostVethPrefix: DefaultHostVethPrefix}
+	conf = &NetConf{HostVethPrefix: DefaultHostVethPrefix}
 	conf.Name, conf.IPAM.Type = raw.Name, raw.IPAM.Type
 	if conf.Name == "" || strings.ContainsAny(conf.Name, " \t\n=") {
 		return nil, nil, fmt.Errorf("%w: network name %q must be non-empty without blanks or '='", ErrConfig, conf.Name)

@@ -50,11 +50,12 @@ func TestParseConfig(t *testing.T) {
 		prefix     string
 		bad        bool
 	}{
-		{"defaults", `{"cniVersion":"1.0.0","name":"n","type":"ipledger-veth","ipam":{"type":"host-local"}}`, 1500, "ipl", false},
+		{"defaults", `{"cniVersion":"1.0.0","name":"n","type":"ipledger-veth","ipam":{"type":"host-local"}}`, 0, "ipl", false},
 		{"fields", `{"cniVersion":"1.0.0","name":"n","type":"ipledger-veth","mtu":9000,"hostVethPrefix":"pod","ipam":{"type":"ipledger"}}`, 9000, "pod", false},
 		{"long-prefix", `{"cniVersion":"1.0.0","name":"n","type":"ipledger-veth","hostVethPrefix":"toolongpfx","ipam":{"type":"x"}}`, 0, "", true},
 		{"bad-prefix", `{"cniVersion":"1.0.0","name":"n","type":"ipledger-veth","hostVethPrefix":"a b","ipam":{"type":"x"}}`, 0, "", true},
 		{"bad-mtu", `{"cniVersion":"1.0.0","name":"n","type":"ipledger-veth","mtu":20,"ipam":{"type":"x"}}`, 0, "", true},
+		{"negative-mtu", `{"cniVersion":"1.0.0","name":"n","type":"ipledger-veth","mtu":-1,"ipam":{"type":"x"}}`, 0, "", true},
 		{"no-ipam", `{"cniVersion":"1.0.0","name":"n","type":"ipledger-veth"}`, 0, "", true},
 		{"not-json", `{`, 0, "", true},
 	}

@@ -242,8 +242,13 @@ func confBytes(t *testing.T, version, network string, ipam map[string]any, extra
 
 func confList(t *testing.T, version, network string, ipam map[string]any) *libcni.NetworkConfigList {
 	t.Helper()
-	b, err := json.Marshal(map[string]any{"cniVersion": version, "name": network,
-		"plugins": []any{map[string]any{"type": pluginType, "ipam": ipam, "mtu": 1400}}})
+	return listOf(t, version, network, map[string]any{"type": pluginType, "ipam": ipam, "mtu": 1400})
+}
+
+// listOf is the conflist of network chaining plugins in order.
+func listOf(t *testing.T, version, network string, plugins ...map[string]any) *libcni.NetworkConfigList {
+	t.Helper()
+	b, err := json.Marshal(map[string]any{"cniVersion": version, "name": network, "plugins": plugins})
 	if err != nil {
 		t.Fatal(err)
 	}

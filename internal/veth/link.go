@@ -282,3 +282,42 @@ func setIfSysctl(proto, ifName, key, value string) error {
 	}
 	return nil
 }
+
+// uplinkMTU is the MTU of the interface that carries the node's address: the
+// interface of the namespace's IPv4 default route (main table, lowest metric;
+// a multipath route by its first next hop), else of its IPv6 one. Pods get
+// that MTU so that what they send fits the node's own link. DefaultMTU when
+// there is no default route, or its interface's MTU is one a veth cannot have.
+func uplinkMTU(h *netlinksafe.Handle) (int, error) {
+	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
+		routes, err := h.RouteListFiltered(fam, &netlink.Route{}, 0)
+		if err != nil {
+			return 0, fmt.Errorf("list routes to find the default route's MTU: %w", err)
+		}
+		idx, metric := 0, 0
+		for _, r := range routes {
+			if (r.Dst != nil && !isDefault(r.Dst)) || r.Type != unix.RTN_UNICAST {
+				continue
+			}
+			li := r.LinkIndex
+			if li == 0 && len(r.MultiPath) > 0 {
+				li = r.MultiPath[0].LinkIndex
+			}
+			if li != 0 && (idx == 0 || r.Priority < metric) {
+				idx, metric = li, r.Priority
+			}
+		}
+		if idx == 0 {
+			continue
+		}
+		link, err := h.LinkByIndex(idx)
+		if err != nil {
+			return 0, fmt.Errorf("interface %d of the default route: %w", idx, err)
+		}
+		if mtu := link.Attrs().MTU; mtu >= 68 && mtu <= 65535 {
+			return mtu, nil
+		}
+		return DefaultMTU, nil
+	}
+	return DefaultMTU, nil
+}

@@ -124,6 +124,12 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) (_ *current.Result
 	}
 	defer hh.Close()
 	h := &hh
+	mtu := conf.MTU
+	if mtu == 0 {
+		if mtu, err = uplinkMTU(h); err != nil {
+			return nil, nil, err
+		}
+	}
 
 	// A leftover of an earlier ADD of this very attachment is replaced; a foreign
 	// interface with our name is never touched.
@@ -180,7 +186,7 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) (_ *current.Result
 		extra = append(extra, &d)
 	}
 
-	hostLink, err := createVeth(h, hostName, alias, conf.MTU, args.IfName, pod)
+	hostLink, err := createVeth(h, hostName, alias, mtu, args.IfName, pod)
 	if hostLink != nil {
 		defer func() {
 			if err != nil {
@@ -212,8 +218,8 @@ func (p *Plugin) add(ctx context.Context, args *skel.CmdArgs) (_ *current.Result
 		out.DNS = conf.DNS
 	}
 	out.Interfaces = []*current.Interface{
-		{Name: hostName, Mac: hostLink.Attrs().HardwareAddr.String(), Mtu: conf.MTU},
-		{Name: args.IfName, Mac: podLink.Attrs().HardwareAddr.String(), Mtu: conf.MTU, Sandbox: args.Netns},
+		{Name: hostName, Mac: hostLink.Attrs().HardwareAddr.String(), Mtu: mtu},
+		{Name: args.IfName, Mac: podLink.Attrs().HardwareAddr.String(), Mtu: mtu, Sandbox: args.Netns},
 	}
 	seen := map[int]bool{}
 	for _, ip := range ips {

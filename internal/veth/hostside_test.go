@@ -1,0 +1,143 @@
+package veth_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/libcni"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/ipledger/ipledger/internal/veth"
+	"github.com/vishvananda/netlink"
+)
+
+// ipNS runs `ip -n NS args...` on the namespace at nsPath (a /run/netns path).
+func ipNS(t *testing.T, nsPath string, args ...string) {
+	t.Helper()
+	full := append([]string{"-n", filepath.Base(nsPath)}, args...)
+	if out, err := exec.Command("ip", full...).CombinedOutput(); err != nil {
+		t.Fatalf("ip %s: %v %s", strings.Join(full, " "), err, out)
+	}
+}
+
+// sysctl reads /proc/sys/net/PATH inside the namespace at nsPath.
+func sysctl(t *testing.T, nsPath, path string) string {
+	t.Helper()
+	var v string
+	inNS(t, nsPath, func() error {
+		b, err := os.ReadFile("/proc/sys/net/" + path)
+		v = strings.TrimSpace(string(b))
+		return err
+	})
+	return v
+}
+
+// addInNode runs ADD of list for a pod namespace of its own through libcni with
+// the node namespace as the host, and DEL in t.Cleanup.
+func addInNode(t *testing.T, node string, list *libcni.NetworkConfigList, containerID string) (pod string, res *current.Result) {
+	t.Helper()
+	pod = newNetNS(t, "pod")
+	cni := newCNI(t)
+	rt := &libcni.RuntimeConf{ContainerID: containerID, NetNS: pod, IfName: "eth0"}
+	inNS(t, node, func() error {
+		r, err := cni.AddNetworkList(context.Background(), list, rt)
+		if err != nil {
+			return fmt.Errorf("ADD: %w", err)
+		}
+		res, err = current.NewResultFromResult(r)
+		return err
+	})
+	t.Cleanup(func() {
+		inNS(t, node, func() error { return cni.DelNetworkList(context.Background(), list, rt) })
+	})
+	return pod, res
+}
+
+// plainList is a conflist of ipledger-veth alone with host-local IPv4 addresses,
+// plugin fields from extra.
+func plainList(t *testing.T, network string, dualStack bool, extra map[string]any) *libcni.NetworkConfigList {
+	t.Helper()
+	plugin := map[string]any{"type": pluginType, "ipam": (&hostLocal{dataDir: t.TempDir()}).Section(pool{idx: 0}, dualStack, false)}
+	for k, v := range extra {
+		plugin[k] = v
+	}
+	return listOf(t, "1.0.0", network, plugin)
+}
+
+// TestMTUFromDefaultRoute: without an mtu in the config, both veth ends get the
+// MTU of the interface of the host namespace's default route (IPv4 first, the
+// lowest metric), an explicit mtu wins, and with no default route they keep
+// veth.DefaultMTU. The host is a namespace the test made.
+func TestMTUFromDefaultRoute(t *testing.T) {
+	type uplink struct {
+		name string
+		mtu  int
+	}
+	cases := []struct {
+		name    string
+		uplinks []uplink
+		setup   [][]string
+		extra   map[string]any
+		want    int
+	}{
+		{"ipv4-default-route", []uplink{{"up0", 1400}}, [][]string{
+			{"addr", "add", "10.251.0.1/24", "dev", "up0"}, {"route", "add", "default", "via", "10.251.0.254", "dev", "up0"},
+		}, nil, 1400},
+		{"ipv6-default-route-only", []uplink{{"up0", 1380}}, [][]string{
+			{"-6", "route", "add", "default", "dev", "up0"},
+		}, nil, 1380},
+		{"ipv4-before-ipv6", []uplink{{"up0", 1400}, {"up1", 1300}}, [][]string{
+			{"route", "add", "default", "dev", "up0"}, {"-6", "route", "add", "default", "dev", "up1"},
+		}, nil, 1400},
+		{"lowest-metric", []uplink{{"up0", 1400}, {"up1", 1450}}, [][]string{
+			{"route", "add", "default", "dev", "up0", "metric", "200"}, {"route", "add", "default", "dev", "up1", "metric", "100"},
+		}, nil, 1450},
+		{"explicit-mtu-wins", []uplink{{"up0", 1400}}, [][]string{
+			{"route", "add", "default", "dev", "up0"},
+		}, map[string]any{"mtu": 1300}, 1300},
+		{"no-default-route", []uplink{{"up0", 1400}}, [][]string{
+			{"addr", "add", "10.251.0.1/24", "dev", "up0"},
+		}, nil, veth.DefaultMTU},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			node := newNetNS(t, "node")
+			// A veth pair inside the node namespace stands for each uplink (the
+			// kernel may lack the dummy driver).
+			for _, u := range c.uplinks {
+				mtu := fmt.Sprint(u.mtu)
+				ipNS(t, node, "link", "add", u.name, "mtu", mtu, "type", "veth", "peer", "name", u.name+"p", "mtu", mtu)
+				ipNS(t, node, "link", "set", u.name+"p", "up")
+				ipNS(t, node, "link", "set", u.name, "up")
+			}
+			for _, args := range c.setup {
+				ipNS(t, node, args...)
+			}
+			network := "iplt-mtu"
+			cid := "mtu-" + c.name
+			pod, res := addInNode(t, node, plainList(t, network, false, c.extra), cid)
+			for _, i := range res.Interfaces {
+				if i.Mtu != c.want {
+					t.Errorf("result interface %s mtu %d, want %d", i.Name, i.Mtu, c.want)
+				}
+			}
+			hostName := veth.HostVethName(veth.DefaultHostVethPrefix, network, cid, "eth0")
+			for _, side := range []struct{ ns, name string }{{node, hostName}, {pod, "eth0"}} {
+				inNS(t, side.ns, func() error {
+					l, err := netlink.LinkByName(side.name)
+					if err != nil {
+						return err
+					}
+					if l.Attrs().MTU != c.want {
+						return fmt.Errorf("%s mtu %d, want %d", side.name, l.Attrs().MTU, c.want)
+					}
+					return nil
+				})
+			}
+		})
+	}
+}
