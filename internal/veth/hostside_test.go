@@ -141,3 +141,41 @@ func TestMTUFromDefaultRoute(t *testing.T) {
 		})
 	}
 }
+
+// TestHostVethSysctls: each host-side veth gets IPv4 forwarding, proxy ARP, a
+// loose rp_filter (2) and IPv6 forwarding, on that interface only: the node's
+// all and default keys keep what they had (a strict rp_filter of 1 here, as
+// distributions set it).
+func TestHostVethSysctls(t *testing.T) {
+	node := newNetNS(t, "node")
+	global := map[string]string{
+		"ipv4/conf/all/rp_filter": "1", "ipv4/conf/default/rp_filter": "1",
+		"ipv4/conf/all/forwarding": "0", "ipv4/conf/default/forwarding": "0",
+		"ipv4/conf/all/proxy_arp": "0", "ipv4/conf/default/proxy_arp": "0",
+		"ipv6/conf/default/forwarding": "0",
+	}
+	inNS(t, node, func() error {
+		for k, v := range global {
+			if err := os.WriteFile("/proc/sys/net/"+k, []byte(v), 0o644); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	network := "iplt-sysctl"
+	addInNode(t, node, plainList(t, network, true, nil), "sysctl")
+	name := veth.HostVethName(veth.DefaultHostVethPrefix, network, "sysctl", "eth0")
+	for k, want := range map[string]string{
+		"ipv4/conf/" + name + "/forwarding": "1", "ipv4/conf/" + name + "/proxy_arp": "1",
+		"ipv4/conf/" + name + "/rp_filter": "2", "ipv6/conf/" + name + "/forwarding": "1",
+	} {
+		if got := sysctl(t, node, k); got != want {
+			t.Errorf("net.%s = %s, want %s", strings.ReplaceAll(k, "/", "."), got, want)
+		}
+	}
+	for k, want := range global {
+		if got := sysctl(t, node, k); got != want {
+			t.Errorf("net.%s = %s, was %s before the ADD: a node-wide sysctl was changed", strings.ReplaceAll(k, "/", "."), got, want)
+		}
+	}
+}

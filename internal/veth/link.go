@@ -239,8 +239,12 @@ func configureHost(h *netlinksafe.Handle, link netlink.Link, ips []net.IP) error
 		}
 	}
 	if v4 {
-		// Answer ARP for 169.254.1.1 and forward what the pod sends.
-		for _, kv := range [][2]string{{"proxy_arp", "1"}, {"forwarding", "1"}} {
+		// Answer ARP for 169.254.1.1 and forward what the pod sends. Loose
+		// reverse-path filtering (2): a packet from the pod is dropped only when
+		// its source is not routable at all. The kernel applies the larger of
+		// all's and the interface's value, so 2 here holds on this interface
+		// even where the distribution sets a strict (1) all, which stays as is.
+		for _, kv := range [][2]string{{"proxy_arp", "1"}, {"forwarding", "1"}, {"rp_filter", "2"}} {
 			if err := setIfSysctl("ipv4", name, kv[0], kv[1]); err != nil {
 				return err
 			}

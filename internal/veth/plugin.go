@@ -9,7 +9,7 @@
 //	            169.254.1.1 dev I scope link; default via 169.254.1.1 dev I
 //	            default via fe80::1 dev I; permanent neighbours for both gateways
 //	host:       PREFIX+hash(N,C,I) (veth) alias "ipledger-veth net=N cid=C if=I netns=DEV:INO"
-//	            proxy_arp=1, forwarding=1 (this interface only), fe80::1/64
+//	            proxy_arp=1, forwarding=1, rp_filter=2 (this interface only), fe80::1/64
 //	            addr/32 dev host-veth, addr/128 dev host-veth
 //
 // DEL works from the host side only and never opens CNI_NETNS.
