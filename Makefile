@@ -3,7 +3,11 @@
 export PATH := $(PATH):/usr/local/go/bin
 GO      ?= go
 BIN     := bin
-BINS    := ipledger ipledger-veth ipledgerd ipledgerctl
+BINS    := ipledger ipledger-veth ipledgerd ipledgerctl portmap
+# portmap: the standard CNI port-mapping plugin (hostPort), built from the source of
+# go.mod's containernetworking/plugins (a tool of the module) and shipped beside ours.
+PORTMAP := github.com/containernetworking/plugins/plugins/meta/portmap
+CNI_PLUGINS_VERSION = $(shell $(GO) list -m -f '{{.Version}}' github.com/containernetworking/plugins)
 # Tests build the binaries themselves; keep the whole suite well under 30 minutes.
 TESTFLAGS ?= -count=1 -timeout 25m
 
@@ -13,10 +17,12 @@ all: build
 
 build:
 	@mkdir -p $(BIN)
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags='-s -w' -o $(BIN)/ ./cmd/...
+	CGO_ENABLED=0 $(GO) build -trimpath \
+		-ldflags='-s -w -X github.com/containernetworking/plugins/pkg/utils/buildversion.BuildVersion=$(CNI_PLUGINS_VERSION)' \
+		-o $(BIN)/ ./cmd/... $(PORTMAP)
 
 # image: bin/ipledger-image.tar, a docker-archive tagged ipledger:dev holding the
-# four static binaries; built in Go (internal/image), no Docker, no network,
+# four static binaries and portmap; built in Go (internal/image), no Docker, no network,
 # fixed timestamps (two builds are byte-identical). Load it with
 # `ctr -n k8s.io images import bin/ipledger-image.tar`.
 IMAGE_TAG ?= ipledger:dev

@@ -221,16 +221,17 @@ func sortedKeys[V any](m map[string]V) []string {
 	return ks
 }
 
-// Binaries are the four ipledger binaries the ipledger image holds, in
-// BinDir.
-var Binaries = []string{"ipledger", "ipledger-veth", "ipledgerctl", "ipledgerd"}
+// Binaries are what the ipledger image holds in BinDir: the four ipledger
+// binaries and portmap, the standard CNI port-mapping plugin (built from
+// go.mod's containernetworking/plugins), which install-cni puts beside them.
+var Binaries = []string{"ipledger", "ipledger-veth", "ipledgerctl", "ipledgerd", "portmap"}
 
 // BinDir is where the ipledger image holds its binaries (on PATH).
 const BinDir = "/usr/local/bin"
 
-// IpledgerSpec returns the spec of the ipledger image: the four static
-// binaries from binDir (as `make build` writes them) in BinDir, ipledgerd as
-// the entrypoint.
+// IpledgerSpec returns the spec of the ipledger image: the static Binaries
+// from binDir (as `make build` writes them) in BinDir, ipledgerd as the
+// entrypoint.
 func IpledgerSpec(binDir, tag string) (Spec, error) {
 	spec := Spec{
 		Tag:        tag,

@@ -181,4 +181,11 @@ func TestIpledgerImageImportsIntoContainerd(t *testing.T) {
 			t.Errorf("%s in the image: %v (equal %v)", b, err, bytes.Equal(got, want))
 		}
 	}
+	// The image's portmap is a working CNI plugin: it answers VERSION.
+	cmd := exec.Command(filepath.Join(mnt, image.BinDir, "portmap"))
+	cmd.Env = []string{"CNI_COMMAND=VERSION"}
+	cmd.Stdin = strings.NewReader(`{"cniVersion":"1.0.0"}`)
+	if out, err := cmd.Output(); err != nil || !strings.Contains(string(out), `"supportedVersions"`) {
+		t.Errorf("portmap VERSION from the image: %v %s", err, out)
+	}
 }

@@ -1,5 +1,6 @@
 // Command image writes the ipledger container image (make image): a
-// docker-archive tarball holding the four binaries `make build` wrote. It is a
+// docker-archive tarball holding the binaries `make build` wrote (the four of
+// ipledger and portmap). It is a
 // build tool, not an installed binary.
 package main
 

@@ -36,8 +36,13 @@ func RepoRoot() string {
 	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", ".."))
 }
 
-// Bin builds ipledger, ipledger-veth, ipledgerd and ipledgerctl (once per process) and
-// returns the directory holding them. It is also a CNI_PATH directory for the plugins.
+// PortmapPackage is the standard CNI port-mapping plugin, built from go.mod's
+// containernetworking/plugins as `make build` builds it (bin/portmap).
+const PortmapPackage = "github.com/containernetworking/plugins/plugins/meta/portmap"
+
+// Bin builds ipledger, ipledger-veth, ipledgerd, ipledgerctl and portmap (once per
+// process) and returns the directory holding them, laid out as `make build`'s bin/.
+// It is also a CNI_PATH directory for the plugins.
 func Bin(tb testing.TB) string {
 	tb.Helper()
 	buildOnce.Do(func() {
@@ -45,11 +50,11 @@ func Bin(tb testing.TB) string {
 		if buildErr != nil {
 			return
 		}
-		cmd := exec.Command("go", "build", "-trimpath", "-o", binDir+"/", "./cmd/...")
+		cmd := exec.Command("go", "build", "-trimpath", "-o", binDir+"/", "./cmd/...", PortmapPackage)
 		cmd.Dir = RepoRoot()
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/...: %v\n%s", err, out)
+			buildErr = fmt.Errorf("go build ./cmd/... %s: %v\n%s", PortmapPackage, err, out)
 		}
 	})
 	if buildErr != nil {
