@@ -31,6 +31,10 @@ import (
 // host-local, and fake IPAM scripts.
 var binDir string
 
+// portmapDir holds portmap as make build builds it (go.mod's containernetworking/
+// plugins), the one the image ships; Debian's is in /usr/lib/cni.
+var portmapDir string
+
 const pluginType = "ipledger-veth"
 
 // Fake IPAM plugins. Each appends "COMMAND CONTAINERID" to $dir/fake-ipam.log.
@@ -76,9 +80,10 @@ func run(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	binDir = dir
-	// iproute2 and Debian's host-local, installed if missing under the lock every
-	// test process takes (another package's test may be installing them now).
-	if err := debpkg.Ensure(debpkg.IPRoute2, debpkg.CNIPlugins); err != nil {
+	// iproute2, Debian's host-local and portmap, and the iptables portmap runs,
+	// installed if missing under the lock every test process takes (another
+	// package's test may be installing them now).
+	if err := debpkg.Ensure(debpkg.IPRoute2, debpkg.CNIPlugins, debpkg.IPTables); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -92,6 +97,14 @@ func run(m *testing.M) int {
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "build ipledger:", err)
+		return 1
+	}
+	portmapDir = filepath.Join(dir, "shipped")
+	build = exec.Command("go", "build", "-o", filepath.Join(portmapDir, "portmap"), agentenv.PortmapPackage)
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build portmap:", err)
 		return 1
 	}
 	if err := os.Symlink("/usr/lib/cni/host-local", filepath.Join(dir, "host-local")); err != nil {

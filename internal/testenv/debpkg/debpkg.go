@@ -43,7 +43,8 @@ type Package struct {
 // The packages the tests use.
 var (
 	IPRoute2   = Package{Name: "iproute2", Files: []string{"ip"}}
-	CNIPlugins = Package{Name: "containernetworking-plugins", Files: []string{"/usr/lib/cni/bridge", "/usr/lib/cni/host-local", "/usr/lib/cni/loopback", "/usr/lib/cni/ptp"}}
+	CNIPlugins = Package{Name: "containernetworking-plugins", Files: []string{"/usr/lib/cni/bridge", "/usr/lib/cni/host-local", "/usr/lib/cni/loopback", "/usr/lib/cni/ptp", "/usr/lib/cni/portmap"}}
+	IPTables   = Package{Name: "iptables", Files: []string{"iptables", "iptables-save", "ip6tables", "ip6tables-save"}}
 	Containerd = Package{Name: "containerd", Files: []string{"containerd", "ctr", "containerd-shim-runc-v2"}}
 	Runc       = Package{Name: "runc", Files: []string{"runc"}}
 )
