@@ -1,7 +1,11 @@
 package main
 
 import (
+	"errors"
+	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -99,5 +103,79 @@ func TestInstallCNIFlags(t *testing.T) {
 	dir := t.TempDir()
 	if code := installCNI([]string{"--conflist", dir + "/absent", "--cni-bin-dir", dir, "--cni-conf-dir", dir}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "conflist") {
 		t.Errorf("missing conflist: exit %d, stderr %q", code, errb.String())
+	}
+}
+
+// TestUninstallCNIFlags: uninstall-cni refuses stray arguments and a bad conf
+// name, and undoes install-cni: the conflist and the plugins install-cni
+// installed go, the node's own portmap and the ledger stay.
+func TestUninstallCNIFlags(t *testing.T) {
+	var out, errb strings.Builder
+	if code := uninstallCNI([]string{"extra"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "unexpected arguments") {
+		t.Errorf("stray argument: exit %d, stderr %q", code, errb.String())
+	}
+	errb.Reset()
+	dir := t.TempDir()
+	if code := uninstallCNI([]string{"--cni-bin-dir", dir, "--cni-conf-dir", dir, "--conf-name", "x.json"}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "conf name") {
+		t.Errorf("bad conf name: exit %d, stderr %q", code, errb.String())
+	}
+
+	for _, nodeHasPortmap := range []bool{false, true} {
+		t.Run(fmt.Sprintf("node-has-portmap=%v", nodeHasPortmap), func(t *testing.T) {
+			d := t.TempDir()
+			src, bin, confd, state := filepath.Join(d, "src"), filepath.Join(d, "bin"), filepath.Join(d, "net.d"), filepath.Join(d, "var-lib-ipledger")
+			files := map[string]string{
+				filepath.Join(src, "ipledger"): "ipledger", filepath.Join(src, "ipledger-veth"): "ipledger-veth", filepath.Join(src, "portmap"): "portmap",
+				filepath.Join(d, "conflist"):      `{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"ipledger-veth","ipam":{"type":"ipledger"}},{"type":"portmap","capabilities":{"portMappings":true},"snat":true}]}`,
+				filepath.Join(state, "ledger.db"): "the ledger",
+			}
+			if nodeHasPortmap {
+				files[filepath.Join(bin, "portmap")] = "the node's portmap"
+			}
+			for p, data := range files {
+				if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(p, []byte(data), 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for _, dir := range []string{bin, confd} {
+				if err := os.MkdirAll(dir, 0o755); err != nil {
+					t.Fatal(err)
+				}
+			}
+			dirs := []string{"--cni-bin-dir", bin, "--cni-conf-dir", confd}
+			var out, errb strings.Builder
+			if code := installCNI(append([]string{"--src-dir", src, "--conflist", filepath.Join(d, "conflist")}, dirs...), &out, &errb); code != 0 {
+				t.Fatalf("install-cni: exit %d, stderr %q", code, errb.String())
+			}
+			if got := strings.Contains(out.String(), "kept portmap"); got != nodeHasPortmap {
+				t.Errorf("install-cni output %q: kept portmap %v, want %v", out.String(), got, nodeHasPortmap)
+			}
+			out.Reset()
+			if code := uninstallCNI(dirs, &out, &errb); code != 0 {
+				t.Fatalf("uninstall-cni: exit %d, stderr %q", code, errb.String())
+			}
+			t.Logf("uninstall-cni:\n%s", out.String())
+			for _, p := range []string{filepath.Join(confd, "10-ipledger.conflist"), filepath.Join(bin, "ipledger"), filepath.Join(bin, "ipledger-veth")} {
+				if !strings.Contains(out.String(), "removed "+p+"\n") {
+					t.Errorf("uninstall-cni did not report removing %s", p)
+				}
+				if _, err := os.Lstat(p); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("%s still there (%v)", p, err)
+				}
+			}
+			b, err := os.ReadFile(filepath.Join(bin, "portmap"))
+			if nodeHasPortmap != (err == nil) || (err == nil && string(b) != "the node's portmap") {
+				t.Errorf("portmap after uninstall: %q %v (the node had its own: %v)", b, err, nodeHasPortmap)
+			}
+			if b, err := os.ReadFile(filepath.Join(state, "ledger.db")); err != nil || string(b) != "the ledger" {
+				t.Errorf("ledger after uninstall: %q %v", b, err)
+			}
+			if ents, _ := os.ReadDir(confd); len(ents) != 0 {
+				t.Errorf("conf dir after uninstall holds %v", ents)
+			}
+		})
 	}
 }

@@ -33,6 +33,9 @@ func main() {
 	if len(os.Args) > 1 && os.Args[1] == "install-cni" {
 		os.Exit(installCNI(os.Args[2:], os.Stdout, os.Stderr))
 	}
+	if len(os.Args) > 1 && os.Args[1] == "uninstall-cni" {
+		os.Exit(uninstallCNI(os.Args[2:], os.Stdout, os.Stderr))
+	}
 	os.Exit(run(ctx, os.Args[1:], os.Getenv, os.Stderr))
 }
 

@@ -4,28 +4,51 @@
 // destination directory, fsync'd, then renamed over the old one, so a runtime
 // (or kubelet) scanning the directory never reads half a file or runs half a
 // binary. It is what `ipledgerd install-cni` runs in the DaemonSet's init
-// container (deploy/ipledger.yaml).
+// container (deploy/ipledger.yaml), and Uninstall (`ipledgerd uninstall-cni`)
+// takes it off again.
+//
+// Which plugins it installed is recorded beside the conflist (RecordPath), so
+// that Uninstall removes those and nothing else: a shared plugin such as
+// portmap is installed only where the node has none, and a portmap the
+// operator put there stays when ipledger goes.
 package cniinstall
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
 // ErrBadConflist is returned for a conflist that no runtime would load.
 var ErrBadConflist = errors.New("cniinstall: bad conflist")
 
-// Options says what to install where.
+// ErrBadRecord is returned for a record of installed plugins (RecordPath) that
+// cannot be read as one: Install stops, Uninstall removes only Options.Plugins
+// and the conflist and keeps the record for the operator to look at.
+var ErrBadRecord = errors.New("cniinstall: bad record of installed plugins")
+
+// RecordSuffix ends the name of the record of installed plugins, beside the
+// conflist (10-ipledger.conflist.installed): not .conf, .conflist or .json, so
+// no runtime reads it as a network.
+const RecordSuffix = ".installed"
+
+// Options says what to install where, and for Uninstall what to remove.
 type Options struct {
 	// SrcDir holds the plugin binaries (in the image: /usr/local/bin).
 	SrcDir string
-	// Plugins are the binaries' names to copy from SrcDir to BinDir.
+	// Plugins are ipledger's own binaries: Install copies each from SrcDir to
+	// BinDir, replacing what is there; Uninstall removes them.
 	Plugins []string
+	// Shared are plugins other networks may use too (portmap): Install copies
+	// one only when BinDir has none or the one there is recorded as installed
+	// by an earlier Install; Uninstall removes only those recorded.
+	Shared []string
 	// BinDir is the host's CNI bin dir as mounted in the container.
 	BinDir string
 	// Conflist is the path of the conflist to install (a ConfigMap key).
@@ -35,21 +58,83 @@ type Options struct {
 	// ConfName is the installed conflist's file name, e.g. 10-ipledger.conflist
 	// (runtimes use the lexically first file of the dir).
 	ConfName string
+	// Cleanups are what Uninstall runs once the conflist and plugins are gone,
+	// for state of the network beyond its files (routes, netfilter rules).
+	Cleanups []Cleanup
 }
+
+// Cleanup removes something the network left on the node. It must succeed on
+// what is already gone: a failed Uninstall is run again.
+type Cleanup func() error
 
 // Installed is what Install did, for the log.
 type Installed struct {
+	// Files written, the conflist last.
 	Files []string
+	// Kept are the shared plugins left as they were: BinDir had them, not
+	// installed by ipledger.
+	Kept []string
+	// Record is the record of the installed plugins (RecordPath).
+	Record string
+}
+
+// RecordPath is the record of the plugins Install installed: ConfName with
+// RecordSuffix, in ConfDir.
+func RecordPath(o Options) string {
+	return filepath.Join(o.ConfDir, o.ConfName+RecordSuffix)
+}
+
+// record is the file at RecordPath.
+type record struct {
+	// Plugins are the binaries in BinDir that ipledger installed.
+	Plugins []string `json:"plugins"`
+}
+
+// readRecord reads the record at RecordPath; none is an empty record.
+func readRecord(o Options) (record, error) {
+	var r record
+	b, err := os.ReadFile(RecordPath(o))
+	if errors.Is(err, os.ErrNotExist) {
+		return r, nil
+	}
+	if err != nil {
+		return r, fmt.Errorf("%w: %v", ErrBadRecord, err)
+	}
+	if err := json.Unmarshal(b, &r); err != nil {
+		return r, fmt.Errorf("%w: %s: %v (remove it to start afresh; then a shared plugin there counts as the operator's)", ErrBadRecord, RecordPath(o), err)
+	}
+	for _, p := range r.Plugins {
+		if checkPluginName(p) != nil {
+			return r, fmt.Errorf("%w: %s names %q, not a file name", ErrBadRecord, RecordPath(o), p)
+		}
+	}
+	return r, nil
+}
+
+func checkConfName(name string) error {
+	if name == "" || strings.ContainsRune(name, '/') || !strings.HasSuffix(name, ".conflist") {
+		return fmt.Errorf("cniinstall: conf name %q: give a file name ending in .conflist, e.g. 10-ipledger.conflist", name)
+	}
+	return nil
+}
+
+func checkPluginName(p string) error {
+	if p == "" || p == "." || p == ".." || strings.ContainsRune(p, '/') {
+		return fmt.Errorf("cniinstall: plugin name %q: give a file name in the source dir", p)
+	}
+	return nil
 }
 
 // Install copies each plugin and then the conflist (last: once the runtime
 // sees the network, its plugins are in place). The conflist is checked first:
 // valid JSON with cniVersion, name and at least one plugin with a type, each
-// type among the installed plugins or already present in BinDir.
+// type among the installed plugins or already present in BinDir. The record
+// of what it installs is written before the first plugin is copied, so that no
+// plugin it copied is ever taken for the operator's.
 func Install(o Options) (Installed, error) {
 	var done Installed
-	if o.ConfName == "" || strings.ContainsRune(o.ConfName, '/') || !strings.HasSuffix(o.ConfName, ".conflist") {
-		return done, fmt.Errorf("cniinstall: conf name %q: give a file name ending in .conflist, e.g. 10-ipledger.conflist", o.ConfName)
+	if err := checkConfName(o.ConfName); err != nil {
+		return done, err
 	}
 	conf, err := os.ReadFile(o.Conflist)
 	if err != nil {
@@ -59,10 +144,46 @@ func Install(o Options) (Installed, error) {
 	if err != nil {
 		return done, fmt.Errorf("%w: %s: %v", ErrBadConflist, o.Conflist, err)
 	}
-	for _, p := range o.Plugins {
-		if p == "" || strings.ContainsRune(p, '/') {
-			return done, fmt.Errorf("cniinstall: plugin name %q: give a file name in the source dir", p)
+	for _, p := range append(slices.Clone(o.Plugins), o.Shared...) {
+		if err := checkPluginName(p); err != nil {
+			return done, err
 		}
+	}
+	prev, err := readRecord(o)
+	if err != nil {
+		return done, err
+	}
+	install := slices.Clone(o.Plugins)
+	for _, p := range o.Shared {
+		if slices.Contains(install, p) {
+			continue
+		}
+		_, err := os.Lstat(filepath.Join(o.BinDir, p))
+		switch {
+		case slices.Contains(prev.Plugins, p), errors.Is(err, os.ErrNotExist):
+			install = append(install, p)
+		case err != nil:
+			return done, fmt.Errorf("cniinstall: %w", err)
+		default:
+			done.Kept = append(done.Kept, p)
+		}
+	}
+	// Still ours: what an earlier Install put there and is still there.
+	rec := record{Plugins: slices.Clone(install)}
+	for _, p := range prev.Plugins {
+		if _, err := os.Lstat(filepath.Join(o.BinDir, p)); err == nil && !slices.Contains(rec.Plugins, p) {
+			rec.Plugins = append(rec.Plugins, p)
+		}
+	}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return done, fmt.Errorf("cniinstall: record: %w", err)
+	}
+	if err := writeAtomic(RecordPath(o), bytes.NewReader(append(b, '\n')), 0o644); err != nil {
+		return done, err
+	}
+	done.Record = RecordPath(o)
+	for _, p := range install {
 		src, err := os.Open(filepath.Join(o.SrcDir, p))
 		if err != nil {
 			return done, fmt.Errorf("cniinstall: plugin: %w", err)
@@ -89,6 +210,69 @@ func Install(o Options) (Installed, error) {
 	}
 	done.Files = append(done.Files, dst)
 	return done, nil
+}
+
+// Uninstalled is what Uninstall did, for the log.
+type Uninstalled struct {
+	// Removed are the files removed, the conflist first.
+	Removed []string
+}
+
+// Uninstall is Install's reverse: it removes the conflist (first: the runtime
+// stops using the network before its plugins go), then Plugins and the plugins
+// the record names (what Install installed; a shared plugin the operator put
+// there is not in it), then runs Cleanups, and removes the record last, when
+// everything else succeeded, so that a failed Uninstall can be run again. A file
+// already gone is not an error. It touches nothing else: the agent's ledger
+// (/var/lib/ipledger) stays.
+func Uninstall(o Options) (Uninstalled, error) {
+	var done Uninstalled
+	if err := checkConfName(o.ConfName); err != nil {
+		return done, err
+	}
+	for _, p := range o.Plugins {
+		if err := checkPluginName(p); err != nil {
+			return done, err
+		}
+	}
+	var errs []error
+	rec, err := readRecord(o)
+	if err != nil {
+		// Our own plugins and the conflist still go; shared ones are left.
+		errs = append(errs, err)
+	}
+	remove := func(p string) {
+		switch err := os.Remove(p); {
+		case err == nil:
+			done.Removed = append(done.Removed, p)
+		case !errors.Is(err, os.ErrNotExist):
+			errs = append(errs, fmt.Errorf("cniinstall: %w", err))
+		}
+	}
+	remove(filepath.Join(o.ConfDir, o.ConfName))
+	plugins := slices.Clone(o.Plugins)
+	for _, p := range rec.Plugins {
+		if !slices.Contains(plugins, p) {
+			plugins = append(plugins, p)
+		}
+	}
+	for _, p := range plugins {
+		remove(filepath.Join(o.BinDir, p))
+	}
+	for i, c := range o.Cleanups {
+		if err := c(); err != nil {
+			errs = append(errs, fmt.Errorf("cniinstall: cleanup %d: %w", i+1, err))
+		}
+	}
+	if len(errs) == 0 {
+		remove(RecordPath(o))
+	}
+	for _, dir := range []string{o.ConfDir, o.BinDir} {
+		if err := syncDir(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return done, errors.Join(errs...)
 }
 
 // check returns the plugin types (and IPAM types) a conflist names.
@@ -159,6 +343,11 @@ func writeAtomic(dst string, r io.Reader, mode os.FileMode) error {
 		os.Remove(name)
 		return fmt.Errorf("cniinstall: %w", err)
 	}
+	return syncDir(dir)
+}
+
+// syncDir fsyncs dir, making the renames and removals in it durable.
+func syncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return fmt.Errorf("cniinstall: %w", err)

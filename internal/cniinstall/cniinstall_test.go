@@ -3,8 +3,10 @@ package cniinstall_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -12,7 +14,7 @@ import (
 	"github.com/ipledger/ipledger/internal/cniinstall"
 )
 
-const goodConf = `{"cniVersion":"1.0.0","name":"k8s-pod-network","plugins":[{"type":"ipledger-veth","ipam":{"type":"ipledger","ranges":[[{"subnet":"10.244.0.0/24"}]]}}]}`
+const goodConf = `{"cniVersion":"1.0.0","name":"k8s-pod-network","plugins":[{"type":"ipledger-veth","ipam":{"type":"ipledger","ranges":[[{"subnet":"10.244.0.0/24"}]]}},{"type":"portmap","capabilities":{"portMappings":true},"snat":true}]}`
 
 type fixture struct {
 	o               cniinstall.Options
@@ -28,7 +30,7 @@ func newFixture(t *testing.T, conf string) fixture {
 			t.Fatal(err)
 		}
 	}
-	for _, p := range []string{"ipledger", "ipledger-veth"} {
+	for _, p := range []string{"ipledger", "ipledger-veth", "portmap"} {
 		if err := os.WriteFile(filepath.Join(f.src, p), []byte("binary "+p), 0o700); err != nil {
 			t.Fatal(err)
 		}
@@ -37,7 +39,8 @@ func newFixture(t *testing.T, conf string) fixture {
 	if err := os.WriteFile(cf, []byte(conf), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	f.o = cniinstall.Options{SrcDir: f.src, Plugins: []string{"ipledger", "ipledger-veth"}, BinDir: f.bin, Conflist: cf, ConfDir: f.confd, ConfName: "10-ipledger.conflist"}
+	f.o = cniinstall.Options{SrcDir: f.src, Plugins: []string{"ipledger", "ipledger-veth"}, Shared: []string{"portmap"},
+		BinDir: f.bin, Conflist: cf, ConfDir: f.confd, ConfName: "10-ipledger.conflist"}
 	return f
 }
 
@@ -51,7 +54,7 @@ func TestInstallCopiesPluginsThenConflist(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{filepath.Join(f.bin, "ipledger"), filepath.Join(f.bin, "ipledger-veth"), filepath.Join(f.confd, "10-ipledger.conflist")}
+	want := []string{filepath.Join(f.bin, "ipledger"), filepath.Join(f.bin, "ipledger-veth"), filepath.Join(f.bin, "portmap"), filepath.Join(f.confd, "10-ipledger.conflist")}
 	if strings.Join(done.Files, " ") != strings.Join(want, " ") {
 		t.Fatalf("installed %q, want %q (conflist last)", done.Files, want)
 	}
@@ -59,7 +62,8 @@ func TestInstallCopiesPluginsThenConflist(t *testing.T) {
 		path, data string
 		mode       os.FileMode
 	}{
-		{want[0], "binary ipledger", 0o755}, {want[1], "binary ipledger-veth", 0o755}, {want[2], goodConf, 0o644},
+		{want[0], "binary ipledger", 0o755}, {want[1], "binary ipledger-veth", 0o755}, {want[2], "binary portmap", 0o755}, {want[3], goodConf, 0o644},
+		{done.Record, `{"plugins":["ipledger","ipledger-veth","portmap"]}` + "\n", 0o644},
 	} {
 		fi, err := os.Stat(c.path)
 		if err != nil {
@@ -179,5 +183,226 @@ func TestReaderNeverSeesHalfAFile(t *testing.T) {
 	t.Logf("%d reads during 20 installs", reads)
 	if torn > 0 || reads == 0 {
 		t.Fatalf("%d of %d reads saw a missing or partial plugin", torn, reads)
+	}
+}
+
+// exists reports whether p exists (a dangling symlink counts).
+func exists(t *testing.T, p string) bool {
+	t.Helper()
+	_, err := os.Lstat(p)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	return err == nil
+}
+
+func read(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestSharedPluginOnlyWhereNoneIs: portmap (a shared plugin) is installed and
+// recorded where the node has none, upgraded by the next install once it is
+// recorded as ours, and left alone, unrecorded, where the operator put one (a
+// file or a symlink into the host's own plugins); Uninstall removes it in the
+// first case only.
+func TestSharedPluginOnlyWhereNoneIs(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		operator func(t *testing.T, dst string) // the node's portmap before the install, if any
+		ours     bool
+	}{
+		{"absent", nil, true},
+		{"operator-file", func(t *testing.T, dst string) {
+			if err := os.WriteFile(dst, []byte("operator portmap"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
+		{"operator-symlink", func(t *testing.T, dst string) {
+			if err := os.Symlink("/usr/lib/cni/portmap", dst); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, goodConf)
+			dst := filepath.Join(f.bin, "portmap")
+			var before string
+			if c.operator != nil {
+				c.operator(t, dst)
+				before, _ = os.Readlink(dst)
+				if before == "" {
+					before = read(t, dst)
+				}
+			}
+			for i, src := range []string{"binary portmap", "binary portmap, newer"} {
+				if err := os.WriteFile(filepath.Join(f.src, "portmap"), []byte(src), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				done, err := cniinstall.Install(f.o)
+				if err != nil {
+					t.Fatalf("install %d: %v", i+1, err)
+				}
+				rec := read(t, done.Record)
+				if c.ours {
+					if got := read(t, dst); got != src || !slices.Contains(done.Files, dst) || !strings.Contains(rec, `"portmap"`) {
+						t.Fatalf("install %d: portmap %q (want %q), files %q, record %s", i+1, got, src, done.Files, rec)
+					}
+					continue
+				}
+				now, _ := os.Readlink(dst)
+				if now == "" {
+					now = read(t, dst)
+				}
+				if now != before || slices.Contains(done.Files, dst) || !slices.Equal(done.Kept, []string{"portmap"}) || strings.Contains(rec, "portmap") {
+					t.Fatalf("install %d: the operator's portmap is now %q (was %q), files %q, kept %q, record %s", i+1, now, before, done.Files, done.Kept, rec)
+				}
+			}
+			if _, err := cniinstall.Uninstall(f.o); err != nil {
+				t.Fatal(err)
+			}
+			if exists(t, dst) == c.ours {
+				t.Fatalf("after uninstall portmap exists %v, want %v", exists(t, dst), !c.ours)
+			}
+		})
+	}
+}
+
+// TestUninstall: Uninstall removes the conflist, ipledger's plugins and the
+// record, and nothing else: other networks' plugins and conflists and the
+// agent's ledger stay. A second Uninstall has nothing to do and succeeds.
+func TestUninstall(t *testing.T) {
+	f := newFixture(t, goodConf)
+	others := []string{filepath.Join(f.bin, "bridge"), filepath.Join(f.bin, "host-local"), filepath.Join(f.confd, "20-other.conflist")}
+	ledger := filepath.Join(filepath.Dir(f.bin), "var-lib-ipledger", "ledger.db")
+	for _, p := range append(others, ledger) {
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte("not ipledger's to remove"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	done, err := cniinstall.Install(f.o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone, err := cniinstall.Uninstall(f.o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conflist := filepath.Join(f.confd, "10-ipledger.conflist")
+	want := []string{conflist, filepath.Join(f.bin, "ipledger"), filepath.Join(f.bin, "ipledger-veth"), filepath.Join(f.bin, "portmap"), done.Record}
+	if !slices.Equal(gone.Removed, want) {
+		t.Fatalf("removed %q, want %q (conflist first, record last)", gone.Removed, want)
+	}
+	for _, p := range want {
+		if exists(t, p) {
+			t.Errorf("%s still there", p)
+		}
+	}
+	for _, p := range append(others, ledger) {
+		if !exists(t, p) {
+			t.Errorf("%s removed: not ipledger's", p)
+		}
+	}
+	again, err := cniinstall.Uninstall(f.o)
+	if err != nil || len(again.Removed) != 0 {
+		t.Fatalf("second uninstall: removed %q, %v", again.Removed, err)
+	}
+}
+
+// TestUninstallCleanups: the hooks run after the conflist and the plugins are
+// gone; a failing hook fails Uninstall after the others ran and keeps the record,
+// so that a rerun removes what the record names and runs the hooks again.
+func TestUninstallCleanups(t *testing.T) {
+	f := newFixture(t, goodConf)
+	done, err := cniinstall.Install(f.o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls []string
+	filesGone := func(name string) cniinstall.Cleanup {
+		return func() error {
+			calls = append(calls, name)
+			for _, p := range done.Files {
+				if exists(t, p) {
+					return fmt.Errorf("%s ran while %s was still there", name, p)
+				}
+			}
+			return nil
+		}
+	}
+	errRoutes := errors.New("routes: netlink busy")
+	f.o.Cleanups = []cniinstall.Cleanup{func() error { calls = append(calls, "routes"); return errRoutes }, filesGone("netfilter")}
+	if _, err := cniinstall.Uninstall(f.o); !errors.Is(err, errRoutes) {
+		t.Fatalf("uninstall with a failing cleanup: %v, want %v", err, errRoutes)
+	}
+	if !slices.Equal(calls, []string{"routes", "netfilter"}) || !exists(t, done.Record) {
+		t.Fatalf("cleanups called %q, record kept %v; want both called and the record kept", calls, exists(t, done.Record))
+	}
+	calls = nil
+	f.o.Cleanups = []cniinstall.Cleanup{filesGone("routes"), filesGone("netfilter")}
+	if _, err := cniinstall.Uninstall(f.o); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(calls, []string{"routes", "netfilter"}) || exists(t, done.Record) {
+		t.Fatalf("rerun: cleanups called %q, record kept %v", calls, exists(t, done.Record))
+	}
+}
+
+// TestUninstallWithoutRecord: with no record (installed by a release that wrote
+// none) or an unreadable one, Uninstall removes the conflist and Options.Plugins
+// and leaves the shared plugins: it cannot tell that they were ipledger's. An
+// unreadable record is reported and kept; Install refuses to run over it.
+func TestUninstallWithoutRecord(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		record string // "" for none
+	}{
+		{"none", ""},
+		{"unreadable", `{"plugins":`},
+		{"bad name", `{"plugins":["../../etc/passwd"]}`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, goodConf)
+			done, err := cniinstall.Install(f.o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Remove(done.Record); err != nil {
+				t.Fatal(err)
+			}
+			if c.record != "" {
+				if err := os.WriteFile(done.Record, []byte(c.record), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := cniinstall.Install(f.o); !errors.Is(err, cniinstall.ErrBadRecord) {
+					t.Fatalf("install over a bad record: %v, want ErrBadRecord", err)
+				}
+			}
+			_, err = cniinstall.Uninstall(f.o)
+			if (c.record != "") != errors.Is(err, cniinstall.ErrBadRecord) || (c.record == "" && err != nil) {
+				t.Fatalf("uninstall: %v", err)
+			}
+			for p, want := range map[string]bool{
+				"10-ipledger.conflist": false, "ipledger": false, "ipledger-veth": false, "portmap": true,
+			} {
+				dir := f.bin
+				if strings.HasSuffix(p, ".conflist") {
+					dir = f.confd
+				}
+				if got := exists(t, filepath.Join(dir, p)); got != want {
+					t.Errorf("%s exists %v, want %v", p, got, want)
+				}
+			}
+			if exists(t, done.Record) != (c.record != "") {
+				t.Errorf("record exists %v, want %v", exists(t, done.Record), c.record != "")
+			}
+		})
 	}
 }
