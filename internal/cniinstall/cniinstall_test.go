@@ -2,6 +2,7 @@ package cniinstall_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -404,5 +405,51 @@ func TestUninstallWithoutRecord(t *testing.T) {
 				t.Errorf("record exists %v, want %v", exists(t, done.Record), c.record != "")
 			}
 		})
+	}
+}
+
+// shippedConflist is the conflist of deploy/ipledger.yaml's ConfigMap (the block
+// under "ipledger.conflist: |", indented four spaces).
+func shippedConflist(t *testing.T) string {
+	t.Helper()
+	m := read(t, filepath.Join("..", "..", "deploy", "ipledger.yaml"))
+	start := strings.Index(m, "  ipledger.conflist: |\n")
+	if start < 0 {
+		t.Fatal("deploy/ipledger.yaml has no ipledger.conflist key")
+	}
+	var b strings.Builder
+	for _, l := range strings.Split(m[start:], "\n")[1:] {
+		if !strings.HasPrefix(l, "    ") {
+			break
+		}
+		b.WriteString(strings.TrimPrefix(l, "    ") + "\n")
+	}
+	return b.String()
+}
+
+// TestShippedConflist: the conflist deploy/ipledger.yaml ships installs, and
+// chains portmap (hostPorts, with SNAT for hairpin traffic) after ipledger-veth,
+// which has no mtu (it takes the node's).
+func TestShippedConflist(t *testing.T) {
+	conf := shippedConflist(t)
+	f := newFixture(t, conf)
+	if _, err := cniinstall.Install(f.o); err != nil {
+		t.Fatalf("the shipped conflist does not install: %v\n%s", err, conf)
+	}
+	var c struct {
+		Plugins []map[string]any `json:"plugins"`
+	}
+	if err := json.Unmarshal([]byte(conf), &c); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Plugins) != 2 || c.Plugins[0]["type"] != "ipledger-veth" || c.Plugins[1]["type"] != "portmap" {
+		t.Fatalf("plugins %v, want ipledger-veth then portmap", c.Plugins)
+	}
+	if _, ok := c.Plugins[0]["mtu"]; ok {
+		t.Errorf("ipledger-veth sets mtu %v: the node's default-route MTU is the default", c.Plugins[0]["mtu"])
+	}
+	pm := c.Plugins[1]
+	if caps, _ := pm["capabilities"].(map[string]any); caps["portMappings"] != true || pm["snat"] != true {
+		t.Errorf("portmap %v, want capabilities.portMappings and snat true", pm)
 	}
 }
