@@ -96,6 +96,15 @@ func TestMTUFromDefaultRoute(t *testing.T) {
 		{"lowest-metric", []uplink{{"up0", 1400}, {"up1", 1450}}, [][]string{
 			{"route", "add", "default", "dev", "up0", "metric", "200"}, {"route", "add", "default", "dev", "up1", "metric", "100"},
 		}, nil, 1450},
+		// The route lookup of the documentation addresses the plugin tries first
+		// meets more specific routes: it lists the tables instead.
+		{"probe-routed-elsewhere", []uplink{{"up0", 1400}, {"up1", 1300}}, [][]string{
+			{"route", "add", "default", "dev", "up0", "metric", "300"}, {"route", "add", "203.0.113.0/24", "dev", "up1"},
+			{"-6", "route", "add", "2001:db8::/32", "dev", "up1"},
+		}, nil, 1400},
+		{"ipv6-probe-routed-elsewhere", []uplink{{"up0", 1380}, {"up1", 1300}}, [][]string{
+			{"-6", "route", "add", "default", "dev", "up0"}, {"-6", "route", "add", "2001:db8::/32", "dev", "up1"},
+		}, nil, 1380},
 		{"explicit-mtu-wins", []uplink{{"up0", 1400}}, [][]string{
 			{"route", "add", "default", "dev", "up0"},
 		}, map[string]any{"mtu": 1300}, 1300},

@@ -294,22 +294,9 @@ func setIfSysctl(proto, ifName, key, value string) error {
 // there is no default route, or its interface's MTU is one a veth cannot have.
 func uplinkMTU(h *netlinksafe.Handle) (int, error) {
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		routes, err := h.RouteListFiltered(fam, &netlink.Route{}, 0)
+		idx, err := defaultRouteLink(h, fam)
 		if err != nil {
-			return 0, fmt.Errorf("list routes to find the default route's MTU: %w", err)
-		}
-		idx, metric := 0, 0
-		for _, r := range routes {
-			if (r.Dst != nil && !isDefault(r.Dst)) || r.Type != unix.RTN_UNICAST {
-				continue
-			}
-			li := r.LinkIndex
-			if li == 0 && len(r.MultiPath) > 0 {
-				li = r.MultiPath[0].LinkIndex
-			}
-			if li != 0 && (idx == 0 || r.Priority < metric) {
-				idx, metric = li, r.Priority
-			}
+			return 0, err
 		}
 		if idx == 0 {
 			continue
@@ -324,4 +311,49 @@ func uplinkMTU(h *netlinksafe.Handle) (int, error) {
 		return DefaultMTU, nil
 	}
 	return DefaultMTU, nil
+}
+
+// uplinkProbes are documentation addresses (RFC 5737, RFC 3849) that on most
+// nodes only the default route covers: the kernel's route lookup of one, asked
+// for the matching table entry, finds the default route in microseconds, where
+// listing the table costs about a microsecond per route, each pod's host route
+// among them.
+var uplinkProbes = map[int]net.IP{
+	netlink.FAMILY_V4: net.IPv4(203, 0, 113, 1).To4(),
+	netlink.FAMILY_V6: net.ParseIP("2001:db8::1"),
+}
+
+// defaultRouteLink is the interface index of the default route of family fam
+// in the main table (the lowest metric), 0 when there is none. The lookup of
+// the family's probe answers when it meets that route; when it meets a more
+// specific route, or none, the main table is listed.
+func defaultRouteLink(h *netlinksafe.Handle, fam int) (int, error) {
+	if rs, err := h.RouteGetWithOptions(uplinkProbes[fam], &netlink.RouteGetOptions{FIBMatch: true}); err == nil && len(rs) == 1 {
+		if idx := defaultLink(rs[0]); idx != 0 {
+			return idx, nil
+		}
+	}
+	routes, err := h.RouteListFiltered(fam, &netlink.Route{}, 0)
+	if err != nil {
+		return 0, fmt.Errorf("list routes to find the default route's MTU: %w", err)
+	}
+	idx, metric := 0, 0
+	for _, r := range routes {
+		if li := defaultLink(r); li != 0 && (idx == 0 || r.Priority < metric) {
+			idx, metric = li, r.Priority
+		}
+	}
+	return idx, nil
+}
+
+// defaultLink is the interface of r (a multipath route's first next hop) when r
+// is a unicast default route of the main table, else 0.
+func defaultLink(r netlink.Route) int {
+	if (r.Dst != nil && !isDefault(r.Dst)) || r.Type != unix.RTN_UNICAST || r.Table != unix.RT_TABLE_MAIN {
+		return 0
+	}
+	if r.LinkIndex == 0 && len(r.MultiPath) > 0 {
+		return r.MultiPath[0].LinkIndex
+	}
+	return r.LinkIndex
 }
