@@ -163,7 +163,7 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 		return err
 	}
 	if rp != nil {
-		cfg.Guard, cfg.Runtime = rp.rec, rp.rt
+		cfg.Guard, cfg.Verdicts, cfg.Runtime = rp.rec, rp.rec, rp.rt
 	}
 	if o.cluster.Cluster() {
 		m, stop, err := startCluster(ctx, &o.cluster, l, log)

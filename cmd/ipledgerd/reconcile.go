@@ -213,4 +213,7 @@ func (r *lazyRuntime) NotReady(ctx context.Context) ([]api.SandboxAge, error) {
 	return out, nil
 }
 
-var _ agent.Verdicts = (*reconcile.Reconciler)(nil)
+var (
+	_ agent.Guard    = (*reconcile.Reconciler)(nil)
+	_ agent.Verdicts = (*reconcile.Reconciler)(nil)
+)

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/clock"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/spool"
@@ -27,10 +26,6 @@ type Guard interface {
 	// MayRelease reports whether GC may release ls: never when its sandbox is READY or
 	// the runtime cannot tell.
 	MayRelease(ctx context.Context, ls ledger.Lease) bool
-	// Annotate fills in the reconciler's view of a lease (sandbox state, suspicion).
-	Annotate(v *api.LeaseView)
-	// Summary fills in the reconciler's counts for an audit.
-	Summary(a *api.Audit)
 }
 
 // Config wires a Server.
@@ -42,6 +37,9 @@ type Config struct {
 	SpoolDir      string
 	SpoolInterval time.Duration // default 2s
 	Guard         Guard
+	// Verdicts is the reconciler's last round, shown to operators; nil when no
+	// runtime is configured.
+	Verdicts Verdicts
 	// Runtime answers the operator's questions about the container runtime (doctor,
 	// release, readiness); nil when no runtime is configured.
 	Runtime RuntimeInfo

@@ -89,8 +89,8 @@ func (c *ledgerCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descSpool, prometheus.GaugeValue, float64(spool.Len(s.cfg.SpoolDir)))
 	}
 	var a api.Audit
-	if s.cfg.Guard != nil {
-		s.cfg.Guard.Summary(&a)
+	if s.cfg.Verdicts != nil {
+		s.summarize(&a)
 		up := 0.0
 		if a.Runtime == "ok" {
 			up = 1

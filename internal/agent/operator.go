@@ -10,6 +10,8 @@ import (
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/clock"
 	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/ledgerview"
+	"github.com/ipledger/ipledger/internal/reconcile"
 	"github.com/ipledger/ipledger/internal/spool"
 )
 
@@ -26,12 +28,14 @@ type RuntimeInfo interface {
 	NotReady(ctx context.Context) ([]api.SandboxAge, error)
 }
 
-// Verdicts is the reconciler's latest verdict on a lease, for operators (leases,
-// metrics, the pool page). Contract: Verdict returns "" when the lease is not
-// suspected, else api.VerdictSuspect, api.VerdictStranded or api.VerdictLeaked; it
-// never calls the runtime. The agent uses it when its Guard implements it.
+// Verdicts is the reconciler's last round, for operators (leases, audit, metrics,
+// the pool page). Contract: neither method calls the runtime. Verdict returns the
+// last round's view of lease k (the zero View before any listing has succeeded);
+// Summary returns the last round's counts and its suspected leases still held, in
+// key order.
 type Verdicts interface {
-	Verdict(k ledger.Key) string
+	Verdict(k ledger.Key) reconcile.View
+	Summary() reconcile.Summary
 }
 
 // Sandbox states RuntimeInfo.SandboxState answers.
@@ -41,9 +45,47 @@ const (
 	SandboxGone     = "GONE"
 )
 
+// annotateVerdict fills in the reconciler's view of a lease: sandbox state,
+// suspicion and its class.
 func (s *Server) annotateVerdict(v *api.LeaseView) {
-	if vs, ok := s.cfg.Guard.(Verdicts); ok {
-		v.Verdict = vs.Verdict(ledger.Key{Network: v.Network, ContainerID: v.ContainerID, IfName: v.IfName})
+	if s.cfg.Verdicts == nil {
+		return
+	}
+	w := s.cfg.Verdicts.Verdict(ledger.Key{Network: v.Network, ContainerID: v.ContainerID, IfName: v.IfName})
+	v.Sandbox, v.Suspect = w.Sandbox, w.Suspect
+	v.Verdict = verdictOf(w.Class)
+}
+
+// verdictOf names a class for operators.
+func verdictOf(c reconcile.Class) string {
+	switch c {
+	case reconcile.ClassAbandoned:
+		return api.VerdictLeaked
+	case reconcile.ClassStranded:
+		return api.VerdictStranded
+	case reconcile.ClassDoubt:
+		return api.VerdictSuspect
+	}
+	return ""
+}
+
+// summarize fills in the reconciler's counts for an audit.
+func (s *Server) summarize(a *api.Audit) {
+	if s.cfg.Verdicts == nil {
+		return
+	}
+	sum := s.cfg.Verdicts.Summary()
+	a.Runtime = "ok"
+	if !sum.RuntimeOK {
+		a.Runtime = "unreachable"
+	}
+	a.Suspect += sum.Suspect
+	a.Stranded += sum.Stranded
+	a.Leaked += sum.Leaked
+	for _, su := range sum.Suspects {
+		lv := ledgerview.Lease(su.Lease, nil)
+		lv.Sandbox, lv.Suspect = su.View.Sandbox, su.View.Suspect
+		a.SuspectLeases = append(a.SuspectLeases, lv)
 	}
 }
 

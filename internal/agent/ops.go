@@ -140,10 +140,7 @@ func (s *Server) view(ls ledger.Lease) api.LeaseView {
 func (s *Server) viewIn(ls ledger.Lease, ranges []pool.RangeSet) api.LeaseView {
 	v := ledgerview.Lease(ls, ranges)
 	s.annotateBlock(&v, ls)
-	if s.cfg.Guard != nil {
-		s.cfg.Guard.Annotate(&v)
-		s.annotateVerdict(&v)
-	}
+	s.annotateVerdict(&v)
 	return v
 }
 
@@ -360,9 +357,7 @@ func (s *Server) audit() *api.Response {
 		return errResp(errorOf(err))
 	}
 	a := &api.Audit{Live: rep.Live, DoubleAssigned: len(rep.DoubleAssigned), Doubles: ledgerview.Doubles(rep.DoubleAssigned), Problems: rep.Problems, Pools: ledgerview.Pools(rep.Pools), Runtime: "none"}
-	if s.cfg.Guard != nil {
-		s.cfg.Guard.Summary(a)
-	}
+	s.summarize(a)
 	a.OK = rep.OK && a.Leaked == 0
 	return &api.Response{Audit: a}
 }

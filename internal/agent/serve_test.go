@@ -78,8 +78,6 @@ func (g *blockingGuard) Supersedable(ctx context.Context, olds []ledger.Lease) [
 	return nil
 }
 func (g *blockingGuard) MayRelease(context.Context, ledger.Lease) bool { return true }
-func (g *blockingGuard) Annotate(*api.LeaseView)                       {}
-func (g *blockingGuard) Summary(*api.Audit)                            {}
 
 var _ agent.Guard = (*blockingGuard)(nil)
 

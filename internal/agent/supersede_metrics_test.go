@@ -27,8 +27,6 @@ func (confirmAll) Supersedable(_ context.Context, olds []ledger.Lease) []ledger.
 	return ks
 }
 func (confirmAll) MayRelease(context.Context, ledger.Lease) bool { return true }
-func (confirmAll) Annotate(*api.LeaseView)                       {}
-func (confirmAll) Summary(a *api.Audit)                          { a.Runtime = "ok" }
 
 // TestSupersededReleasesCounted: an ADD for a pod's re-created sandbox that supersedes
 // the old sandbox's lease counts one release, reason superseded, and the books stay

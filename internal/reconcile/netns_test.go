@@ -14,7 +14,6 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"golang.org/x/sys/unix"
 
-	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/cri"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/testenv/debpkg"
@@ -200,8 +199,7 @@ func TestUnrecordedIdentityResolved(t *testing.T) {
 	if n := f.rounds(20); n != 0 || !f.held("present") {
 		t.Fatal("released a lease whose address is still configured at its namespace path")
 	}
-	var a api.Audit
-	f.r.Summary(&a)
+	a := f.r.Summary()
 	if a.Stranded != 1 {
 		t.Fatalf("audit %+v, want one stranded", a)
 	}

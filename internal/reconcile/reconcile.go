@@ -93,15 +93,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
-	"sort"
 	"sync"
 	"time"
 
-	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/clock"
 	"github.com/ipledger/ipledger/internal/cri"
 	"github.com/ipledger/ipledger/internal/ledger"
-	"github.com/ipledger/ipledger/internal/ledgerview"
 )
 
 // Runtime is what the reconciler asks of the container runtime. Implemented by
@@ -189,18 +186,20 @@ const (
 	SandboxUnknown  = "UNKNOWN"
 )
 
-type class int
+// Class is what the reconciler holds against a lease.
+type Class int
 
+// Classes of a lease.
 const (
-	classNone      class = iota
-	classAbandoned       // releasable once it has held long enough
-	classStranded        // address still configured: kept (reclaimable with the flag)
-	classDoubt           // suspected but unverifiable: kept
+	ClassNone      Class = iota // not suspected
+	ClassAbandoned              // releasable once it has held long enough
+	ClassStranded               // address still configured: kept (reclaimable with the flag)
+	ClassDoubt                  // suspected but unverifiable: kept
 )
 
 // suspicion is what the reconciler holds against one lease.
 type suspicion struct {
-	class   class
+	class   Class
 	created time.Time     // the lease's Created: identity of the holder
 	first   time.Duration // Clock.Mono at the first observation
 	count   int           // observations in trustworthy rounds
@@ -216,12 +215,6 @@ type suspicion struct {
 type sight struct {
 	created time.Time // the holder's Created (identity, not arithmetic)
 	at      time.Duration
-}
-
-type view struct {
-	sandbox string
-	suspect string
-	class   class
 }
 
 // Round is the outcome of one reconciliation round.
@@ -250,7 +243,7 @@ type Reconciler struct {
 	mu         sync.Mutex
 	sus        map[ledger.Key]*suspicion
 	seen       map[ledger.Key]sight
-	views      map[ledger.Key]view
+	views      map[ledger.Key]View
 	prevListed map[string]bool // sandboxes listed before and not since found gone
 	listed     bool            // a listing has succeeded
 	runtimeOK  bool
@@ -275,7 +268,7 @@ func New(o Options) (*Reconciler, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Reconciler{o: o, log: log, sus: map[ledger.Key]*suspicion{}, seen: map[ledger.Key]sight{}, views: map[ledger.Key]view{}}, nil
+	return &Reconciler{o: o, log: log, sus: map[ledger.Key]*suspicion{}, seen: map[ledger.Key]sight{}, views: map[ledger.Key]View{}}, nil
 }
 
 // Run reconciles at once and then every Interval until ctx is done.
@@ -437,7 +430,7 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 	}
 	var acts []act
 	decisions := make([]decision, 0, len(obs))
-	views := make(map[ledger.Key]view, len(obs))
+	views := make(map[ledger.Key]View, len(obs))
 	for _, o := range obs {
 		k := o.ls.Key
 		live[k] = true
@@ -461,7 +454,7 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 			d.level, d.what = slog.LevelDebug, "keep: sandbox READY"
 		case young:
 			// not evidence yet, but the clock starts now
-			if s == nil && cls != classNone && o.ns != NSUnknown {
+			if s == nil && cls != ClassNone && o.ns != NSUnknown {
 				s = &suspicion{class: cls, created: o.ls.Created, first: now, reason: reason, detail: detail}
 				r.sus[k] = s
 			}
@@ -470,7 +463,7 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 			// no evidence: keep whatever we suspected, unchanged
 			rd.Unknown++
 			d.level, d.what = slog.LevelWarn, "keep: no evidence this round"
-		case cls == classNone:
+		case cls == ClassNone:
 			delete(r.sus, k)
 			s = nil
 			d.what = "keep: nothing suspicious"
@@ -486,19 +479,19 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 			}
 		}
 		d.s = s
-		v := view{sandbox: o.sandbox}
+		v := View{Sandbox: o.sandbox}
 		if young {
-			v.sandbox = SandboxUnknown
+			v.Sandbox = SandboxUnknown
 		} else if s != nil {
-			v.class = s.class
-			v.suspect = fmt.Sprintf("%s for %s, %d observations", s.detail, (now - s.first).Round(time.Millisecond), s.count)
+			v.Class = s.class
+			v.Suspect = fmt.Sprintf("%s for %s, %d observations", s.detail, (now - s.first).Round(time.Millisecond), s.count)
 			switch s.class {
-			case classAbandoned:
+			case ClassAbandoned:
 				rd.Suspect++
-			case classStranded:
+			case ClassStranded:
 				rd.Stranded++
-				v.suspect = "stranded: " + v.suspect
-			case classDoubt:
+				v.Suspect = "stranded: " + v.Suspect
+			case ClassDoubt:
 				rd.Suspect++
 			}
 		}
@@ -511,23 +504,23 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 		switch {
 		case rd.Doubtful:
 			d.what = "suspect: round doubtful, no release (" + rd.Why + ")"
-		case s.class == classDoubt:
+		case s.class == ClassDoubt:
 			d.what = "keep: suspected but cannot be verified"
 		case s.count < 2:
 			d.what = "suspect: one observation, a second is needed"
-		case s.class == classAbandoned && held >= r.o.Grace:
+		case s.class == ClassAbandoned && held >= r.o.Grace:
 			d.what = "release"
 			acts = append(acts, act{decision: d, reason: s.reason, detail: fmt.Sprintf("%s for %s over %d observations", s.detail, held.Round(time.Millisecond), s.count)})
 			continue
-		case s.class == classAbandoned:
+		case s.class == ClassAbandoned:
 			d.what = fmt.Sprintf("suspect: within grace (%s of %s)", held.Round(time.Millisecond), r.o.Grace)
-		case s.class == classStranded && r.o.ReclaimStranded && o.sandbox == SandboxNotReady && o.ls.NetNS.Ino == 0:
+		case s.class == ClassStranded && r.o.ReclaimStranded && o.sandbox == SandboxNotReady && o.ls.NetNS.Ino == 0:
 			d.what = "keep: stranded; not reclaimable, the namespace's identity was not recorded at ADD"
-		case s.class == classStranded && r.o.ReclaimStranded && o.sandbox == SandboxNotReady && held >= r.o.StrandedGrace:
+		case s.class == ClassStranded && r.o.ReclaimStranded && o.sandbox == SandboxNotReady && held >= r.o.StrandedGrace:
 			d.what = "reclaim stranded interface, then release"
 			acts = append(acts, act{decision: d, reason: ledger.ReasonReconcileNotReady, reclaim: true})
 			continue
-		case s.class == classStranded:
+		case s.class == ClassStranded:
 			d.what = "keep: stranded, the address is still configured"
 		}
 		decisions = append(decisions, d)
@@ -634,33 +627,33 @@ func (r *Reconciler) firstOf(k ledger.Key) time.Duration {
 }
 
 // judge classifies one observation. Only GONE and NOTREADY can be suspected.
-func judge(sandbox string, ns NSState) (class, ledger.Reason, string) {
+func judge(sandbox string, ns NSState) (Class, ledger.Reason, string) {
 	switch sandbox {
 	case SandboxGone:
 		switch ns {
 		case NSGone, NSAddrAbsent, NSNotRecorded:
-			return classAbandoned, ledger.ReasonReconcileGone, "sandbox gone from the runtime, " + ns.String()
+			return ClassAbandoned, ledger.ReasonReconcileGone, "sandbox gone from the runtime, " + ns.String()
 		case NSAddrPresent:
-			return classStranded, "", "sandbox gone from the runtime but " + ns.String()
+			return ClassStranded, "", "sandbox gone from the runtime but " + ns.String()
 		}
 	case SandboxNotReady:
 		switch ns {
 		case NSGone, NSAddrAbsent:
-			return classAbandoned, ledger.ReasonReconcileNotReady, "sandbox NOTREADY, " + ns.String()
+			return ClassAbandoned, ledger.ReasonReconcileNotReady, "sandbox NOTREADY, " + ns.String()
 		case NSAddrPresent:
-			return classStranded, "", "sandbox NOTREADY and " + ns.String()
+			return ClassStranded, "", "sandbox NOTREADY and " + ns.String()
 		case NSNotRecorded:
-			return classDoubt, "", "sandbox NOTREADY, " + ns.String() + ": cannot verify, kept"
+			return ClassDoubt, "", "sandbox NOTREADY, " + ns.String() + ": cannot verify, kept"
 		}
 	}
-	return classNone, "", ""
+	return ClassNone, "", ""
 }
 
 // abandoned reports whether a sandbox verdict and a namespace verdict together
 // show that the holder cannot use its address (the evidence for supersession and GC).
 func abandoned(sandbox string, ns NSState) bool {
 	c, _, _ := judge(sandbox, ns)
-	return c == classAbandoned
+	return c == ClassAbandoned
 }
 
 // sandboxOf asks the runtime about one sandbox: READY, NOTREADY, GONE or UNKNOWN,
@@ -726,56 +719,6 @@ func (r *Reconciler) Supersedable(ctx context.Context, olds []ledger.Lease) []le
 // from the runtime), and never while the lease may still be in creation.
 func (r *Reconciler) MayRelease(ctx context.Context, ls ledger.Lease) bool {
 	return r.guard(ctx, "gc", ls)
-}
-
-// Annotate implements agent.Guard with the last round's view of the lease.
-func (r *Reconciler) Annotate(v *api.LeaseView) {
-	k := ledger.Key{Network: v.Network, ContainerID: v.ContainerID, IfName: v.IfName}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if w, ok := r.views[k]; ok {
-		v.Sandbox, v.Suspect = w.sandbox, w.suspect
-	} else if r.listed {
-		v.Sandbox = SandboxUnknown
-	}
-}
-
-// Summary implements agent.Guard: counts of the last round. Leaked counts leases
-// found abandoned and awaiting release; Stranded those whose address is still
-// configured in a NOTREADY or gone sandbox's namespace; Suspect every suspected lease.
-func (r *Reconciler) Summary(a *api.Audit) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	a.Runtime = "ok"
-	if !r.runtimeOK {
-		a.Runtime = "unreachable"
-	}
-	keys := make([]ledger.Key, 0, len(r.views))
-	for k, w := range r.views {
-		if w.class != classNone {
-			keys = append(keys, k)
-		}
-	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i].String() < keys[j].String() })
-	for _, k := range keys {
-		w := r.views[k]
-		ls, ok := r.o.Ledger.Lease(k)
-		if !ok {
-			continue // released since the round
-		}
-		a.Suspect++
-		switch w.class {
-		case classStranded:
-			a.Stranded++
-		case classAbandoned:
-			a.Leaked++
-		}
-		{
-			lv := ledgerview.Lease(ls, nil)
-			lv.Sandbox, lv.Suspect = w.sandbox, w.suspect
-			a.SuspectLeases = append(a.SuspectLeases, lv)
-		}
-	}
 }
 
 // Last returns the last round.

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/clock/clocktest"
 	"github.com/ipledger/ipledger/internal/cri"
 	"github.com/ipledger/ipledger/internal/ledger"
@@ -314,8 +313,7 @@ func TestGoneWithoutNetnsRecorded(t *testing.T) {
 	if f.rounds(20); !f.held("b") {
 		t.Fatal("NOTREADY lease without a recorded netns released")
 	}
-	var a api.Audit
-	f.r.Summary(&a)
+	a := f.r.Summary()
 	if a.Suspect != 1 || a.Leaked != 0 {
 		t.Fatalf("audit %+v", a)
 	}
@@ -330,13 +328,11 @@ func TestStrandedKeptAndReported(t *testing.T) {
 	if n := f.rounds(100); n != 0 || !f.held("a") {
 		t.Fatal("stranded lease released without --reclaim-stranded")
 	}
-	var a api.Audit
-	f.r.Summary(&a)
-	if a.Stranded != 1 || a.Suspect != 1 || a.Leaked != 0 || len(a.SuspectLeases) != 1 {
+	a := f.r.Summary()
+	if a.Stranded != 1 || a.Suspect != 1 || a.Leaked != 0 || len(a.Suspects) != 1 {
 		t.Fatalf("audit %+v", a)
 	}
-	v := api.LeaseView{Network: "net", ContainerID: "a", IfName: "eth0"}
-	f.r.Annotate(&v)
+	v := f.r.Verdict(ledger.Key{Network: "net", ContainerID: "a", IfName: "eth0"})
 	if v.Sandbox != SandboxNotReady || v.Suspect == "" {
 		t.Fatalf("view %+v", v)
 	}
@@ -416,10 +412,9 @@ func TestListingErrorNoAction(t *testing.T) {
 	if f.rt.statuses != 0 {
 		t.Fatal("asked for statuses after a failed listing")
 	}
-	var a api.Audit
-	f.r.Summary(&a)
-	if a.Runtime != "unreachable" {
-		t.Fatalf("runtime %q", a.Runtime)
+	a := f.r.Summary()
+	if a.RuntimeOK {
+		t.Fatal("runtime ok after failed listings")
 	}
 	// back: the suspicion starts only now; release needs the full grace again
 	f.rt.listErr = nil
@@ -563,8 +558,7 @@ func TestStatusErrorConfined(t *testing.T) {
 	if n := f.rounds(20); n != 0 || !f.held("broken") || !f.held("ready") {
 		t.Fatal("released a lease whose sandbox's status fails, or a READY one")
 	}
-	v := api.LeaseView{Network: "net", ContainerID: "broken", IfName: "eth0"}
-	f.r.Annotate(&v)
+	v := f.r.Verdict(ledger.Key{Network: "net", ContainerID: "broken", IfName: "eth0"})
 	if v.Sandbox != SandboxUnknown || v.Suspect != "" {
 		t.Fatalf("view of the failing sandbox's lease %+v, want UNKNOWN and unsuspected", v)
 	}
@@ -599,8 +593,7 @@ func TestYoungLeaseInCreation(t *testing.T) {
 	f.ns.set("/ns/a", NSAddrAbsent)
 	f.clk.Advance(grace - interval - time.Millisecond)
 	f.rounds(1)
-	v := api.LeaseView{Network: "net", ContainerID: "a", IfName: "eth0"}
-	f.r.Annotate(&v)
+	v := f.r.Verdict(ledger.Key{Network: "net", ContainerID: "a", IfName: "eth0"})
 	if v.Suspect != "" {
 		t.Fatalf("young lease suspected: %+v", v)
 	}

@@ -98,7 +98,7 @@ func (b *ipledgerSys) open() error {
 		l.Close()
 		return err
 	}
-	srv, err := agent.New(agent.Config{Ledger: l, Socket: filepath.Join(b.dir, "agent.sock"), SpoolDir: b.spool, Guard: r})
+	srv, err := agent.New(agent.Config{Ledger: l, Socket: filepath.Join(b.dir, "agent.sock"), SpoolDir: b.spool, Guard: r, Verdicts: r})
 	if err != nil {
 		l.Close()
 		return err
