@@ -181,13 +181,13 @@ func (r *lazyRuntime) SandboxState(ctx context.Context, id string) (string, erro
 	sb, err := r.SandboxStatus(ctx, id)
 	switch {
 	case errors.Is(err, cri.ErrNotFound):
-		return agent.SandboxGone, nil
+		return reconcile.SandboxGone, nil
 	case err != nil:
 		return "", err
 	case sb.State == cri.StateReady:
-		return agent.SandboxReady, nil
+		return reconcile.SandboxReady, nil
 	case sb.State == cri.StateNotReady:
-		return agent.SandboxNotReady, nil
+		return reconcile.SandboxNotReady, nil
 	}
 	return "", fmt.Errorf("sandbox %s: the runtime reports state %s", id, sb.State)
 }

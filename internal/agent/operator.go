@@ -19,9 +19,9 @@ import (
 //
 // Contract: every call is bounded by a timeout and never changes anything.
 // Version names the runtime and its version (e.g. "containerd 1.6.20") or returns an
-// error when the runtime cannot be reached. SandboxState returns READY, NOTREADY or
-// GONE (the runtime answered NotFound) for one sandbox ID, or an error when the
-// runtime cannot tell. NotReady lists the sandboxes the runtime reports NOTREADY.
+// error when the runtime cannot be reached. SandboxState returns
+// reconcile.SandboxReady, SandboxNotReady or SandboxGone (the runtime answered
+// NotFound) for one sandbox ID, or an error when the runtime cannot tell. NotReady lists the sandboxes the runtime reports NOTREADY.
 type RuntimeInfo interface {
 	Version(ctx context.Context) (string, error)
 	SandboxState(ctx context.Context, id string) (string, error)
@@ -37,13 +37,6 @@ type Verdicts interface {
 	Verdict(k ledger.Key) reconcile.View
 	Summary() reconcile.Summary
 }
-
-// Sandbox states RuntimeInfo.SandboxState answers.
-const (
-	SandboxReady    = "READY"
-	SandboxNotReady = "NOTREADY"
-	SandboxGone     = "GONE"
-)
 
 // annotateVerdict fills in the reconciler's view of a lease: sandbox state,
 // suspicion and its class.
@@ -130,7 +123,7 @@ func (s *Server) releaseAllowed(ctx context.Context, req api.Request) *api.Error
 	switch {
 	case err != nil:
 		return &api.Error{Code: api.CodeConflict, Msg: fmt.Sprintf("attachment %s: the runtime could not say whether sandbox %s is in use (%v); kept. Retry when the runtime answers, or force it with --force-release-ready-sandbox", req.Key(), req.ContainerID, err)}
-	case st == SandboxReady:
+	case st == reconcile.SandboxReady:
 		return &api.Error{Code: api.CodeConflict, Msg: fmt.Sprintf("attachment %s: the runtime reports sandbox %s READY, so its pod uses the address; kept. Delete the pod instead, or force it with --force-release-ready-sandbox", req.Key(), req.ContainerID)}
 	}
 	return nil

@@ -178,7 +178,9 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Sandbox verdicts as shown in LeaseView.Sandbox.
+// Sandbox verdicts, as shown to operators (View.Sandbox) and answered by the
+// agent's RuntimeInfo.SandboxState. READY and NOTREADY are the runtime's states;
+// GONE is its NotFound; UNKNOWN is no evidence.
 const (
 	SandboxReady    = "READY"
 	SandboxNotReady = "NOTREADY"
