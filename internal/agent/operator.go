@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"sync"
@@ -9,23 +10,75 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/clock"
+	"github.com/ipledger/ipledger/internal/cri"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/ledgerview"
 	"github.com/ipledger/ipledger/internal/reconcile"
 	"github.com/ipledger/ipledger/internal/spool"
 )
 
-// RuntimeInfo answers an operator's questions about the container runtime.
+// RuntimeInfo is the container runtime as the operator's questions reach it
+// (doctor, release, readiness). Implemented by *cri.Reconnecting.
 //
-// Contract: every call is bounded by a timeout and never changes anything.
-// Version names the runtime and its version (e.g. "containerd 1.6.20") or returns an
-// error when the runtime cannot be reached. SandboxState returns
-// reconcile.SandboxReady, SandboxNotReady or SandboxGone (the runtime answered
-// NotFound) for one sandbox ID, or an error when the runtime cannot tell. NotReady lists the sandboxes the runtime reports NOTREADY.
+// Contract: every call is bounded by a timeout and never changes anything. Version
+// returns the runtime's name and version, or an error when the runtime cannot be
+// reached. SandboxStatus returns one sandbox's state, or an error wrapping
+// cri.ErrNotFound when the runtime does not know the ID. ListSandboxes returns every
+// sandbox in every state.
 type RuntimeInfo interface {
-	Version(ctx context.Context) (string, error)
-	SandboxState(ctx context.Context, id string) (string, error)
-	NotReady(ctx context.Context) ([]api.SandboxAge, error)
+	Version(ctx context.Context) (cri.RuntimeVersion, error)
+	SandboxStatus(ctx context.Context, id string) (cri.Sandbox, error)
+	ListSandboxes(ctx context.Context) ([]cri.Sandbox, error)
+}
+
+var _ RuntimeInfo = (*cri.Reconnecting)(nil)
+
+// runtimeVersion names the runtime and its version (e.g. "containerd 1.6.20").
+func runtimeVersion(ctx context.Context, rt RuntimeInfo) (string, error) {
+	v, err := rt.Version(ctx)
+	if err != nil {
+		return "", err
+	}
+	return v.Name + " " + v.Version, nil
+}
+
+// sandboxState returns reconcile.SandboxReady, SandboxNotReady or SandboxGone (the
+// runtime answered NotFound) for one sandbox ID, or an error when the runtime cannot
+// tell.
+func sandboxState(ctx context.Context, rt RuntimeInfo, id string) (string, error) {
+	sb, err := rt.SandboxStatus(ctx, id)
+	switch {
+	case errors.Is(err, cri.ErrNotFound):
+		return reconcile.SandboxGone, nil
+	case err != nil:
+		return "", err
+	case sb.State == cri.StateReady:
+		return reconcile.SandboxReady, nil
+	case sb.State == cri.StateNotReady:
+		return reconcile.SandboxNotReady, nil
+	}
+	return "", fmt.Errorf("sandbox %s: the runtime reports state %s", id, sb.State)
+}
+
+// notReady lists the sandboxes the runtime reports NOTREADY.
+func notReady(ctx context.Context, rt RuntimeInfo) ([]api.SandboxAge, error) {
+	sbs, err := rt.ListSandboxes(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var out []api.SandboxAge
+	for _, sb := range sbs {
+		if sb.State == cri.StateNotReady {
+			created := sb.CreatedAt
+			if created.UnixNano() <= 0 {
+				// containerd 1.6 reports a failed sandbox's zero Go time as
+				// -6795364578871345152 ns (1754): unknown
+				created = time.Time{}
+			}
+			out = append(out, api.SandboxAge{ID: sb.ID, Namespace: sb.Namespace, Name: sb.Name, Created: created})
+		}
+	}
+	return out, nil
 }
 
 // Verdicts is the reconciler's last round, for operators (leases, audit, metrics,
@@ -119,7 +172,7 @@ func (s *Server) releaseAllowed(ctx context.Context, req api.Request) *api.Error
 	}
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	st, err := s.cfg.Runtime.SandboxState(ctx, req.ContainerID)
+	st, err := sandboxState(ctx, s.cfg.Runtime, req.ContainerID)
 	switch {
 	case err != nil:
 		return &api.Error{Code: api.CodeConflict, Msg: fmt.Sprintf("attachment %s: the runtime could not say whether sandbox %s is in use (%v); kept. Retry when the runtime answers, or force it with --force-release-ready-sandbox", req.Key(), req.ContainerID, err)}
@@ -152,12 +205,12 @@ func (s *Server) doctor(ctx context.Context) *api.Response {
 	if s.cfg.Runtime != nil {
 		ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		v, err := s.cfg.Runtime.Version(ctx)
+		v, err := runtimeVersion(ctx, s.cfg.Runtime)
 		if err != nil {
 			d.Runtime, d.RuntimeError = "unreachable", err.Error()
 		} else {
 			d.Runtime, d.RuntimeVersion = "ok", v
-			nr, err := s.cfg.Runtime.NotReady(ctx)
+			nr, err := notReady(ctx, s.cfg.Runtime)
 			if err != nil {
 				d.Runtime, d.RuntimeError = "unreachable", err.Error()
 			}

@@ -102,7 +102,7 @@ import (
 )
 
 // Runtime is what the reconciler asks of the container runtime. Implemented by
-// *cri.Client (and by fakes in tests).
+// *cri.Client and *cri.Reconnecting (and by fakes in tests).
 //
 // Contract: ListSandboxes returns every sandbox in every state, or an error; it
 // never returns a partial list without an error on purpose, but the reconciler does
@@ -114,7 +114,10 @@ type Runtime interface {
 	SandboxStatus(ctx context.Context, id string) (cri.Sandbox, error)
 }
 
-var _ Runtime = (*cri.Client)(nil)
+var (
+	_ Runtime = (*cri.Client)(nil)
+	_ Runtime = (*cri.Reconnecting)(nil)
+)
 
 // NSState is what the namespace recorded at ADD says about a lease's addresses.
 type NSState int
@@ -178,8 +181,8 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Sandbox verdicts, as shown to operators (View.Sandbox) and answered by the
-// agent's RuntimeInfo.SandboxState. READY and NOTREADY are the runtime's states;
+// Sandbox verdicts, as shown to operators (View.Sandbox) and answered to an
+// operator's release by the agent. READY and NOTREADY are the runtime's states;
 // GONE is its NotFound; UNKNOWN is no evidence.
 const (
 	SandboxReady    = "READY"
