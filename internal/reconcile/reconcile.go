@@ -349,6 +349,24 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 		r.log.Warn("reconcile: runtime listing failed; no decision this round, every lease kept", "err", err)
 		return rd
 	}
+	obs, listed, history := r.observe(ctx, sbs, &rd)
+	r.mu.Lock()
+	decisions, acts := r.judgeLocked(obs, listed, history, now, &rd)
+	r.mu.Unlock()
+	r.apply(ctx, decisions, acts, now, &rd)
+	r.log.Debug("reconcile: round", "sandboxes", len(sbs), "leases", len(obs), "suspect", rd.Suspect, "stranded", rd.Stranded, "unknown", rd.Unknown, "released", len(rd.Released), "doubtful", rd.Doubtful)
+	r.mu.Lock()
+	r.last = rd
+	r.mu.Unlock()
+	return rd
+}
+
+// observe is a round's first phase: the evidence about every lease, from the
+// listing sbs, SandboxStatus (asked once per sandbox the listing lacks) and the
+// namespace probe. It also finds whether the listing contradicts the previous one
+// (rd.Doubtful). It returns the observations, the listing by ID, and the
+// sandboxes listed before that stay in the history though this listing lacks them.
+func (r *Reconciler) observe(ctx context.Context, sbs []cri.Sandbox, rd *Round) ([]observation, map[string]cri.Sandbox, []string) {
 	listed := make(map[string]cri.Sandbox, len(sbs))
 	for _, s := range sbs {
 		listed[s.ID] = s
@@ -416,8 +434,23 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 		}
 		obs = append(obs, o)
 	}
+	return obs, listed, history
+}
 
-	r.mu.Lock()
+// act is a decision the apply phase carries out: a release, after reclaiming the
+// stranded interface when reclaim is set.
+type act struct {
+	decision
+	reason  ledger.Reason
+	detail  string
+	reclaim bool
+}
+
+// judgeLocked is a round's second phase, under r.mu: it records the listing as the
+// history, ages every suspicion by the observations, keeps the views operators see,
+// forgets the keys no longer held, and returns the decisions to log and the acts to
+// carry out. r.mu must be held.
+func (r *Reconciler) judgeLocked(obs []observation, listed map[string]cri.Sandbox, history []string, now time.Duration, rd *Round) ([]decision, []act) {
 	r.listed, r.runtimeOK = true, true
 	r.prevListed = make(map[string]bool, len(listed)+len(history))
 	for id := range listed {
@@ -427,12 +460,6 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 		r.prevListed[id] = true
 	}
 	live := make(map[ledger.Key]bool, len(obs))
-	type act struct {
-		decision
-		reason  ledger.Reason
-		detail  string
-		reclaim bool
-	}
 	var acts []act
 	decisions := make([]decision, 0, len(obs))
 	views := make(map[ledger.Key]View, len(obs))
@@ -541,8 +568,12 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 		}
 	}
 	r.views = views
-	r.mu.Unlock()
+	return decisions, acts
+}
 
+// apply is a round's last phase, without r.mu: it logs the decisions and carries out
+// the acts, each release conditional on the lease still being the one judged.
+func (r *Reconciler) apply(ctx context.Context, decisions []decision, acts []act, now time.Duration, rd *Round) {
 	if rd.Doubtful {
 		r.log.Warn("reconcile: doubtful round; no release", "why", rd.Why)
 	}
@@ -586,11 +617,6 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 		a.what = "release " + string(a.reason) + ": " + a.detail
 		r.logDecision(ctx, a.decision, now, slog.String("ips", fmt.Sprint(rel.IPs)))
 	}
-	r.log.Debug("reconcile: round", "sandboxes", len(sbs), "leases", len(obs), "suspect", rd.Suspect, "stranded", rd.Stranded, "unknown", rd.Unknown, "released", len(rd.Released), "doubtful", rd.Doubtful)
-	r.mu.Lock()
-	r.last = rd
-	r.mu.Unlock()
-	return rd
 }
 
 // logDecision writes one line for one lease's decision with its evidence: the
