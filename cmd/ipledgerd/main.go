@@ -280,12 +280,11 @@ const loadGCPercent = 400
 // Why: nearly all of the agent's heap is its books, which live as long as their
 // leases, and each request leaves only a few KiB of garbage. With Go's default
 // (GOGC=100) the heap may grow to twice the books before a collection, so that half of
-// the agent's memory is room for garbage it makes slowly: at 64k leases, 40 MiB of
-// books held a 94-99 MiB RSS while filling. At 50 the room is half the books: 81-85
-// MiB (benchcmd --only agent-rss), for a collection every half as many requests (each
-// marks the books: about 20-40 ms of CPU at 64k leases, beside serving; 7-9% of the
-// CPU of a fill by 32 callers instead of 4-5%). After a restart the RSS is mostly
-// the books and ledger.db's pages mapped by the load, which this does not change.
+// the agent's memory is room for garbage it makes slowly. At 50 the room is half the
+// books, for a collection every half as many requests (each marks the books: about
+// 20-40 ms of CPU at 64k leases, beside serving); benchcmd --only agent-rss measures
+// the RSS. After a restart the RSS is mostly the books and ledger.db's pages mapped by
+// the load, which this does not change.
 func steadyGC(getenv func(string) string) {
 	if getenv("GOGC") == "" {
 		debug.SetGCPercent(steadyGCPercent)

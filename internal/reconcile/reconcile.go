@@ -22,7 +22,8 @@
 //     namespace), or the namespace holds none of the lease's addresses: the holder
 //     cannot use the address, the lease is "abandoned";
 //   - the namespace still holds one of the lease's addresses: the lease is
-//     "stranded" (seed 001's leftover veth). A stranded lease is reported and kept,
+//     "stranded" (e.g. a chained plugin failed ADD and DEL, and the interface stays
+//     configured in the NOTREADY sandbox). A stranded lease is reported and kept,
 //     so the address is never handed to another pod while it is configured there;
 //   - no namespace was recorded: GONE is abandoned (the runtime's NotFound is the
 //     evidence), NOTREADY is only suspected (nothing can verify it);
