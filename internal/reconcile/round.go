@@ -1,0 +1,390 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/cri"
+	"github.com/ipledger/ipledger/internal/ledger"
+)
+
+// observation is one round's evidence about one lease.
+type observation struct {
+	ls      ledger.Lease
+	sandbox string // verdict
+	status  string // where the verdict came from: the listing, SandboxStatus, its error
+	ns      NSState
+	nsInfo  string
+}
+
+// statusAnswer is one SandboxStatus answer, asked once per sandbox per round.
+type statusAnswer struct {
+	sb  cri.Sandbox
+	err error
+}
+
+// decision is one lease's outcome in a round, logged with its evidence.
+type decision struct {
+	level slog.Level
+	what  string
+	o     observation
+	s     *suspicion
+	age   time.Duration
+}
+
+// Reconcile runs one round.
+func (r *Reconciler) Reconcile(ctx context.Context) Round {
+	r.round.Lock()
+	defer r.round.Unlock()
+	now := r.o.Clock.Mono()
+	rd := Round{At: r.o.Clock.Now()}
+	sbs, err := r.o.Runtime.ListSandboxes(ctx)
+	if err != nil {
+		rd.Err = err
+		r.mu.Lock()
+		r.runtimeOK = false
+		r.last = rd
+		r.mu.Unlock()
+		r.log.Warn("reconcile: runtime listing failed; no decision this round, every lease kept", "err", err)
+		return rd
+	}
+	obs, listed, history := r.observe(ctx, sbs, &rd)
+	r.mu.Lock()
+	decisions, acts := r.judgeLocked(obs, listed, history, now, &rd)
+	r.mu.Unlock()
+	r.apply(ctx, decisions, acts, now, &rd)
+	r.log.Debug("reconcile: round", "sandboxes", len(sbs), "leases", len(obs), "suspect", rd.Suspect, "stranded", rd.Stranded, "unknown", rd.Unknown, "released", len(rd.Released), "doubtful", rd.Doubtful)
+	r.mu.Lock()
+	r.last = rd
+	r.mu.Unlock()
+	return rd
+}
+
+// observe is a round's first phase: the evidence about every lease, from the
+// listing sbs, SandboxStatus (asked once per sandbox the listing lacks) and the
+// namespace probe. It also finds whether the listing contradicts the previous one
+// (rd.Doubtful). It returns the observations, the listing by ID, and the
+// sandboxes listed before that stay in the history though this listing lacks them.
+func (r *Reconciler) observe(ctx context.Context, sbs []cri.Sandbox, rd *Round) ([]observation, map[string]cri.Sandbox, []string) {
+	listed := make(map[string]cri.Sandbox, len(sbs))
+	for _, s := range sbs {
+		listed[s.ID] = s
+	}
+	r.mu.Lock()
+	prev := r.prevListed
+	if len(sbs) == 0 && r.listed && len(prev) > 0 {
+		rd.Doubtful, rd.Why = true, fmt.Sprintf("empty listing after a listing of %d sandboxes", len(prev))
+	}
+	r.mu.Unlock()
+
+	leases := r.o.Ledger.Leases("")
+	obs := make([]observation, 0, len(leases))
+	asked := map[string]statusAnswer{}
+	var history []string // known sandboxes missing from this listing, listed before
+	for _, ls := range leases {
+		id := ls.Key.ContainerID
+		o := observation{ls: ls, sandbox: SandboxUnknown}
+		sb, ok := listed[id]
+		if ok {
+			o.status = "listed " + sb.State.String()
+		} else {
+			a, done := asked[id]
+			if !done {
+				a.sb, a.err = r.o.Runtime.SandboxStatus(ctx, id)
+				asked[id] = a
+			}
+			switch {
+			case errors.Is(a.err, cri.ErrNotFound):
+				o.sandbox, o.status = SandboxGone, "not listed; status: not found"
+			case a.err != nil:
+				// No evidence about this sandbox, and only about this sandbox: its
+				// leases keep what they had; the others are judged as usual.
+				o.status = "not listed; status failed: " + a.err.Error()
+				if prev[id] {
+					history = append(history, id) // still unexplained: keep it in the history
+				}
+			case prev[id]:
+				// Listed before, missing now, and the runtime still knows it: the
+				// listing is partial, so this round's absences are not trusted. It
+				// stays in the history until the runtime lists it or forgets it.
+				sb, ok = a.sb, true
+				history = append(history, id)
+				o.status = "missing from the listing though listed before; status " + a.sb.State.String()
+				if !rd.Doubtful {
+					rd.Doubtful, rd.Why = true, fmt.Sprintf("partial listing: sandbox %.12s was listed before, is missing now, but the runtime still knows it", id)
+				}
+			default:
+				// Never listed: most likely created after the listing (a pod
+				// starting). Its status is this lease's evidence; the round stands.
+				sb, ok = a.sb, true
+				o.status = "not listed (created after the listing?); status " + a.sb.State.String()
+			}
+		}
+		if ok {
+			switch sb.State {
+			case cri.StateReady:
+				o.sandbox = SandboxReady
+			case cri.StateNotReady:
+				o.sandbox = SandboxNotReady
+			}
+		}
+		if o.sandbox == SandboxGone || o.sandbox == SandboxNotReady {
+			o.ns, o.nsInfo = r.o.Netns.Probe(ls.NetNS, ls.IPs)
+		}
+		obs = append(obs, o)
+	}
+	return obs, listed, history
+}
+
+// act is a decision the apply phase carries out: a release, after reclaiming the
+// stranded interface when reclaim is set.
+type act struct {
+	decision
+	reason  ledger.Reason
+	detail  string
+	reclaim bool
+}
+
+// judgeLocked is a round's second phase, under r.mu: it records the listing as the
+// history, ages every suspicion by the observations, keeps the views operators see,
+// forgets the keys no longer held, and returns the decisions to log and the acts to
+// carry out. r.mu must be held.
+func (r *Reconciler) judgeLocked(obs []observation, listed map[string]cri.Sandbox, history []string, now time.Duration, rd *Round) ([]decision, []act) {
+	r.listed, r.runtimeOK = true, true
+	r.prevListed = make(map[string]bool, len(listed)+len(history))
+	for id := range listed {
+		r.prevListed[id] = true
+	}
+	for _, id := range history {
+		r.prevListed[id] = true
+	}
+	live := make(map[ledger.Key]bool, len(obs))
+	var acts []act
+	decisions := make([]decision, 0, len(obs))
+	views := make(map[ledger.Key]View, len(obs))
+	for _, o := range obs {
+		k := o.ls.Key
+		live[k] = true
+		age := r.ageLocked(o.ls, now)
+		// maybe in creation: containerd lists a sandbox only after its CNI ADD
+		young := o.sandbox == SandboxGone && age < r.o.Grace
+		cls, reason, detail := judge(o.sandbox, o.ns)
+		if o.nsInfo != "" {
+			detail += " (" + o.nsInfo + ")"
+		}
+		evidence := false
+		s := r.sus[k]
+		if s != nil && !s.created.Equal(o.ls.Created) {
+			s = nil // another holder under the same key
+		}
+		d := decision{level: slog.LevelInfo, o: o, age: age}
+		switch {
+		case o.sandbox == SandboxReady:
+			delete(r.sus, k)
+			s = nil
+			d.level, d.what = slog.LevelDebug, "keep: sandbox READY"
+		case young:
+			// not evidence yet, but the clock starts now
+			if s == nil && cls != ClassNone && o.ns != NSUnknown {
+				s = &suspicion{class: cls, created: o.ls.Created, first: now, reason: reason, detail: detail}
+				r.sus[k] = s
+			}
+			d.level, d.what = slog.LevelDebug, fmt.Sprintf("keep: maybe in creation (first seen %s ago, grace %s)", age.Round(time.Millisecond), r.o.Grace)
+		case o.sandbox == SandboxUnknown || o.ns == NSUnknown:
+			// no evidence: keep whatever we suspected, unchanged
+			rd.Unknown++
+			d.level, d.what = slog.LevelWarn, "keep: no evidence this round"
+		case cls == ClassNone:
+			delete(r.sus, k)
+			s = nil
+			d.what = "keep: nothing suspicious"
+		default:
+			if s == nil || s.class != cls {
+				s = &suspicion{class: cls, created: o.ls.Created, first: now}
+				r.sus[k] = s
+			}
+			s.reason, s.detail = reason, detail
+			evidence = true
+			if !rd.Doubtful {
+				s.count++
+			}
+		}
+		d.s = s
+		v := View{Sandbox: o.sandbox}
+		if young {
+			v.Sandbox = SandboxUnknown
+		} else if s != nil {
+			v.Class = s.class
+			v.Suspect = fmt.Sprintf("%s for %s, %d observations", s.detail, (now - s.first).Round(time.Millisecond), s.count)
+			switch s.class {
+			case ClassAbandoned:
+				rd.Suspect++
+			case ClassStranded:
+				rd.Stranded++
+				v.Suspect = "stranded: " + v.Suspect
+			case ClassDoubt:
+				rd.Suspect++
+			}
+		}
+		views[k] = v
+		if !evidence {
+			decisions = append(decisions, d)
+			continue
+		}
+		held := now - s.first
+		switch {
+		case rd.Doubtful:
+			d.what = "suspect: round doubtful, no release (" + rd.Why + ")"
+		case s.class == ClassDoubt:
+			d.what = "keep: suspected but cannot be verified"
+		case s.count < 2:
+			d.what = "suspect: one observation, a second is needed"
+		case s.class == ClassAbandoned && held >= r.o.Grace:
+			d.what = "release"
+			acts = append(acts, act{decision: d, reason: s.reason, detail: fmt.Sprintf("%s for %s over %d observations", s.detail, held.Round(time.Millisecond), s.count)})
+			continue
+		case s.class == ClassAbandoned:
+			d.what = fmt.Sprintf("suspect: within grace (%s of %s)", held.Round(time.Millisecond), r.o.Grace)
+		case s.class == ClassStranded && r.o.ReclaimStranded && o.sandbox == SandboxNotReady && o.ls.NetNS.Ino == 0:
+			d.what = "keep: stranded; not reclaimable, the namespace's identity was not recorded at ADD"
+		case s.class == ClassStranded && r.o.ReclaimStranded && o.sandbox == SandboxNotReady && held >= r.o.StrandedGrace:
+			d.what = "reclaim stranded interface, then release"
+			acts = append(acts, act{decision: d, reason: ledger.ReasonReconcileNotReady, reclaim: true})
+			continue
+		case s.class == ClassStranded:
+			d.what = "keep: stranded, the address is still configured"
+		}
+		decisions = append(decisions, d)
+	}
+	for k := range r.sus {
+		if !live[k] {
+			delete(r.sus, k)
+		}
+	}
+	for k := range r.seen {
+		if !live[k] {
+			delete(r.seen, k)
+		}
+	}
+	r.views = views
+	return decisions, acts
+}
+
+// apply is a round's last phase, without r.mu: it logs the decisions and carries out
+// the acts, each release conditional on the lease still being the one judged.
+func (r *Reconciler) apply(ctx context.Context, decisions []decision, acts []act, now time.Duration, rd *Round) {
+	if rd.Doubtful {
+		r.log.Warn("reconcile: doubtful round; no release", "why", rd.Why)
+	}
+	for _, d := range decisions {
+		r.logDecision(ctx, d, now)
+	}
+	for _, a := range acts {
+		if a.reclaim {
+			what, err := r.o.Netns.Reclaim(a.o.ls.NetNS, a.o.ls.IPs)
+			if err != nil {
+				a.level, a.what = slog.LevelError, "keep: reclaiming the stranded interface failed: "+err.Error()
+				r.logDecision(ctx, a.decision, now)
+				continue
+			}
+			// release only on verified absence
+			st, info := r.o.Netns.Probe(a.o.ls.NetNS, a.o.ls.IPs)
+			if st != NSAddrAbsent && st != NSGone {
+				a.level, a.what = slog.LevelError, fmt.Sprintf("keep: stranded address still present after reclaim (%s %s)", st, info)
+				r.logDecision(ctx, a.decision, now)
+				continue
+			}
+			a.detail = "stranded for " + (now - r.firstOf(a.o.ls.Key)).Round(time.Millisecond).String() + "; " + what
+		}
+		rel, ok, err := r.o.Ledger.ReleaseIfCreated(a.o.ls.Key, a.o.ls.Created, a.reason, a.detail)
+		if err != nil {
+			a.level, a.what = slog.LevelError, "keep: release failed: "+err.Error()
+			r.logDecision(ctx, a.decision, now)
+			continue
+		}
+		r.mu.Lock()
+		delete(r.sus, a.o.ls.Key)
+		delete(r.views, a.o.ls.Key)
+		r.mu.Unlock()
+		if !ok {
+			a.what = "nothing released: the attachment was released or taken by another holder since the round began"
+			r.logDecision(ctx, a.decision, now)
+			continue
+		}
+		rd.Released = append(rd.Released, rel)
+		rd.Reasons = append(rd.Reasons, a.reason)
+		a.what = "release " + string(a.reason) + ": " + a.detail
+		r.logDecision(ctx, a.decision, now, slog.String("ips", fmt.Sprint(rel.IPs)))
+	}
+}
+
+// logDecision writes one line for one lease's decision with its evidence: the
+// sandbox verdict and where it came from, the namespace probe, the observations that
+// counted and how long the suspicion and the lease (since first seen) have lasted.
+func (r *Reconciler) logDecision(ctx context.Context, d decision, now time.Duration, extra ...slog.Attr) {
+	if !r.log.Enabled(ctx, d.level) {
+		return
+	}
+	attrs := []slog.Attr{
+		slog.String("attachment", d.o.ls.Key.String()),
+		slog.String("decision", d.what),
+		slog.String("sandbox", d.o.sandbox),
+		slog.String("status", d.o.status),
+	}
+	if d.o.sandbox == SandboxGone || d.o.sandbox == SandboxNotReady {
+		attrs = append(attrs, slog.String("netns", d.o.ns.String()))
+		if d.o.nsInfo != "" {
+			attrs = append(attrs, slog.String("netnsInfo", d.o.nsInfo))
+		}
+	}
+	obs := 0
+	if d.s != nil {
+		obs = d.s.count
+		attrs = append(attrs, slog.Duration("suspectedFor", (now-d.s.first).Round(time.Millisecond)))
+	}
+	attrs = append(attrs, slog.Int("observations", obs), slog.Duration("seenFor", d.age.Round(time.Millisecond)))
+	attrs = append(attrs, extra...)
+	r.log.LogAttrs(ctx, d.level, "reconcile: decision", attrs...)
+}
+
+func (r *Reconciler) firstOf(k ledger.Key) time.Duration {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if s := r.sus[k]; s != nil {
+		return s.first
+	}
+	return r.o.Clock.Mono()
+}
+
+// judge classifies one observation. Only GONE and NOTREADY can be suspected.
+func judge(sandbox string, ns NSState) (Class, ledger.Reason, string) {
+	switch sandbox {
+	case SandboxGone:
+		switch ns {
+		case NSGone, NSAddrAbsent, NSNotRecorded:
+			return ClassAbandoned, ledger.ReasonReconcileGone, "sandbox gone from the runtime, " + ns.String()
+		case NSAddrPresent:
+			return ClassStranded, "", "sandbox gone from the runtime but " + ns.String()
+		}
+	case SandboxNotReady:
+		switch ns {
+		case NSGone, NSAddrAbsent:
+			return ClassAbandoned, ledger.ReasonReconcileNotReady, "sandbox NOTREADY, " + ns.String()
+		case NSAddrPresent:
+			return ClassStranded, "", "sandbox NOTREADY and " + ns.String()
+		case NSNotRecorded:
+			return ClassDoubt, "", "sandbox NOTREADY, " + ns.String() + ": cannot verify, kept"
+		}
+	}
+	return ClassNone, "", ""
+}
+
+// abandoned reports whether a sandbox verdict and a namespace verdict together
+// show that the holder cannot use its address (the evidence for supersession and GC).
+func abandoned(sandbox string, ns NSState) bool {
+	c, _, _ := judge(sandbox, ns)
+	return c == ClassAbandoned
+}
