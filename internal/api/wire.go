@@ -236,6 +236,10 @@ func decodeRanges(d *jsonlite.Decoder) ([]pool.RangeSet, bool) {
 					return d.Text(&r.RangeEnd)
 				case "gateway":
 					return d.Text(&r.Gateway)
+				case "usePodCidr":
+					var ok bool
+					r.PodCIDR, ok = d.Int()
+					return ok
 				}
 				return false
 			})

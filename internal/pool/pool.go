@@ -28,7 +28,23 @@ type Range struct {
 	RangeStart netip.Addr   `json:"rangeStart,omitzero"`
 	RangeEnd   netip.Addr   `json:"rangeEnd,omitzero"`
 	Gateway    netip.Addr   `json:"gateway,omitzero"`
+	// PodCIDR, 4 or 6, marks a placeholder: the config's subnet was PodCIDRv4 or
+	// PodCIDRv6, which the agent resolves to its Node's spec.podCIDRs of that
+	// family (Resolve) before anything is allocated; the other fields are then
+	// zero. A pool never holds a placeholder: Validate refuses one.
+	PodCIDR int `json:"usePodCidr,omitzero"`
 }
+
+// Placeholders of a range's subnet (Calico's host-local convention): this node's
+// Kubernetes podCIDR of the family. One conflist then serves every node.
+const (
+	PodCIDRv4 = "usePodCidr"
+	PodCIDRv6 = "usePodCidrIPv6"
+)
+
+// ErrNoPodCIDR is returned (wrapped, naming the family) by Resolve when the node has
+// no podCIDR of a family a placeholder asks for.
+var ErrNoPodCIDR = errors.New("no podCIDR")
 
 // RangeSet is a list of ranges of one address family; an attachment gets one address
 // from it.
@@ -68,10 +84,107 @@ func ParseRangeSets(data []byte) ([]RangeSet, error) {
 		}
 		sets = append(sets, set)
 	}
-	if err := Validate(sets); err != nil {
+	if err := checkPlaceholders(sets); err != nil {
 		return nil, err
 	}
+	// The concrete ranges are checked now; placeholders once the agent resolved them.
+	if c := concrete(sets); len(c) > 0 || !HasPodCIDR(sets) {
+		if err := Validate(c); err != nil {
+			return nil, err
+		}
+	}
 	return sets, nil
+}
+
+// HasPodCIDR reports whether any range of sets is a podCIDR placeholder.
+func HasPodCIDR(sets []RangeSet) bool {
+	for _, set := range sets {
+		for _, r := range set {
+			if r.PodCIDR != 0 {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// concrete is sets without the range sets that are placeholders.
+func concrete(sets []RangeSet) []RangeSet {
+	if !HasPodCIDR(sets) {
+		return sets
+	}
+	var out []RangeSet
+	for _, set := range sets {
+		if len(set) > 0 && set[0].PodCIDR == 0 {
+			out = append(out, set)
+		}
+	}
+	return out
+}
+
+// checkPlaceholders: a placeholder is alone in its range set (the set is the
+// node's podCIDR of that family), and at most one range set asks for each family.
+func checkPlaceholders(sets []RangeSet) error {
+	var seen [7]bool
+	for i, set := range sets {
+		for j, r := range set {
+			if r.PodCIDR == 0 {
+				continue
+			}
+			if len(set) != 1 {
+				return fmt.Errorf("%w: ranges[%d][%d].subnet: %s must be the only range of its range set; put other ranges in a range set of their own", ErrInvalidRange, i, j, placeholderName(r.PodCIDR))
+			}
+			if seen[r.PodCIDR] {
+				return fmt.Errorf("%w: ranges[%d][%d].subnet: %s appears in two range sets; a node has one podCIDR per family", ErrInvalidRange, i, j, placeholderName(r.PodCIDR))
+			}
+			seen[r.PodCIDR] = true
+		}
+	}
+	return nil
+}
+
+func placeholderName(family int) string {
+	if family == 6 {
+		return PodCIDRv6
+	}
+	return PodCIDRv4
+}
+
+// Resolve returns sets with each placeholder replaced by the range of the whole
+// podCIDR of its family (the first of that family in podCIDRs: Kubernetes gives a
+// Node at most one per family), validated as a pool. A family no podCIDR has fails
+// with ErrNoPodCIDR. Sets without placeholders come back unchanged.
+func Resolve(sets []RangeSet, podCIDRs []netip.Prefix) ([]RangeSet, error) {
+	if !HasPodCIDR(sets) {
+		return sets, nil
+	}
+	out := make([]RangeSet, len(sets))
+	for i, set := range sets {
+		if len(set) != 1 || set[0].PodCIDR == 0 {
+			out[i] = set
+			continue
+		}
+		fam := set[0].PodCIDR
+		var found netip.Prefix
+		for _, p := range podCIDRs {
+			if p.Addr().Unmap().Is4() == (fam == 4) {
+				found = p
+				break
+			}
+		}
+		if !found.IsValid() {
+			return nil, fmt.Errorf("%w: ranges[%d][0].subnet: %s, and the node has no IPv%d podCIDR", ErrNoPodCIDR, i, placeholderName(fam), fam)
+		}
+		r, err := Range{Subnet: found.Masked()}.Canonical(fmt.Sprintf("ranges[%d][0] (podCIDR %s)", i, found))
+		if err != nil {
+			return nil, err
+		}
+		out[i] = RangeSet{r}
+	}
+	if err := Validate(out); err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 func parseAddr(s, field string) (netip.Addr, error) {
@@ -87,6 +200,17 @@ func parseAddr(s, field string) (netip.Addr, error) {
 
 func parseRange(rr rawRange, field string) (Range, error) {
 	var r Range
+	switch strings.TrimSpace(rr.Subnet) {
+	case PodCIDRv4, PodCIDRv6:
+		r.PodCIDR = 4
+		if strings.TrimSpace(rr.Subnet) == PodCIDRv6 {
+			r.PodCIDR = 6
+		}
+		if rr.RangeStart != "" || rr.RangeEnd != "" || rr.Gateway != "" {
+			return r, fmt.Errorf("%w: %s: subnet %s takes no rangeStart, rangeEnd or gateway (the whole podCIDR is the range); drop them, or give the subnet as a CIDR", ErrInvalidRange, field, rr.Subnet)
+		}
+		return r, nil
+	}
 	if rr.Subnet == "" {
 		return r, fmt.Errorf("%w: %s.subnet: missing; give a CIDR such as \"10.0.0.0/24\"", ErrInvalidRange, field)
 	}
@@ -191,6 +315,11 @@ func Validate(sets []RangeSet) error {
 	for i, set := range sets {
 		if len(set) == 0 {
 			return fmt.Errorf("%w: ranges[%d]: empty range set", ErrInvalidRange, i)
+		}
+		for j, r := range set {
+			if r.PodCIDR != 0 {
+				return fmt.Errorf("%w: ranges[%d][%d].subnet: %s is resolved by ipledgerd from its Node's spec.podCIDRs; run ipledgerd with --node-name (and Kubernetes credentials)", ErrInvalidRange, i, j, placeholderName(r.PodCIDR))
+			}
 		}
 		n += len(set)
 	}

@@ -111,9 +111,12 @@ func FuzzParseRangeSets(f *testing.F) {
 		`[[{"subnet":"fd00::/64"}],[{"subnet":"10.0.0.0/16"}]]`,
 		`[[{"subnet":"::ffff:10.0.0.0/120"}]]`,
 		`[[{"subnet":"10.0.0.0/8","rangeEnd":"10.0.0.1"}]]`,
+		`[[{"subnet":"usePodCidr"}],[{"subnet":"usePodCidrIPv6"}]]`,
+		`[[{"subnet":"usePodCidr"}],[{"subnet":"fd00::/64"}]]`,
 	} {
 		f.Add([]byte(s))
 	}
+	podCIDRs := []netip.Prefix{netip.MustParsePrefix("10.244.3.0/24"), netip.MustParsePrefix("fd00:244:3::/64")}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		sets, err := ParseRangeSets(data)
 		if err != nil {
@@ -121,6 +124,17 @@ func FuzzParseRangeSets(f *testing.F) {
 				t.Fatalf("error not ErrInvalidRange: %v", err)
 			}
 			return
+		}
+		if HasPodCIDR(sets) {
+			if Validate(sets) == nil {
+				t.Fatal("Validate accepted a placeholder")
+			}
+			if sets, err = Resolve(sets, podCIDRs); err != nil {
+				return // the podCIDRs overlap a concrete range: refused, as it must be
+			}
+			if HasPodCIDR(sets) {
+				t.Fatal("Resolve left a placeholder")
+			}
 		}
 		for _, set := range sets {
 			n := set.Size()

@@ -76,6 +76,10 @@ func AppendRangeSets(e *jsonlite.Encoder, sets []RangeSet) {
 			e.Raw("{")
 			e.Field(&first, "subnet")
 			e.Text(r.Subnet)
+			if r.PodCIDR != 0 {
+				e.Field(&first, "usePodCidr")
+				e.Int(int64(r.PodCIDR))
+			}
 			for _, a := range []struct {
 				name string
 				v    netip.Addr
