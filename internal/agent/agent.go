@@ -40,6 +40,9 @@ type Config struct {
 	// Verdicts is the reconciler's last round, shown to operators; nil when no
 	// runtime is configured.
 	Verdicts Verdicts
+	// PodCIDRs resolves usePodCidr ranges (ipledgerd --node-name); nil: such a
+	// range is refused.
+	PodCIDRs PodCIDRs
 	// Runtime answers the operator's questions about the container runtime (doctor,
 	// release, readiness); nil when no runtime is configured.
 	Runtime RuntimeInfo

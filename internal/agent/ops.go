@@ -155,6 +155,10 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 	if n := api.CountRanges(req.Ranges); n > api.MaxRanges {
 		return errResp(&api.Error{Code: api.CodeInvalid, Msg: fmt.Sprintf("ipam.ranges: %d ranges; at most %d in one network", n, api.MaxRanges)})
 	}
+	var aerr *api.Error
+	if req.Ranges, aerr = s.resolveRanges(req.Ranges); aerr != nil {
+		return errResp(aerr)
+	}
 	unlock := s.locks.lock(k)
 	defer unlock()
 	// a DEL of this attachment spooled before this ADD was sent is applied first: it
@@ -323,6 +327,9 @@ func gcError(released int, failed []error) *api.Error {
 }
 
 func (s *Server) status(req api.Request) *api.Response {
+	if _, aerr := s.resolveRanges(req.Ranges); aerr != nil {
+		return errResp(aerr)
+	}
 	if s.cfg.Cluster != nil {
 		return s.clusterStatus(req)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/cniplugin"
+	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/spool"
 )
 
@@ -258,7 +259,11 @@ func (p *Plugin) Status(args *cniplugin.Args) error {
 	if cerr != nil {
 		return cerr
 	}
-	_, err := p.call(conf, api.Request{Op: api.OpStatus, Network: conf.Name})
+	req := api.Request{Op: api.OpStatus, Network: conf.Name}
+	if pool.HasPodCIDR(conf.IPAM.ranges) {
+		req.Ranges = conf.IPAM.ranges // the agent tells whether the node has its podCIDR yet
+	}
+	_, err := p.call(conf, req)
 	if err == nil {
 		return nil
 	}
@@ -266,7 +271,7 @@ func (p *Plugin) Status(args *cniplugin.Args) error {
 		return cniplugin.NewError(cniplugin.ErrPluginNotAvailable, fmt.Sprintf("ipledgerd is not reachable on %s", conf.IPAM.Socket), err.Error())
 	}
 	var ae *api.Error
-	if errors.As(err, &ae) && ae.Code == api.CodeExhausted {
+	if errors.As(err, &ae) && (ae.Code == api.CodeExhausted || ae.Code == api.CodeUnavailable) {
 		return cniplugin.NewError(cniplugin.ErrPluginNotAvailable, ae.Msg, "")
 	}
 	return toCNI(err, conf.IPAM.Socket)

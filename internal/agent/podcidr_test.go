@@ -1,0 +1,92 @@
+package agent_test
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/ipledger/ipledger/internal/agent"
+	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/pool"
+)
+
+// podCIDRs stands for the Node watch: what it answers can change under the test.
+type podCIDRs struct {
+	mu    sync.Mutex
+	cidrs []netip.Prefix
+	err   error
+}
+
+func (p *podCIDRs) PodCIDRs() ([]netip.Prefix, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cidrs, p.err
+}
+
+func (p *podCIDRs) set(cidrs []netip.Prefix, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cidrs, p.err = cidrs, err
+}
+
+func placeholderReq(t *testing.T, op, cid string) api.Request {
+	t.Helper()
+	sets, err := pool.ParseRangeSets([]byte(`[[{"subnet":"usePodCidr"}]]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return api.Request{Version: api.Version, Op: op, Network: "k8s-pod-network", ContainerID: cid, IfName: "eth0", Ranges: sets}
+}
+
+func wantCode(t *testing.T, what string, err error, code, says string) {
+	t.Helper()
+	var ae *api.Error
+	if !errors.As(err, &ae) || ae.Code != code || !strings.Contains(ae.Msg, says) {
+		t.Fatalf("%s: %v, want code %s saying %q", what, err, code, says)
+	}
+	t.Logf("%s: %s", what, ae.Msg)
+}
+
+// TestUsePodCIDR: an ADD of a usePodCidr range allocates from the node's podCIDR;
+// without a Node watch it is refused naming the flag; while the Node has no podCIDR
+// ADD and STATUS answer "unavailable" (the plugin's codes 11 and 50) naming the Node
+// and the fix, and nothing is allocated.
+func TestUsePodCIDR(t *testing.T) {
+	t.Run("no node watch", func(t *testing.T) {
+		s := serve(t, nil)
+		_, err := s.call(t, placeholderReq(t, api.OpAdd, "c0"))
+		wantCode(t, "ADD", err, api.CodeInvalid, "--node-name")
+	})
+	src := &podCIDRs{err: fmt.Errorf(`Node "n1": the Node has no spec.podCIDRs; run kube-controller-manager with --allocate-node-cidrs`)}
+	s := serve(t, func(c *agent.Config) { c.PodCIDRs = src })
+	_, err := s.call(t, placeholderReq(t, api.OpAdd, "c1"))
+	wantCode(t, "ADD before the podCIDR", err, api.CodeUnavailable, "--allocate-node-cidrs")
+	_, err = s.call(t, placeholderReq(t, api.OpStatus, ""))
+	wantCode(t, "STATUS before the podCIDR", err, api.CodeUnavailable, `Node "n1"`)
+	if n := len(s.l.Leases("")); n != 0 {
+		t.Fatalf("%d leases after refused ADDs", n)
+	}
+
+	src.set([]netip.Prefix{netip.MustParsePrefix("fd00:1::/64")}, nil)
+	_, err = s.call(t, placeholderReq(t, api.OpAdd, "c1"))
+	wantCode(t, "ADD with only an IPv6 podCIDR", err, api.CodeUnavailable, "no IPv4 podCIDR")
+
+	src.set([]netip.Prefix{netip.MustParsePrefix("10.244.7.0/24")}, nil)
+	resp, err := s.call(t, placeholderReq(t, api.OpAdd, "c1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Lease.IPs) != 1 || !netip.MustParsePrefix("10.244.7.0/24").Contains(netip.MustParseAddr(strings.Split(resp.Lease.IPs[0], "/")[0])) {
+		t.Fatalf("ADD gave %+v, want an address of 10.244.7.0/24", resp.Lease)
+	}
+	if _, err := s.call(t, placeholderReq(t, api.OpStatus, "")); err != nil {
+		t.Fatalf("STATUS with the podCIDR: %v", err)
+	}
+	ps, err := s.l.Pool("k8s-pod-network")
+	if want := "[[10.244.7.0/24(10.244.7.1-10.244.7.254)]]"; err != nil || pool.SetsString(ps.Ranges) != want {
+		t.Fatalf("the pool holds %v (%v), want the resolved podCIDR", ps.Ranges, err)
+	}
+}

@@ -1,0 +1,303 @@
+// Package kubenode watches the cluster's Node objects for the agent's Kubernetes
+// features: this node's podCIDRs (the usePodCidr ranges), every node's pod CIDRs and
+// InternalIP addresses (the routes between nodes), Node deletions and re-creations
+// (cluster mode's dead-node reclaim), and this node's NetworkUnavailable condition.
+//
+// One informer over Nodes (client-go's, the ecosystem's watch with its relist and
+// resync) feeds all of them. It keeps only what these uses read (name, podCIDRs,
+// addresses): a Node's status carries its images and more, kilobytes each, which a
+// thousand-node cluster would otherwise hold in every agent.
+package kubenode
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+)
+
+// Errors of PodCIDRs (wrapped with the node's name and the fix).
+var (
+	// ErrNotSynced: the watch has not listed the Nodes yet (the API server has not
+	// answered since the agent started).
+	ErrNotSynced = errors.New("the Node watch has not listed the Nodes yet")
+	// ErrNoNode: no Node object has this node's name.
+	ErrNoNode = errors.New("no Node object of this name")
+	// ErrNoPodCIDR: this node's Node has no spec.podCIDRs.
+	ErrNoPodCIDR = errors.New("the Node has no spec.podCIDRs")
+)
+
+// Node is what the agent reads of a Node object.
+type Node struct {
+	Name string
+	// Addrs are the Node's InternalIP addresses (status.addresses), in its order.
+	Addrs []netip.Addr
+	// PodCIDRs is spec.podCIDRs (spec.podCIDR when the list is empty).
+	PodCIDRs []netip.Prefix
+}
+
+// Resync is how often the informer hands every Node to the handlers again, so a
+// route or rule changed behind the agent's back is put right even when no Node
+// changes.
+const Resync = 5 * time.Minute
+
+// Watch is an informer of the cluster's Nodes, from the point of view of one node
+// (Self).
+type Watch struct {
+	client   corev1client.CoreV1Interface
+	self     string
+	log      *slog.Logger
+	informer cache.SharedIndexInformer
+
+	mu      sync.Mutex
+	nodes   map[string]Node
+	synced  bool
+	changed chan struct{}
+	subs    []Subscriber
+}
+
+// Subscriber hears of Node deletions and creations after the first list (cluster
+// mode's block manager: a deleted Node's blocks are reclaimed once its lease ends, a
+// Node registered again keeps its blocks).
+type Subscriber interface {
+	NodeGone(node string)
+	NodeBack(node string)
+}
+
+// New returns a Watch of the Nodes through cfg, for the node named self. Run starts it.
+func New(cfg *rest.Config, self string, log *slog.Logger) (*Watch, error) {
+	if self == "" {
+		return nil, errors.New("kubenode: this node's name is empty; pass --node-name or set NODE_NAME")
+	}
+	c, err := corev1client.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kubenode: client: %w", err)
+	}
+	w := &Watch{client: c, self: self, log: log, nodes: map[string]Node{}, changed: make(chan struct{}, 1)}
+	lw := cache.NewListWatchFromClient(c.RESTClient(), "nodes", "", fields.Everything())
+	w.informer = cache.NewSharedIndexInformer(lw, &corev1.Node{}, Resync, cache.Indexers{})
+	if err := w.informer.SetTransform(trim); err != nil {
+		return nil, fmt.Errorf("kubenode: %w", err)
+	}
+	if _, err := w.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { w.put(obj, true) },
+		UpdateFunc: func(_, obj any) { w.put(obj, false) },
+		DeleteFunc: w.remove,
+	}); err != nil {
+		return nil, fmt.Errorf("kubenode: %w", err)
+	}
+	return w, nil
+}
+
+// Subscribe adds s to those told of deletions and creations. Call before Run.
+func (w *Watch) Subscribe(s Subscriber) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.subs = append(w.subs, s)
+}
+
+// Self is this node's name.
+func (w *Watch) Self() string { return w.self }
+
+// Run watches until ctx ends. It returns at once; Synced and Changed tell when the
+// Nodes are known and when they change.
+func (w *Watch) Run(ctx context.Context) {
+	go w.informer.RunWithContext(ctx)
+	go func() {
+		if !cache.WaitForCacheSync(ctx.Done(), w.informer.HasSynced) {
+			return
+		}
+		w.mu.Lock()
+		w.synced = true
+		w.mu.Unlock()
+		w.notify()
+		w.log.Info("Node watch listed the Nodes", "nodes", len(w.Nodes()))
+	}()
+}
+
+// WaitSynced waits until the first list has been read, or ctx ends (false).
+func (w *Watch) WaitSynced(ctx context.Context) bool {
+	return cache.WaitForCacheSync(ctx.Done(), func() bool {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return w.synced
+	})
+}
+
+// Changed receives a value after any Node changed (coalesced: one value may stand
+// for many changes) and after the first list.
+func (w *Watch) Changed() <-chan struct{} { return w.changed }
+
+// Nodes returns every Node known, sorted by name; nil before the first list.
+func (w *Watch) Nodes() []Node {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.synced {
+		return nil
+	}
+	out := make([]Node, 0, len(w.nodes))
+	for _, n := range w.nodes {
+		out = append(out, n)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// Synced reports whether the first list has been read.
+func (w *Watch) Synced() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.synced
+}
+
+// PodCIDRs returns this node's podCIDRs: ErrNotSynced, ErrNoNode or ErrNoPodCIDR
+// (wrapped with the node's name and the fix) when it cannot.
+func (w *Watch) PodCIDRs() ([]netip.Prefix, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.synced {
+		return nil, fmt.Errorf("Node %q: %w; it retries until the API server answers", w.self, ErrNotSynced)
+	}
+	n, ok := w.nodes[w.self]
+	if !ok {
+		return nil, fmt.Errorf("Node %q: %w; --node-name must be the node's Kubernetes name (the DaemonSet passes spec.nodeName)", w.self, ErrNoNode)
+	}
+	if len(n.PodCIDRs) == 0 {
+		return nil, fmt.Errorf("Node %q: %w; run kube-controller-manager with --allocate-node-cidrs and --cluster-cidr (or set the Node's spec.podCIDRs)", w.self, ErrNoPodCIDR)
+	}
+	return slices.Clone(n.PodCIDRs), nil
+}
+
+// NetworkUnavailable's reason when ipledger set it false.
+const ReasonRoutesReady = "IpledgerRoutesReady"
+
+// SetNetworkAvailable sets this Node's NetworkUnavailable condition false (the routes
+// to the other nodes are in place), as flannel and the cloud route controller do. It
+// patches status.conditions by their merge key, type, and changes nothing else.
+func (w *Watch) SetNetworkAvailable(ctx context.Context) error {
+	now := metav1.Now()
+	patch := map[string]any{"status": map[string]any{"conditions": []corev1.NodeCondition{{
+		Type:               corev1.NodeNetworkUnavailable,
+		Status:             corev1.ConditionFalse,
+		Reason:             ReasonRoutesReady,
+		Message:            "ipledger set up the routes to every other node's pod addresses",
+		LastTransitionTime: now,
+		LastHeartbeatTime:  now,
+	}}}}
+	b, err := json.Marshal(patch)
+	if err != nil {
+		return err
+	}
+	if _, err := w.client.Nodes().Patch(ctx, w.self, types.StrategicMergePatchType, b, metav1.PatchOptions{}, "status"); err != nil {
+		return fmt.Errorf("Node %q: setting NetworkUnavailable=False: %w", w.self, err)
+	}
+	return nil
+}
+
+func (w *Watch) notify() {
+	select {
+	case w.changed <- struct{}{}:
+	default:
+	}
+}
+
+func (w *Watch) put(obj any, added bool) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return
+	}
+	v := view(n)
+	w.mu.Lock()
+	old, had := w.nodes[v.Name]
+	w.nodes[v.Name] = v
+	synced, subs := w.synced, slices.Clone(w.subs)
+	w.mu.Unlock()
+	if added && !had && synced {
+		for _, s := range subs {
+			s.NodeBack(v.Name)
+		}
+	}
+	if !had || !equal(old, v) {
+		w.notify()
+	}
+}
+
+func (w *Watch) remove(obj any) {
+	var name string
+	switch o := obj.(type) {
+	case *corev1.Node:
+		name = o.Name
+	case cache.DeletedFinalStateUnknown:
+		if n, ok := o.Obj.(*corev1.Node); ok {
+			name = n.Name
+		} else {
+			name = o.Key
+		}
+	default:
+		return
+	}
+	w.mu.Lock()
+	_, had := w.nodes[name]
+	delete(w.nodes, name)
+	subs := slices.Clone(w.subs)
+	w.mu.Unlock()
+	if had {
+		for _, s := range subs {
+			s.NodeGone(name)
+		}
+		w.notify()
+	}
+}
+
+// trim keeps what view reads (and what the informer needs: name, resourceVersion).
+func trim(obj any) (any, error) {
+	n, ok := obj.(*corev1.Node)
+	if !ok {
+		return obj, nil
+	}
+	return &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion},
+		Spec:       corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs},
+		Status:     corev1.NodeStatus{Addresses: n.Status.Addresses},
+	}, nil
+}
+
+func view(n *corev1.Node) Node {
+	v := Node{Name: n.Name}
+	cidrs := n.Spec.PodCIDRs
+	if len(cidrs) == 0 && n.Spec.PodCIDR != "" {
+		cidrs = []string{n.Spec.PodCIDR}
+	}
+	for _, c := range cidrs {
+		if p, err := netip.ParsePrefix(c); err == nil {
+			v.PodCIDRs = append(v.PodCIDRs, p.Masked())
+		}
+	}
+	for _, a := range n.Status.Addresses {
+		if a.Type != corev1.NodeInternalIP {
+			continue
+		}
+		if ip, err := netip.ParseAddr(a.Address); err == nil {
+			v.Addrs = append(v.Addrs, ip.Unmap())
+		}
+	}
+	return v
+}
+
+func equal(a, b Node) bool {
+	return a.Name == b.Name && slices.Equal(a.Addrs, b.Addrs) && slices.Equal(a.PodCIDRs, b.PodCIDRs)
+}
