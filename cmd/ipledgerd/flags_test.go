@@ -32,9 +32,17 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"extra"}, "unexpected arguments"},
 		// cluster-mode flags without cluster mode
 		{[]string{"--etcd-endpoints", "http://127.0.0.1:2379"}, "--etcd-endpoints: only for cluster mode; add --datastore"},
-		{[]string{"--kubeconfig", "/k"}, "--kubeconfig: only for cluster mode"},
-		{[]string{"--node-name", "node-a"}, "--node-name: only for cluster mode"},
+		{[]string{"--kubeconfig", "/k"}, "--kubeconfig: the Kubernetes features of node mode need this node's name; add --node-name"},
+		{[]string{"--node-name", "Node_A"}, `--node-name "Node_A": character 'N'`},
+		{[]string{"--kube-namespace", "x", "--node-name", "a"}, "--kube-namespace: only for --datastore kubernetes"},
 		{[]string{"--block-grace", "1m"}, "--block-grace: only for cluster mode"},
+		// node network
+		{[]string{"--routes=false"}, "--routes: the node network needs the Nodes; add --node-name"},
+		{[]string{"--non-masquerade-cidrs", "10.0.0.0/8"}, "--non-masquerade-cidrs: the node network needs the Nodes"},
+		{[]string{"--node-name", "a", "--non-masquerade-cidrs", "10.0.0.1/8"}, "10.0.0.1/8 has host bits set; use 10.0.0.0/8"},
+		{[]string{"--node-name", "a", "--non-masquerade-cidrs", "ten"}, `"ten" is not a CIDR`},
+		{[]string{"--node-name", "a", "--masquerade=false", "--non-masquerade-cidrs", "10.0.0.0/8"}, "has no effect with --masquerade=false"},
+		{[]string{"--node-name", "a", "--node-network-resync", "0s"}, "--node-network-resync: must be positive"},
 		{[]string{"--datastore", "consul", "--node-name", "a"}, `--datastore "consul": use kubernetes, etcd or none`},
 		// etcd
 		{[]string{"--datastore", "etcd", "--node-name", "a"}, "--datastore etcd: needs --etcd-endpoints"},

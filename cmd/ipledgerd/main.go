@@ -22,6 +22,7 @@ import (
 	"github.com/ipledger/ipledger/internal/clock"
 	"github.com/ipledger/ipledger/internal/clusterconf"
 	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/netconf"
 	"github.com/ipledger/ipledger/internal/spool"
 	"github.com/ipledger/ipledger/internal/store/boltstore"
 	"github.com/ipledger/ipledger/internal/store/walstore"
@@ -47,6 +48,7 @@ type options struct {
 	reclaimStranded                                      bool
 	logLevel                                             string
 	cluster                                              clusterconf.Config
+	network                                              netconf.Config
 }
 
 // parse reads the flags; getenv supplies the environment's defaults (NODE_NAME).
@@ -66,6 +68,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	fs.BoolVar(&o.reclaimStranded, "reclaim-stranded", false, "remove the interface of a NotReady sandbox that still holds its address (identity-checked) and release it after --stranded-grace; off by default because it changes a pod's namespace, and a stranded lease is reported and kept either way")
 	fs.DurationVar(&o.strandedGrace, "stranded-grace", 10*time.Minute, "how long a lease must be stranded before --reclaim-stranded acts; at least --release-grace")
 	o.cluster.Register(fs, getenv)
+	o.network.Register(fs)
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -77,6 +80,9 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 		o.spoolDir = filepath.Join(o.stateDir, "spool")
 	}
 	if err := o.cluster.Check(fs); err != nil {
+		return nil, err
+	}
+	if err := o.network.Check(fs, o.cluster.Kubernetes()); err != nil {
 		return nil, err
 	}
 	for name, d := range map[string]time.Duration{"--reconcile-interval": o.reconcileInterval, "--release-grace": o.releaseGrace, "--stranded-grace": o.strandedGrace} {

@@ -63,11 +63,20 @@ type Config struct {
 // Cluster reports whether the agent runs in cluster mode.
 func (c *Config) Cluster() bool { return c.Datastore != None }
 
+// Kubernetes reports whether the agent talks to the Kubernetes API for its Node
+// features (usePodCidr, routes between nodes, NetworkUnavailable): with --datastore
+// kubernetes, or in node mode with --node-name given (NODE_NAME alone does not turn
+// them on: an agent outside Kubernetes may have it set). --datastore etcd keeps the
+// cluster's state out of Kubernetes and has no Node objects.
+func (c *Config) Kubernetes() bool {
+	return c.Datastore == Kubernetes || c.Datastore == None && c.set["node-name"]
+}
+
 // Register adds the cluster-mode flags to fs. getenv supplies NODE_NAME, the default
 // of --node-name (the DaemonSet sets it from the pod's spec.nodeName).
 func (c *Config) Register(fs *flag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&c.Datastore, "datastore", None, "cluster mode: where the cluster-wide pools live: kubernetes (the Kubernetes API), etcd, or none (node-local pools)")
-	fs.StringVar(&c.NodeName, "node-name", getenv("NODE_NAME"), "cluster mode: this node's name, owner of its address blocks (default $NODE_NAME)")
+	fs.StringVar(&c.NodeName, "node-name", getenv("NODE_NAME"), "this node's Kubernetes name (default $NODE_NAME): cluster mode's owner of address blocks; in node mode, given on the command line, it turns on the Kubernetes features (usePodCidr ranges, routes to the other nodes' pods, NetworkUnavailable)")
 	fs.Func("etcd-endpoints", "cluster mode with --datastore etcd: comma-separated etcd client URLs, e.g. https://10.0.0.1:2379,https://10.0.0.2:2379", func(s string) error {
 		c.EtcdEndpoints = nil
 		for _, e := range strings.Split(s, ",") {
@@ -80,7 +89,7 @@ func (c *Config) Register(fs *flag.FlagSet, getenv func(string) string) {
 	fs.StringVar(&c.EtcdCert, "etcd-cert", "", "--datastore etcd: client certificate file (PEM), with --etcd-key")
 	fs.StringVar(&c.EtcdKey, "etcd-key", "", "--datastore etcd: client key file (PEM), with --etcd-cert")
 	fs.StringVar(&c.EtcdCA, "etcd-ca", "", "--datastore etcd: CA bundle file (PEM) that verifies the etcd servers")
-	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "--datastore kubernetes: kubeconfig file (empty: the pod's in-cluster credentials)")
+	fs.StringVar(&c.Kubeconfig, "kubeconfig", "", "kubeconfig file for the Kubernetes API (--datastore kubernetes, or --node-name in node mode); empty: the pod's in-cluster credentials")
 	ns := getenv("POD_NAMESPACE")
 	if ns == "" {
 		ns = kubeds.DefaultNamespace
@@ -114,11 +123,20 @@ func (c *Config) Check(fs *flag.FlagSet) error {
 	}
 	switch c.Datastore {
 	case None:
-		if given := append(append(etcdFlags, kubeFlags...), clusterFlags...); len(given) > 0 {
+		if given := append(etcdFlags, clusterFlags...); len(given) > 0 {
 			return fmt.Errorf("%s: only for cluster mode; add --datastore kubernetes or --datastore etcd (with --node-name), or drop %s", given[0], strings.Join(given, " "))
 		}
-		if c.set["node-name"] {
-			return errors.New("--node-name: only for cluster mode; add --datastore kubernetes or --datastore etcd, or drop --node-name")
+		if c.set["kube-namespace"] {
+			return errors.New("--kube-namespace: only for --datastore kubernetes (the namespace of the node Leases); drop it, or add --datastore kubernetes")
+		}
+		if c.set["kubeconfig"] && !c.set["node-name"] {
+			return errors.New("--kubeconfig: the Kubernetes features of node mode need this node's name; add --node-name NAME, or drop --kubeconfig")
+		}
+		if !c.set["node-name"] {
+			return nil
+		}
+		if err := checkName(c.NodeName); err != nil {
+			return fmt.Errorf("--node-name %q: %v; use the node's Kubernetes name", c.NodeName, err)
 		}
 		return nil
 	case Etcd:
