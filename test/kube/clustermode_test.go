@@ -79,6 +79,11 @@ func clusterMode(t *testing.T, n *node) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// the overlay's cluster-wide pool, pointed at the test's range
+	if !strings.Contains(string(kust), "10.244.0.0/16") {
+		t.Fatal("deploy/cluster/kustomization.yaml no longer holds the pool 10.244.0.0/16; update this test")
+	}
+	kust = []byte(strings.ReplaceAll(string(kust), "10.244.0.0/16", poolSubnet))
 	base, err := os.ReadFile(filepath.Join(src, "ipledger.yaml"))
 	if err != nil {
 		t.Fatal(err)

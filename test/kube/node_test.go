@@ -54,7 +54,12 @@ func (n *node) render(m, stateDir string) (string, error) {
 		{"unix:///run/containerd/containerd.sock", c.Containerd.Endpoint()},
 		{"/run/containerd", filepath.Dir(strings.TrimPrefix(c.Containerd.Endpoint(), "unix://"))},
 		{"/run/netns", c.NetnsDir},
-		{"10.244.0.0/24", poolSubnet},
+		// the one node has no other to route to and no outside world to reach:
+		// masquerade rules would be the host's (the multi-node env tests them)
+		{`"--node-name", "$(NODE_NAME)"]`, `"--node-name", "$(NODE_NAME)", "--masquerade=false"]`},
+		// the agent reaches the API server on the host's loopback: this cluster
+		// runs no kube-proxy for the kubernetes Service's ClusterIP
+		{"            - name: POD_NAMESPACE\n", fmt.Sprintf("            - {name: KUBERNETES_SERVICE_HOST, value: \"127.0.0.1\"}\n            - {name: KUBERNETES_SERVICE_PORT, value: \"%d\"}\n            - name: POD_NAMESPACE\n", c.APIPort())},
 		{"127.0.0.1:9780", fmt.Sprintf("127.0.0.1:%d", n.metrics)},
 		{"port: 9780", fmt.Sprintf("port: %d", n.metrics)},
 		{`"--release-grace", "60s"`, `"--release-grace", "10s", "--reuse-delay", "2s"`},

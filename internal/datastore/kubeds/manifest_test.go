@@ -2,9 +2,11 @@ package kubeds_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -14,12 +16,14 @@ import (
 
 // TestManifestHoldsClusterModeAndKeepsTheNodeDaemonSet: deploy/ipledger.yaml
 // parses into the objects one kubectl apply installs: the CRDs and RBAC of
-// cluster mode next to the node-mode DaemonSet, which still runs without API
-// credentials (no token mounted), on the host network, with its install-cni
-// init container and the agent's command as before, and with NODE_NAME and
-// POD_NAMESPACE from the downward API (cluster mode's defaults for
-// --node-name and --kube-namespace). deploy/cluster/ipledger.yaml, the base
-// of the cluster-mode overlay, is the same file.
+// cluster mode next to the node-mode DaemonSet, which runs with the
+// ServiceAccount's token (it reads the Nodes in node mode too), on the host
+// network, with its install-cni init container and the agent's command given
+// --node-name $(NODE_NAME), NODE_NAME and POD_NAMESPACE from the downward API,
+// NET_ADMIN for routes and masquerade, RBAC for the Nodes and their status, and
+// a conflist whose range is usePodCidr (one manifest for every node).
+// deploy/cluster/ipledger.yaml, the base of the cluster-mode overlay, is the
+// same file.
 func TestManifestHoldsClusterModeAndKeepsTheNodeDaemonSet(t *testing.T) {
 	docs, err := kubeds.Documents(manifest(t))
 	if err != nil {
@@ -63,7 +67,7 @@ func TestManifestHoldsClusterModeAndKeepsTheNodeDaemonSet(t *testing.T) {
 	pod, _, _ := unstructured.NestedMap(ds, "spec", "template", "spec")
 	for field, want := range map[string]any{
 		"serviceAccountName":           "ipledgerd",
-		"automountServiceAccountToken": false,
+		"automountServiceAccountToken": true,
 		"hostNetwork":                  true,
 		"priorityClassName":            "system-node-critical",
 	} {
@@ -79,7 +83,7 @@ func TestManifestHoldsClusterModeAndKeepsTheNodeDaemonSet(t *testing.T) {
 	cmd := ctrs[0].(map[string]any)["command"]
 	wantCmd := []any{"/usr/local/bin/ipledgerd", "--state-dir", "/var/lib/ipledger", "--socket", "/run/ipledger/ipledger.sock",
 		"--cri-endpoint", "unix:///run/containerd/containerd.sock", "--reconcile-interval", "30s", "--release-grace", "60s",
-		"--metrics-addr", "127.0.0.1:9780"}
+		"--metrics-addr", "127.0.0.1:9780", "--node-name", "$(NODE_NAME)"}
 	if !reflect.DeepEqual(cmd, wantCmd) {
 		t.Errorf("agent command %v, want %v", cmd, wantCmd)
 	}
@@ -93,6 +97,27 @@ func TestManifestHoldsClusterModeAndKeepsTheNodeDaemonSet(t *testing.T) {
 	}
 	if c := inits[0].(map[string]any)["command"].([]any); len(c) < 2 || c[1] != "install-cni" {
 		t.Errorf("init container command %v, want ipledgerd install-cni", c)
+	}
+	caps, _, _ := unstructured.NestedStringSlice(ctrs[0].(map[string]any), "securityContext", "capabilities", "add")
+	if !reflect.DeepEqual(caps, []string{"SYS_ADMIN", "NET_ADMIN"}) {
+		t.Errorf("agent capabilities %v, want SYS_ADMIN (netns checks) and NET_ADMIN (routes, masquerade)", caps)
+	}
+	rules, _, _ := unstructured.NestedSlice(byKind["ClusterRole/ipledgerd"].Object, "rules")
+	var nodeRules []string
+	for _, r := range rules {
+		rm := r.(map[string]any)
+		for _, res := range rm["resources"].([]any) {
+			if res == "nodes" || res == "nodes/status" {
+				nodeRules = append(nodeRules, fmt.Sprint(res, rm["verbs"]))
+			}
+		}
+	}
+	if want := []string{"nodes[get list watch]", "nodes/status[patch]"}; !reflect.DeepEqual(nodeRules, want) {
+		t.Errorf("ClusterRole rules on Nodes %v, want %v", nodeRules, want)
+	}
+	conflist, _, _ := unstructured.NestedString(byKind["ConfigMap/ipledger-cni"].Object, "data", "ipledger.conflist")
+	if !strings.Contains(conflist, `"ranges": [[{"subnet": "usePodCidr"}]]`) {
+		t.Errorf("the conflist's ranges are not usePodCidr:\n%s", conflist)
 	}
 }
 

@@ -27,11 +27,18 @@ type Options struct {
 	NodeName string
 	// StartTimeout bounds the bring-up of each component (default 60s).
 	StartTimeout time.Duration
+	// ClusterCIDR is the pod range kube-controller-manager splits into the Nodes'
+	// podCIDRs (--allocate-node-cidrs, /24 each; default 10.236.0.0/16, so the
+	// first Node gets 10.236.0.0/24), as kubeadm's --pod-network-cidr sets it up.
+	ClusterCIDR string
 	// AfterRestore, when set, runs once the cluster is stopped and the host
 	// restored, while this cluster still holds the host-wide lock (no other
 	// cluster can have changed the host yet): where a test checks the host.
 	AfterRestore func()
 }
+
+// APIPort is the kube-apiserver's port on 127.0.0.1.
+func (c *Cluster) APIPort() int { return c.apiPort }
 
 // Cluster is a running one-node cluster.
 type Cluster struct {
@@ -51,6 +58,8 @@ type Cluster struct {
 	// (a shared mount, as the runtime requires for HostToContainer).
 	CNIBinDir, CNIConfDir, NetnsDir string
 
+	apiPort int
+
 	host *hostState
 	*runner
 }
@@ -67,6 +76,9 @@ func Start(tb testing.TB, opts Options) *Cluster {
 	}
 	if opts.StartTimeout <= 0 {
 		opts.StartTimeout = 60 * time.Second
+	}
+	if opts.ClusterCIDR == "" {
+		opts.ClusterCIDR = "10.236.0.0/16"
 	}
 	bin := Binaries(tb)
 	// One cluster per host at a time: kubelets share the kubepods cgroups and
@@ -230,6 +242,7 @@ func (c *Cluster) startControlPlane() error {
 		}
 	}
 	apiPort, err := freePort()
+	c.apiPort = apiPort
 	if err != nil {
 		return err
 	}
@@ -257,7 +270,8 @@ func (c *Cluster) startControlPlane() error {
 		"--authentication-kubeconfig", c.Kubeconfig, "--authorization-kubeconfig", c.Kubeconfig,
 		"--service-account-private-key-file", p.path("sa.key"), "--root-ca-file", p.path("ca.crt"),
 		"--use-service-account-credentials=false", "--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", "0",
-		"--controllers", "*,-nodeipam,-service-lb-controller,-cloud-node-lifecycle", "--v", "1"); err != nil {
+		"--allocate-node-cidrs", "--cluster-cidr", c.opts.ClusterCIDR, "--node-cidr-mask-size", "24",
+		"--controllers", "*,-service-lb-controller,-cloud-node-lifecycle", "--v", "1"); err != nil {
 		return err
 	}
 	return c.spawn("kube-scheduler", "--kubeconfig", c.Kubeconfig,
