@@ -43,6 +43,9 @@ type Config struct {
 	// PodCIDRs resolves usePodCidr ranges (ipledgerd --node-name); nil: such a
 	// range is refused.
 	PodCIDRs PodCIDRs
+	// NodeNetwork: with --node-name, the routes and masquerade controller; nil
+	// without.
+	NodeNetwork NodeNetwork
 	// Runtime answers the operator's questions about the container runtime (doctor,
 	// release, readiness); nil when no runtime is configured.
 	Runtime RuntimeInfo

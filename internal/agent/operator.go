@@ -220,6 +220,9 @@ func (s *Server) doctor(ctx context.Context) *api.Response {
 	if s.cfg.Cluster != nil {
 		d.ClusterChecks = s.clusterChecks(d.Pools)
 	}
+	if s.cfg.NodeNetwork != nil {
+		d.NetworkChecks = s.cfg.NodeNetwork.Checks()
+	}
 	return &api.Response{Doctor: d}
 }
 

@@ -16,6 +16,12 @@ type PodCIDRs interface {
 	PodCIDRs() ([]netip.Prefix, error)
 }
 
+// NodeNetwork is the node network's controller (routes, masquerade): doctor shows
+// its verdicts.
+type NodeNetwork interface {
+	Checks() []api.Check
+}
+
 // resolveRanges replaces the usePodCidr placeholders of sets by this node's
 // podCIDRs. A node without a podCIDR yet is a passing condition (the controller
 // manager assigns one shortly after the Node registers): CodeUnavailable, which the

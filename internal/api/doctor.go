@@ -38,6 +38,9 @@ type Diagnosis struct {
 	// lease, each cluster network's blocks and the leases left in lost blocks (the
 	// agent judges them: it holds the lease's monotonic clock). Absent in node mode.
 	ClusterChecks []Check `json:"clusterChecks,omitempty"`
+	// NetworkChecks: with --node-name, the node network's verdicts (the Node's
+	// podCIDR, routes of other owners, next hops not on-link). Absent without.
+	NetworkChecks []Check `json:"networkChecks,omitempty"`
 }
 
 // Check levels, worst last (doctor's exit status is the worst level's).

@@ -123,6 +123,7 @@ func (m *Manager) follow(network string, c *blockCache, gen uint64, w datastore.
 			}
 		}
 		m.cacheMu.Unlock()
+		m.blocksChanged()
 	}
 	m.cacheMu.Lock()
 	if c.gen == gen {
@@ -146,7 +147,21 @@ func (m *Manager) cacheWrite(network, key string, val []byte, rev int64) {
 	if have, ok := c.kvs[key]; !ok || have.kv.Revision < rev {
 		c.kvs[key] = newCachedBlock(datastore.KV{Key: key, Value: val, Revision: rev})
 	}
+	m.blocksChanged()
 }
+
+func (m *Manager) blocksChanged() {
+	select {
+	case m.changed <- struct{}{}:
+	default:
+	}
+}
+
+// BlocksChanged receives a value after a block record of a network this node has
+// set up changed (another node claimed, reclaimed or gave one back; this node
+// wrote one), coalesced. Blocks of networks this node has not set up are seen by
+// the caller's periodic Owners.
+func (m *Manager) BlocksChanged() <-chan struct{} { return m.changed }
 
 // stopWatches ends every block watch and waits for them (Stop).
 func (m *Manager) stopWatches() {

@@ -126,6 +126,9 @@ type Manager struct {
 
 	cacheMu sync.Mutex
 	caches  map[string]*blockCache // by network (cache.go)
+	// changed receives a value (coalesced) when a watched block record changed:
+	// the node network routes blocks to their owners (BlocksChanged).
+	changed chan struct{}
 }
 
 // fencing is the state the allocation guard decides on; Manager.mu guards it. It
@@ -202,7 +205,7 @@ func New(ds datastore.Store, l *ledger.Ledger, opts Options) (*Manager, error) {
 	m := &Manager{ds: ds, l: l, opts: opts, log: log.With("node", opts.Node),
 		nets: map[string]PoolRecord{}, owned: map[string]ownedBlock{}, empty: map[string]emptyObs{},
 		obs: map[string]*leaseObs{}, gone: map[string]bool{}, fencing: fencing{lapsed: true},
-		caches: map[string]*blockCache{}}
+		caches: map[string]*blockCache{}, changed: make(chan struct{}, 1)}
 	l.SetAllocationGuard(m.guard)
 	return m, nil
 }

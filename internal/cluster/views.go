@@ -7,6 +7,7 @@ import (
 	"sort"
 
 	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/nodenet"
 )
 
 // Status is the node's cluster-mode health for one network (CNI STATUS).
@@ -113,5 +114,24 @@ func (m *Manager) Blocks(ctx context.Context) ([]BlockView, error) {
 		}
 		return out[i].Owner < out[j].Owner
 	})
+	return out, nil
+}
+
+// Owners lists every block of the cluster with its owner (empty: free), for the
+// routes between nodes: one List of the block records. An error means the owners
+// are unknown, never that there are none.
+func (m *Manager) Owners(ctx context.Context) ([]nodenet.Block, error) {
+	kvs, _, err := m.listBlocks(ctx, BlocksPrefix(""))
+	if err != nil {
+		return nil, fmt.Errorf("listing blocks: %w", err)
+	}
+	out := make([]nodenet.Block, 0, len(kvs))
+	for _, kv := range kvs {
+		rec, err := decodeBlock(kv)
+		if err != nil {
+			continue // not a block this release can read: no route rather than a wrong one
+		}
+		out = append(out, nodenet.Block{Prefix: rec.CIDR, Owner: rec.Owner})
+	}
 	return out, nil
 }

@@ -127,6 +127,9 @@ func Diagnose(env *Env, socket, nsPath string) []CheckLine {
 	} else if len(d.Pools) == 0 {
 		add(LevelOK, "no pools yet")
 	}
+	for _, c := range d.NetworkChecks {
+		add(c.Level, "%s", c.Text)
+	}
 	pools := d.Pools
 	if len(d.ClusterChecks) > 0 {
 		pools = nil // judged above, block by block

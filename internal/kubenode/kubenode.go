@@ -28,6 +28,8 @@ import (
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/ipledger/ipledger/internal/nodenet"
 )
 
 // Errors of PodCIDRs (wrapped with the node's name and the fix).
@@ -41,14 +43,10 @@ var (
 	ErrNoPodCIDR = errors.New("the Node has no spec.podCIDRs")
 )
 
-// Node is what the agent reads of a Node object.
-type Node struct {
-	Name string
-	// Addrs are the Node's InternalIP addresses (status.addresses), in its order.
-	Addrs []netip.Addr
-	// PodCIDRs is spec.podCIDRs (spec.podCIDR when the list is empty).
-	PodCIDRs []netip.Prefix
-}
+// Node is what the agent reads of a Node object: its name, InternalIP addresses
+// (status.addresses, in the Node's order) and spec.podCIDRs (spec.podCIDR when the
+// list is empty).
+type Node = nodenet.Node
 
 // Resync is how often the informer hands every Node to the handlers again, so a
 // route or rule changed behind the agent's back is put right even when no Node

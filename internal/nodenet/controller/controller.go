@@ -1,0 +1,226 @@
+// Package controller keeps a node's network in its desired state: the routes to
+// every other node's pods (nodenet.Desired over the Nodes, or the cluster's blocks)
+// and the masquerade of pod traffic leaving the cluster's pod ranges. It reconciles
+// at start, whenever the Nodes or the blocks change, and every resync interval, so a
+// route deleted behind its back (systemd-networkd, an operator) comes back, and a
+// route left by a Node deleted while the agent was down goes.
+//
+// When in doubt it keeps: before the Nodes have been listed once, or when the blocks
+// cannot be read, nothing is changed (an empty answer is not taken for "no nodes").
+package controller
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/nodenet"
+	"github.com/ipledger/ipledger/internal/nodenet/routes"
+)
+
+// Nodes is the Node watch (kubenode.Watch).
+type Nodes interface {
+	// Synced reports whether the Nodes have been listed once.
+	Synced() bool
+	// Nodes returns every Node known.
+	Nodes() []nodenet.Node
+	// Changed receives a value after the Nodes changed.
+	Changed() <-chan struct{}
+}
+
+// Blocks is cluster mode's view of the cluster's address blocks and their owners
+// (the block manager). An error means "unknown", never "none".
+type Blocks interface {
+	Owners(ctx context.Context) ([]nodenet.Block, error)
+}
+
+// Routes applies the desired routes (routes.Reconciler).
+type Routes interface {
+	Sync(desired []nodenet.Route) (routes.Report, error)
+}
+
+var _ Routes = (*routes.Reconciler)(nil)
+
+// Masquerade applies the masquerade rules (masq.Masq).
+type Masquerade interface {
+	Sync(podCIDRs, nonMasq []netip.Prefix) error
+}
+
+// Config wires a Controller.
+type Config struct {
+	Self  string
+	Nodes Nodes
+	// Blocks: cluster mode's blocks; nil in node mode (routes to the Nodes'
+	// podCIDRs).
+	Blocks Blocks
+	// BlocksChanged receives a value when a block changed owner (cluster mode).
+	BlocksChanged <-chan struct{}
+	Routes        Routes     // nil: --routes=false
+	Masquerade    Masquerade // nil: --masquerade=false
+	NonMasquerade []netip.Prefix
+	Resync        time.Duration
+	// Ready runs after the first reconciliation that left no error: the agent sets
+	// its Node's NetworkUnavailable condition false. It is retried at each
+	// reconciliation until it succeeds.
+	Ready func(ctx context.Context) error
+	Log   *slog.Logger
+}
+
+// Status is the outcome of the last reconciliation, for doctor and the metrics.
+type Status struct {
+	At       time.Time         `json:"at"`
+	Synced   bool              `json:"synced"` // the Nodes have been listed
+	Routes   int               `json:"routes"` // routes desired
+	Report   routes.Report     `json:"report"`
+	Problems []nodenet.Problem `json:"-"`
+	// ProblemText: Problems as text (their errors do not marshal).
+	ProblemText []string       `json:"problems,omitempty"`
+	PodCIDRs    []netip.Prefix `json:"podCIDRs,omitempty"` // the cluster's pod ranges (not masqueraded)
+	Err         string         `json:"error,omitempty"`
+	Ready       bool           `json:"ready"` // NetworkUnavailable set false
+	// byVia: the node each desired route's next hop belongs to.
+	byVia map[netip.Addr]string
+}
+
+// Controller reconciles the node network.
+type Controller struct {
+	cfg Config
+
+	mu     sync.Mutex
+	status Status
+	ready  bool
+	syncs  int
+}
+
+// New returns a Controller; Run starts it.
+func New(cfg Config) (*Controller, error) {
+	if cfg.Nodes == nil {
+		return nil, errors.New("controller: no Node watch")
+	}
+	if cfg.Resync <= 0 {
+		return nil, errors.New("controller: resync interval must be positive")
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Controller{cfg: cfg}, nil
+}
+
+// Run reconciles until ctx ends.
+func (c *Controller) Run(ctx context.Context) {
+	t := time.NewTicker(c.cfg.Resync)
+	defer t.Stop()
+	for {
+		c.Reconcile(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-c.cfg.Nodes.Changed():
+		case <-c.cfg.BlocksChanged:
+		case <-t.C:
+		}
+	}
+}
+
+// Status returns the last reconciliation's outcome.
+func (c *Controller) Status() Status {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.status
+}
+
+// Syncs is the number of reconciliations that changed or confirmed the host's state.
+func (c *Controller) Syncs() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.syncs
+}
+
+// Reconcile compares the host with the desired state once and applies the
+// difference.
+func (c *Controller) Reconcile(ctx context.Context) {
+	st := Status{At: time.Now(), Synced: c.cfg.Nodes.Synced()}
+	defer func() {
+		c.mu.Lock()
+		st.Ready = c.ready
+		c.status = st
+		c.mu.Unlock()
+	}()
+	if !st.Synced {
+		st.Err = "the Nodes have not been listed yet: nothing changed"
+		return
+	}
+	nodes := c.cfg.Nodes.Nodes()
+	var blocks []nodenet.Block
+	if c.cfg.Blocks != nil {
+		var err error
+		if blocks, err = c.cfg.Blocks.Owners(ctx); err != nil {
+			st.Err = fmt.Sprintf("reading the cluster's blocks: %v: nothing changed", err)
+			c.cfg.Log.Warn("node network: the blocks cannot be read; routes and rules kept as they are", "err", err)
+			return
+		}
+		if blocks == nil {
+			blocks = []nodenet.Block{} // cluster mode with no block yet
+		}
+	}
+	plan := nodenet.Desired(c.cfg.Self, nodes, blocks)
+	st.Routes, st.Problems = len(plan.Routes), plan.Problems
+	st.byVia = map[netip.Addr]string{}
+	for _, r := range plan.Routes {
+		if r.Via.IsValid() {
+			st.byVia[r.Via] = r.Node
+		}
+	}
+	for _, p := range plan.Problems {
+		st.ProblemText = append(st.ProblemText, p.Err.Error())
+	}
+	st.PodCIDRs = nodenet.ClusterCIDRs(nodes, blocks)
+	var errs []error
+	if c.cfg.Routes != nil {
+		rep, err := c.cfg.Routes.Sync(plan.Routes)
+		st.Report = rep
+		if err != nil {
+			errs = append(errs, fmt.Errorf("routes: %w", err))
+		}
+		if rep.Installed > 0 || rep.Removed > 0 {
+			c.cfg.Log.Info("node network: routes reconciled", "installed", rep.Installed, "removed", rep.Removed, "unchanged", rep.Unchanged)
+		}
+		for _, cf := range rep.Conflicts {
+			c.cfg.Log.Warn("node network: a route of another owner holds a pod range; left alone", "route", cf.String())
+		}
+		for _, o := range rep.OffLink {
+			c.cfg.Log.Warn("node network: next hop not on a directly connected network; no route (nodes must share an L2 network, or use --routes=false with an underlay that routes pod addresses)", "route", o.String())
+		}
+	}
+	if c.cfg.Masquerade != nil && len(st.PodCIDRs) > 0 {
+		// no pod range known yet: masquerading nothing is right, and the rules of
+		// an earlier run stay until the ranges are known
+		if err := c.cfg.Masquerade.Sync(st.PodCIDRs, c.cfg.NonMasquerade); err != nil {
+			errs = append(errs, fmt.Errorf("masquerade: %w", err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		st.Err = err.Error()
+		c.cfg.Log.Error("node network: reconciling", "err", err)
+		return
+	}
+	c.mu.Lock()
+	c.syncs++
+	ready := c.ready
+	c.mu.Unlock()
+	if !ready && c.cfg.Ready != nil && slices.ContainsFunc(nodes, func(n nodenet.Node) bool { return n.Name == c.cfg.Self }) {
+		if err := c.cfg.Ready(ctx); err != nil {
+			c.cfg.Log.Warn("node network: setting NetworkUnavailable=False", "err", err)
+			return
+		}
+		c.mu.Lock()
+		c.ready = true
+		c.mu.Unlock()
+		c.cfg.Log.Info("node network ready: NetworkUnavailable=False", "routes", st.Routes)
+	}
+}
