@@ -20,6 +20,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/agent"
 	"github.com/ipledger/ipledger/internal/clock"
+	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/clusterconf"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/netconf"
@@ -179,6 +180,22 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 		// after Serve has drained (defers run last-in first-out): the ledger closes after
 		defer stop()
 		cfg.Cluster, cfg.Datastore = m, o.cluster.Datastore
+	}
+	if o.cluster.Kubernetes() {
+		var m *cluster.Manager
+		if mm, ok := cfg.Cluster.(*cluster.Manager); ok {
+			m = mm
+		}
+		w, nc, err := startNetwork(ctx, o, m, log)
+		if err != nil {
+			return err
+		}
+		if !o.cluster.Cluster() {
+			cfg.PodCIDRs = w
+		}
+		if nc != nil {
+			cfg.NodeNetwork = nc
+		}
 	}
 	srv, err := agent.New(cfg)
 	if err != nil {

@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/ipledger/ipledger/internal/cluster"
+	"github.com/ipledger/ipledger/internal/datastore/kubeds"
+	"github.com/ipledger/ipledger/internal/kubenode"
+	"github.com/ipledger/ipledger/internal/nodenet/controller"
+	"github.com/ipledger/ipledger/internal/nodenet/masq"
+	"github.com/ipledger/ipledger/internal/nodenet/routes"
+)
+
+// startNetwork starts the Kubernetes features of the agent (--node-name): the Node
+// watch, which resolves usePodCidr, and the node network's controller (routes to the
+// other nodes' pods, masquerade), in the background until ctx ends. m is cluster
+// mode's block manager (nil in node mode): its blocks, not the Nodes' podCIDRs, say
+// where pods live then.
+func startNetwork(ctx context.Context, o *options, m *cluster.Manager, log *slog.Logger) (*kubenode.Watch, *controller.Controller, error) {
+	rc, err := kubeds.LoadConfig(o.cluster.Kubeconfig)
+	if err != nil {
+		return nil, nil, fmt.Errorf("--kubeconfig: %w", err)
+	}
+	w, err := kubenode.New(rc, o.cluster.NodeName, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	w.Run(ctx)
+	if !o.network.Enabled(true) {
+		return w, nil, nil
+	}
+	cfg := controller.Config{Self: o.cluster.NodeName, Nodes: w, NonMasquerade: o.network.NonMasquerade, Resync: o.network.Resync,
+		Ready: w.SetNetworkAvailable, Log: log.With("part", "node-network")}
+	if m != nil {
+		cfg.Blocks, cfg.BlocksChanged = m, m.BlocksChanged()
+	}
+	if o.network.Routes {
+		h, err := netlink.NewHandle()
+		if err != nil {
+			return nil, nil, fmt.Errorf("netlink: %w", err)
+		}
+		cfg.Routes = routes.New(h)
+	}
+	if o.network.Masquerade {
+		cfg.Masquerade = masq.New(netns.None())
+	}
+	c, err := controller.New(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	go c.Run(ctx)
+	log.Info("node network", "node", o.cluster.NodeName, "routes", o.network.Routes, "masquerade", o.network.Masquerade, "nonMasquerade", o.network.NonMasquerade, "resync", o.network.Resync)
+	return w, c, nil
+}
