@@ -24,7 +24,7 @@ func sameAsJSON(t *testing.T, what string, got []byte, err error, v any) {
 func TestWireEncodesEveryField(t *testing.T) {
 	var req Request
 	fieldtest.Fill(t, reflect.ValueOf(&req))
-	req.Ranges = []pool.RangeSet{{{Subnet: netip.MustParsePrefix("10.1.2.0/24"), Gateway: netip.MustParseAddr("10.1.2.1")}}}
+	req.Ranges = []pool.RangeSet{{{Subnet: netip.MustParsePrefix("10.1.2.0/24"), Gateway: netip.MustParseAddr("10.1.2.1")}}, {{PodCIDR: 6}}}
 	b, err := MarshalRequest(req)
 	sameAsJSON(t, "Request", b, err, req)
 
@@ -76,7 +76,7 @@ func TestWireFieldNames(t *testing.T) {
 			fieldtest.Fill(t, reflect.ValueOf(&req))
 			return req
 		}(), `{"version":1,"op":"x","network":"x","containerID":"x","ifname":"x",` +
-			`"ranges":[[{"subnet":"10.1.2.3/32","rangeStart":"10.1.2.3","rangeEnd":"10.1.2.3","gateway":"10.1.2.3"}]],"blockSize":1,` +
+			`"ranges":[[{"subnet":"10.1.2.3/32","rangeStart":"10.1.2.3","rangeEnd":"10.1.2.3","gateway":"10.1.2.3","usePodCidr":1}]],"blockSize":1,` +
 			`"pod":{"namespace":"x","name":"x","uid":"x","infraContainerID":"x"},"netns":{"path":"x","dev":1,"ino":1},` +
 			`"valid":[{"containerID":"x","ifname":"x"}],"ips":["x"],"ip":"x","detail":"x","forceReadySandbox":true,` +
 			`"cni":{"command":"x","containerID":"x","netns":"x","ifname":"x","args":"x","path":"x","netnsOverride":"x","stdin":"AQ==",` +
@@ -94,12 +94,12 @@ func TestWireFieldNames(t *testing.T) {
 			`"history":[{"network":"x","ip":"10.1.2.3","key":{"network":"x","containerID":"x","ifname":"x"},` +
 			`"pod":{"namespace":"x","name":"x","uid":"x","infraContainerID":"x"},"from":"2026-11-23T10:00:00Z","to":"2026-11-23T10:00:00Z",` +
 			`"reason":"x","detail":"x","seq":1}],` +
-			`"pool":{"network":"x","ranges":[[{"subnet":"10.1.2.3/32","rangeStart":"10.1.2.3","rangeEnd":"10.1.2.3","gateway":"10.1.2.3"}]],` +
+			`"pool":{"network":"x","ranges":[[{"subnet":"10.1.2.3/32","rangeStart":"10.1.2.3","rangeEnd":"10.1.2.3","gateway":"10.1.2.3","usePodCidr":1}]],` +
 			`"usable":[1],"inUse":1,"free":1,"available":true,"allocations":1,"releases":1},` +
 			`"doctor":{"runtime":"x","runtimeVersion":"x","runtimeError":"x","spoolBacklog":1,` +
 			`"pools":[{"network":"x","usable":1,"inUse":1,"cooling":1,"exhausted":true,"mostUsed":1}],` +
 			`"notReady":[{"id":"x","namespace":"x","name":"x","created":"2026-11-23T10:00:00Z"}],"booksBalanced":true,"problems":["x"],` +
-			`"clockSteps":1,"lastStep":"x","now":"2026-11-23T10:00:00Z","clusterChecks":[{"level":"x","text":"x"}]},` +
+			`"clockSteps":1,"lastStep":"x","now":"2026-11-23T10:00:00Z","clusterChecks":[{"level":"x","text":"x"}],"networkChecks":[{"level":"x","text":"x"}]},` +
 			`"cluster":{"node":"x","datastore":"x","degraded":true,"reason":"x",` +
 			`"blocks":[{"network":"x","block":"x","owner":"x","epoch":1,"state":"x","used":1,"free":1}]},` +
 			`"released":1,"existed":true,"cni":{"exit":1,"stdout":"AQ==","stderr":"AQ=="}}`},

@@ -76,10 +76,6 @@ func AppendRangeSets(e *jsonlite.Encoder, sets []RangeSet) {
 			e.Raw("{")
 			e.Field(&first, "subnet")
 			e.Text(r.Subnet)
-			if r.PodCIDR != 0 {
-				e.Field(&first, "usePodCidr")
-				e.Int(int64(r.PodCIDR))
-			}
 			for _, a := range []struct {
 				name string
 				v    netip.Addr
@@ -88,6 +84,10 @@ func AppendRangeSets(e *jsonlite.Encoder, sets []RangeSet) {
 					e.Field(&first, a.name)
 					e.Text(a.v)
 				}
+			}
+			if r.PodCIDR != 0 { // in json.Marshal's order, after the struct's other fields
+				e.Field(&first, "usePodCidr")
+				e.Int(int64(r.PodCIDR))
 			}
 			e.Raw("}")
 		}
