@@ -7,7 +7,12 @@ import (
 	"io"
 	"strings"
 
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
 	"github.com/ipledger/ipledger/internal/cniinstall"
+	"github.com/ipledger/ipledger/internal/nodenet/masq"
+	"github.com/ipledger/ipledger/internal/nodenet/routes"
 )
 
 // installCNI is `ipledgerd install-cni`: the DaemonSet's init container
@@ -47,14 +52,34 @@ func installCNI(args []string, stdout, stderr io.Writer) int {
 func uninstallCNI(args []string, stdout, stderr io.Writer) int {
 	var o cniinstall.Options
 	var plugins string
+	var network bool
 	fs := flag.NewFlagSet("ipledgerd uninstall-cni", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&plugins, "plugins", "ipledger,ipledger-veth", "comma-separated plugin binaries to remove even where install-cni's record does not name them")
+	fs.BoolVar(&network, "network", true, "also remove the node network of this network namespace: every route of ipledger's route protocol and the nftables table inet ipledger (masquerade)")
 	cniFlags(fs, &o)
 	if code := parseFlags(fs, args, stderr); code >= 0 {
 		return code
 	}
 	o.Plugins = splitList(plugins)
+	if network {
+		o.Cleanups = append(o.Cleanups, func() error {
+			h, err := netlink.NewHandle()
+			if err != nil {
+				return fmt.Errorf("netlink: %w", err)
+			}
+			defer h.Close()
+			n, err := routes.New(h).Remove()
+			fmt.Fprintf(stdout, "removed %d routes of protocol %d (ipledger's)\n", n, routes.Protocol)
+			return err
+		}, func() error {
+			if err := masq.New(netns.None()).Remove(); err != nil {
+				return err
+			}
+			fmt.Fprintln(stdout, "removed the nftables table inet ipledger (masquerade), if there was one")
+			return nil
+		})
+	}
 	done, err := cniinstall.Uninstall(o)
 	for _, f := range done.Removed {
 		fmt.Fprintln(stdout, "removed", f)
