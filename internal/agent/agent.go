@@ -140,6 +140,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Cluster != nil {
 		s.stats.registerCluster(cfg.Cluster.Counts)
 	}
+	if cfg.NodeNetwork != nil {
+		s.stats.registerNetwork(cfg.NodeNetwork.Counts)
+	}
 	return s, nil
 }
 

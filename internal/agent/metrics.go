@@ -10,6 +10,7 @@ import (
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/nodenet"
 )
 
 // Label values are bounded: a verb outside this set is counted as "unknown", an error
@@ -193,5 +194,35 @@ func (s *Stats) registerCluster(counts func() cluster.Counts) {
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ipledger_fencing_suspensions_total",
 			Help: "Times this node stopped allocating from its blocks because it could not prove its lease alive."},
 			func() float64 { return float64(counts().Suspensions) }),
+	)
+}
+
+// registerNetwork adds the node network's metrics, read at each scrape.
+func (s *Stats) registerNetwork(counts func() nodenet.Counts) {
+	gauge := func(name, help string, f func(nodenet.Counts) int) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, func() float64 { return float64(f(counts())) })
+	}
+	s.reg.MustRegister(
+		gauge("ipledger_node_routes", "Routes to other nodes' pods (and unreachable routes of own blocks) desired at the last reconciliation.",
+			func(c nodenet.Counts) int { return c.Routes }),
+		gauge("ipledger_node_route_conflicts", "Pod ranges held by a route of another owner, left alone (doctor names them): alert when not 0.",
+			func(c nodenet.Counts) int { return c.Conflicts }),
+		gauge("ipledger_node_route_offlink", "Routes not made because the other node's address is not on a directly connected network: alert when not 0.",
+			func(c nodenet.Counts) int { return c.OffLink }),
+		gauge("ipledger_node_network_problems", "Nodes or blocks that could not be routed (no podCIDR, no InternalIP of the family, overlaps).",
+			func(c nodenet.Counts) int { return c.Problems }),
+		gauge("ipledger_node_network_ready", "1 once the routes were in place and the Node's NetworkUnavailable condition set false.",
+			func(c nodenet.Counts) int {
+				if c.Ready {
+					return 1
+				}
+				return 0
+			}),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ipledger_node_network_syncs_total",
+			Help: "Reconciliations of the node network's routes and masquerade rules that left no error."},
+			func() float64 { return float64(counts().Syncs) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ipledger_node_network_errors_total",
+			Help: "Reconciliations of the node network that failed (the log says why)."},
+			func() float64 { return float64(counts().Errors) }),
 	)
 }

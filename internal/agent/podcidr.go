@@ -6,6 +6,7 @@ import (
 	"net/netip"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/nodenet"
 	"github.com/ipledger/ipledger/internal/pool"
 )
 
@@ -20,6 +21,7 @@ type PodCIDRs interface {
 // its verdicts.
 type NodeNetwork interface {
 	Checks() []api.Check
+	Counts() nodenet.Counts
 }
 
 // resolveRanges replaces the usePodCidr placeholders of sets by this node's

@@ -352,3 +352,14 @@ func normPrefix(p netip.Prefix) (netip.Prefix, bool) {
 func comparePrefix(a, b netip.Prefix) int {
 	return cmp.Or(a.Addr().Compare(b.Addr()), cmp.Compare(a.Bits(), b.Bits()))
 }
+
+// Counts are a node network's figures at its last reconciliation, for metrics.
+type Counts struct {
+	Routes    int    // routes desired
+	Conflicts int    // pod ranges held by a route of another owner (left alone)
+	OffLink   int    // routes not made: the next hop is not on-link
+	Problems  int    // Nodes or blocks that could not be routed (no podCIDR, no address, ...)
+	Syncs     uint64 // reconciliations that left no error
+	Errors    uint64 // reconciliations that failed
+	Ready     bool   // NetworkUnavailable set false
+}

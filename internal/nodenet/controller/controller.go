@@ -95,6 +95,7 @@ type Controller struct {
 	status Status
 	ready  bool
 	syncs  int
+	errs   uint64
 }
 
 // New returns a Controller; Run starts it.
@@ -132,6 +133,15 @@ func (c *Controller) Status() Status {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.status
+}
+
+// Counts are the figures of the last reconciliation, for metrics.
+func (c *Controller) Counts() nodenet.Counts {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.status
+	return nodenet.Counts{Routes: st.Routes, Conflicts: len(st.Report.Conflicts), OffLink: len(st.Report.OffLink),
+		Problems: len(st.Problems), Syncs: uint64(c.syncs), Errors: c.errs, Ready: c.ready}
 }
 
 // Syncs is the number of reconciliations that changed or confirmed the host's state.
@@ -206,6 +216,9 @@ func (c *Controller) Reconcile(ctx context.Context) {
 	}
 	if err := errors.Join(errs...); err != nil {
 		st.Err = err.Error()
+		c.mu.Lock()
+		c.errs++
+		c.mu.Unlock()
 		c.cfg.Log.Error("node network: reconciling", "err", err)
 		return
 	}

@@ -1,0 +1,190 @@
+package controller_test
+
+import (
+	"context"
+	"errors"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/nodenet"
+	"github.com/ipledger/ipledger/internal/nodenet/controller"
+	"github.com/ipledger/ipledger/internal/nodenet/routes"
+	"github.com/ipledger/ipledger/internal/testenv/netnodes"
+)
+
+// nodes stands for the Node watch; what it answers changes under the test.
+type nodes struct {
+	mu     sync.Mutex
+	synced bool
+	list   []nodenet.Node
+	ch     chan struct{}
+}
+
+func (n *nodes) Synced() bool             { n.mu.Lock(); defer n.mu.Unlock(); return n.synced }
+func (n *nodes) Nodes() []nodenet.Node    { n.mu.Lock(); defer n.mu.Unlock(); return n.list }
+func (n *nodes) Changed() <-chan struct{} { return n.ch }
+func (n *nodes) set(synced bool, list ...nodenet.Node) {
+	n.mu.Lock()
+	n.synced, n.list = synced, list
+	n.mu.Unlock()
+}
+
+type masqCalls struct {
+	mu    sync.Mutex
+	calls [][]netip.Prefix
+}
+
+func (m *masqCalls) Sync(pods, _ []netip.Prefix) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.calls = append(m.calls, pods)
+	return nil
+}
+
+type blocks struct {
+	err  error
+	list []nodenet.Block
+}
+
+func (b *blocks) Owners(context.Context) ([]nodenet.Block, error) { return b.list, b.err }
+
+func node(name, addr, cidr string) nodenet.Node {
+	n := nodenet.Node{Name: name, Addrs: []netip.Addr{netip.MustParseAddr(addr)}}
+	if cidr != "" {
+		n.PodCIDRs = []netip.Prefix{netip.MustParsePrefix(cidr)}
+	}
+	return n
+}
+
+// ours lists the node's routes of ipledger's protocol, by destination.
+func ours(t *testing.T, h *netnodes.Host) map[string]string {
+	t.Helper()
+	out := map[string]string{} // by destination
+	for _, line := range strings.Split(h.Dump(), "\n") {
+		if strings.Contains(line, "proto 201") {
+			f := strings.Fields(line)
+			if f[0] == "unreachable" || f[0] == "blackhole" {
+				f = f[1:]
+			}
+			out[f[0]] = line
+		}
+	}
+	return out
+}
+
+func checksText(cs []api.Check) string {
+	var b strings.Builder
+	for _, c := range cs {
+		b.WriteString(c.Level + " " + c.Text + "\n")
+	}
+	return b.String()
+}
+
+// TestController runs the controller against a real node namespace: nothing is
+// changed before the Nodes are listed; then routes to the other nodes' podCIDRs,
+// masquerade of the cluster's pod ranges, Ready once; a deleted Node's route goes; an
+// off-link next hop and a missing podCIDR become doctor FAILs; cluster mode keeps
+// everything when the blocks cannot be read.
+func TestController(t *testing.T) {
+	env := netnodes.New(t, 1)
+	h := env.Node(0)
+	ns := &nodes{ch: make(chan struct{}, 1)}
+	mq := &masqCalls{}
+	var readies int
+	c, err := controller.New(controller.Config{Self: "node0", Nodes: ns, Routes: routes.New(h.Netlink), Masquerade: mq,
+		Resync: time.Hour, Ready: func(context.Context) error { readies++; return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+
+	c.Reconcile(ctx)
+	if got := ours(t, h); len(got) != 0 || len(mq.calls) != 0 || readies != 0 {
+		t.Fatalf("before the first list: routes %v, masquerade calls %d, readies %d; want nothing", got, len(mq.calls), readies)
+	}
+	if cs := checksText(c.Checks()); !strings.HasPrefix(cs, "WARN") {
+		t.Fatalf("checks before the first list:\n%s", cs)
+	}
+
+	self := node("node0", "10.250.0.11", "10.244.0.0/24")
+	n1, n2 := node("node1", "10.250.0.12", "10.244.1.0/24"), node("node2", "10.250.0.13", "10.244.2.0/24")
+	ns.set(true, self, n1, n2)
+	c.Reconcile(ctx)
+	got := ours(t, h)
+	if len(got) != 2 || !strings.Contains(got["10.244.1.0/24"], "via 10.250.0.12") || !strings.Contains(got["10.244.2.0/24"], "via 10.250.0.13") {
+		t.Fatalf("routes: %v", got)
+	}
+	if len(mq.calls) != 1 || len(mq.calls[0]) != 3 || readies != 1 {
+		t.Fatalf("masquerade calls %v, readies %d", mq.calls, readies)
+	}
+	if cs := checksText(c.Checks()); !strings.HasPrefix(cs, "OK node network: 2 routes") {
+		t.Fatalf("checks:\n%s", cs)
+	}
+	if k := c.Counts(); k.Routes != 2 || !k.Ready || k.Syncs != 1 {
+		t.Fatalf("counts %+v", k)
+	}
+
+	// node2 deleted; node3's address is behind the default gateway (off-link)
+	n3 := node("node3", "192.0.2.7", "10.244.3.0/24")
+	ns.set(true, self, n1, n3)
+	c.Reconcile(ctx)
+	got = ours(t, h)
+	if len(got) != 1 || got["10.244.1.0/24"] == "" {
+		t.Fatalf("routes after node2's deletion and an off-link node3: %v", got)
+	}
+	cs := checksText(c.Checks())
+	if !strings.Contains(cs, "FAIL node network: node node3's pods (10.244.3.0/24) would be routed via 192.0.2.7, which is not on a directly connected network of node node0") {
+		t.Fatalf("checks with an off-link next hop:\n%s", cs)
+	}
+	if readies != 1 {
+		t.Fatalf("Ready ran %d times, want once", readies)
+	}
+
+	// this node's podCIDR gone
+	ns.set(true, node("node0", "10.250.0.11", ""), n1)
+	c.Reconcile(ctx)
+	if cs := checksText(c.Checks()); !strings.Contains(cs, `FAIL node network: this node's Node "node0" has no spec.podCIDRs`) || !strings.Contains(cs, "--allocate-node-cidrs") {
+		t.Fatalf("checks without a podCIDR:\n%s", cs)
+	}
+}
+
+// TestControllerKeepsWhenBlocksUnknown: in cluster mode a failed read of the blocks
+// changes nothing (an error is not "no blocks"); the routes follow the blocks' owners.
+func TestControllerKeepsWhenBlocksUnknown(t *testing.T) {
+	env := netnodes.New(t, 1)
+	h := env.Node(0)
+	ns := &nodes{ch: make(chan struct{}, 1)}
+	ns.set(true, node("node0", "10.250.0.11", ""), node("node1", "10.250.0.12", ""))
+	bl := &blocks{list: []nodenet.Block{{Prefix: netip.MustParsePrefix("10.70.0.0/26"), Owner: "node0"}, {Prefix: netip.MustParsePrefix("10.70.0.64/26"), Owner: "node1"}}}
+	c, err := controller.New(controller.Config{Self: "node0", Nodes: ns, Blocks: bl, Routes: routes.New(h.Netlink), Resync: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	c.Reconcile(ctx)
+	got := ours(t, h)
+	if len(got) != 2 || !strings.Contains(got["10.70.0.64/26"], "via 10.250.0.12") || !strings.HasPrefix(got["10.70.0.0/26"], "unreachable 10.70.0.0/26") {
+		t.Fatalf("cluster-mode routes: %v", got)
+	}
+	bl.err, bl.list = errors.New("datastore unreachable"), nil
+	c.Reconcile(ctx)
+	if again := ours(t, h); len(again) != 2 {
+		t.Fatalf("routes after a failed read of the blocks: %v, want them kept", again)
+	}
+	if cs := checksText(c.Checks()); !strings.Contains(cs, "FAIL node network: reading the cluster's blocks: datastore unreachable: nothing changed") {
+		t.Fatalf("checks:\n%s", cs)
+	}
+	// the block moved to this node
+	bl.err, bl.list = nil, []nodenet.Block{{Prefix: netip.MustParsePrefix("10.70.0.0/26"), Owner: "node0"}, {Prefix: netip.MustParsePrefix("10.70.0.64/26"), Owner: "node0"}}
+	c.Reconcile(ctx)
+	got = ours(t, h)
+	for dst, line := range got {
+		if strings.Contains(line, "via") {
+			t.Fatalf("route %s still via another node after the block moved here: %s", dst, line)
+		}
+	}
+}
