@@ -2,10 +2,10 @@ package api
 
 import (
 	"errors"
-	"fmt"
 	"net/netip"
 	"time"
 
+	"github.com/ipledger/ipledger/internal/attachment"
 	"github.com/ipledger/ipledger/internal/pool"
 )
 
@@ -19,13 +19,6 @@ import (
 // length limits. The message names the field and the limit.
 var ErrInvalidAttachment = errors.New("invalid attachment")
 
-// Limits on a key's fields, the ledger's (the agent refuses longer ones).
-const (
-	maxNetworkLen     = 253
-	maxContainerIDLen = 1024
-	maxIfNameLen      = 15
-)
-
 // Key identifies a CNI attachment: network name, container ID, interface name.
 type Key struct {
 	Network     string `json:"network"`
@@ -35,53 +28,12 @@ type Key struct {
 
 func (k Key) String() string { return k.Network + "/" + k.ContainerID + "/" + k.IfName }
 
-// Validate checks the key against the CNI spec's rules (container ID: alphanumeric
-// first, then alphanumerics, '_', '.', '-'; ifname: at most 15 bytes, not '.' or '..',
-// no '/', ':' or white space), and the length limits: the ledger's rules, which the
-// agent applies again, checked here by the plugin before it sends a key or names a
-// spool file after it.
+// Validate checks the key against the CNI spec's rules and the length limits
+// (attachment.ValidateKey): the ledger's rules, which the agent applies again, checked
+// here by the plugin before it sends a key or names a spool file after it. The error
+// wraps ErrInvalidAttachment.
 func (k Key) Validate() error {
-	if err := validName("network name", k.Network, maxNetworkLen); err != nil {
-		return err
-	}
-	if err := validName("CNI_CONTAINERID", k.ContainerID, maxContainerIDLen); err != nil {
-		return err
-	}
-	n := k.IfName
-	switch {
-	case n == "":
-		return fmt.Errorf("%w: CNI_IFNAME: empty; give the interface name, e.g. eth0", ErrInvalidAttachment)
-	case len(n) > maxIfNameLen:
-		return fmt.Errorf("%w: CNI_IFNAME: %d bytes; at most %d", ErrInvalidAttachment, len(n), maxIfNameLen)
-	case n == "." || n == "..":
-		return fmt.Errorf("%w: CNI_IFNAME: %q is not allowed", ErrInvalidAttachment, n)
-	}
-	for _, c := range []byte(n) {
-		if c <= ' ' || c == '/' || c == ':' || c >= 0x7f {
-			return fmt.Errorf("%w: CNI_IFNAME: %q holds a character not allowed in an interface name", ErrInvalidAttachment, n)
-		}
-	}
-	return nil
-}
-
-func validName(field, s string, max int) error {
-	if s == "" {
-		return fmt.Errorf("%w: %s: empty", ErrInvalidAttachment, field)
-	}
-	if len(s) > max {
-		return fmt.Errorf("%w: %s: %d bytes; at most %d", ErrInvalidAttachment, field, len(s), max)
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-		if i == 0 && !alnum {
-			return fmt.Errorf("%w: %s: must start with a letter or digit", ErrInvalidAttachment, field)
-		}
-		if !alnum && c != '_' && c != '.' && c != '-' {
-			return fmt.Errorf("%w: %s: byte %d (%q) is not a letter, digit, '_', '.' or '-'", ErrInvalidAttachment, field, i, c)
-		}
-	}
-	return nil
+	return attachment.ValidateKey(ErrInvalidAttachment, k.Network, k.ContainerID, k.IfName)
 }
 
 // Pod is the Kubernetes pod an attachment belongs to, when the runtime says.

@@ -15,6 +15,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/ipledger/ipledger/internal/attachment"
 	"github.com/ipledger/ipledger/internal/pool"
 )
 
@@ -129,7 +130,7 @@ func (l *Ledger) SetAllocationGuard(fn func(network string) error) {
 // node-mode pool of that name, or one with other ranges or block sizes, is refused
 // (ErrPoolConflict).
 func (l *Ledger) DeclareCluster(network string, ranges []pool.RangeSet, blockBits []int) error {
-	if err := validName("network name", network, MaxNetworkLen); err != nil {
+	if err := attachment.ValidateName(ErrInvalidAttachment, "network name", network, MaxNetworkLen); err != nil {
 		return err
 	}
 	if err := pool.Validate(ranges); err != nil {

@@ -7,6 +7,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/ipledger/ipledger/internal/attachment"
 	"github.com/ipledger/ipledger/internal/pool"
 )
 
@@ -37,9 +38,9 @@ func (r Reason) Valid() bool {
 // (64 KiB), so that no field can make a commit fail (and with it the other requests
 // of its group commit).
 const (
-	MaxNetworkLen     = 253
-	MaxContainerIDLen = 1024
-	MaxIfNameLen      = 15
+	MaxNetworkLen     = attachment.MaxNetworkLen
+	MaxContainerIDLen = attachment.MaxContainerIDLen
+	MaxIfNameLen      = attachment.MaxIfNameLen
 	// Pod fields: Kubernetes allows 63 bytes of namespace (a DNS label) and 253 of
 	// pod name (a DNS subdomain); a UID is 36; these leave room for other runtimes.
 	MaxPodNamespaceLen = 253
@@ -61,51 +62,10 @@ type Key struct {
 
 func (k Key) String() string { return k.Network + "/" + k.ContainerID + "/" + k.IfName }
 
-// Validate checks the key against the CNI spec's rules (container ID: alphanumeric
-// first, then alphanumerics, '_', '.', '-'; ifname: at most 15 bytes, not '.' or '..',
-// no '/', ':' or white space), and our length limits.
+// Validate checks the key against the CNI spec's rules and our length limits
+// (attachment.ValidateKey); the error wraps ErrInvalidAttachment.
 func (k Key) Validate() error {
-	if err := validName("network name", k.Network, MaxNetworkLen); err != nil {
-		return err
-	}
-	if err := validName("CNI_CONTAINERID", k.ContainerID, MaxContainerIDLen); err != nil {
-		return err
-	}
-	n := k.IfName
-	switch {
-	case n == "":
-		return fmt.Errorf("%w: CNI_IFNAME: empty; give the interface name, e.g. eth0", ErrInvalidAttachment)
-	case len(n) > MaxIfNameLen:
-		return fmt.Errorf("%w: CNI_IFNAME: %d bytes; at most %d", ErrInvalidAttachment, len(n), MaxIfNameLen)
-	case n == "." || n == "..":
-		return fmt.Errorf("%w: CNI_IFNAME: %q is not allowed", ErrInvalidAttachment, n)
-	}
-	for _, c := range []byte(n) {
-		if c <= ' ' || c == '/' || c == ':' || c >= 0x7f {
-			return fmt.Errorf("%w: CNI_IFNAME: %q holds a character not allowed in an interface name", ErrInvalidAttachment, n)
-		}
-	}
-	return nil
-}
-
-func validName(field, s string, max int) error {
-	if s == "" {
-		return fmt.Errorf("%w: %s: empty", ErrInvalidAttachment, field)
-	}
-	if len(s) > max {
-		return fmt.Errorf("%w: %s: %d bytes; at most %d", ErrInvalidAttachment, field, len(s), max)
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		alnum := c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9'
-		if i == 0 && !alnum {
-			return fmt.Errorf("%w: %s: must start with a letter or digit", ErrInvalidAttachment, field)
-		}
-		if !alnum && c != '_' && c != '.' && c != '-' {
-			return fmt.Errorf("%w: %s: byte %d (%q) is not a letter, digit, '_', '.' or '-'", ErrInvalidAttachment, field, i, c)
-		}
-	}
-	return nil
+	return attachment.ValidateKey(ErrInvalidAttachment, k.Network, k.ContainerID, k.IfName)
 }
 
 // Pod is the Kubernetes pod an attachment belongs to, when the runtime says.
