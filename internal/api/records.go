@@ -54,6 +54,12 @@ type NetNS struct {
 	Ino  uint64 `json:"ino,omitempty"`
 }
 
+// NetNSFunc reads the identity of the network namespace at path (CNI_NETNS, or the
+// caller's own), zero but the path when it cannot be read. ipam.NetNSID reads the
+// nsfs file; the agent, running a forwarded call, answers with the identities the
+// call carried.
+type NetNSFunc func(path string) NetNS
+
 // Release is one entry of an address's history: who held it, from when to when, and
 // why it was released (one of the ledger's reasons: DEL, GC, reconcile-gone,
 // reconcile-notready, superseded, manual).

@@ -46,7 +46,7 @@ const maxForwardedStdin = api.MaxRequest / 2
 // ans is the call's outcome, what the plugin would have printed and its exit status,
 // whether that is success or a CNI error; when ipam.timeout ran out it is the plugin's
 // answer to that.
-func Forward(ctx context.Context, call api.CallFunc, netns func(string) api.NetNS, c api.CNICall) (ans *api.CNIAnswer, handled bool) {
+func Forward(ctx context.Context, call api.CallFunc, netns api.NetNSFunc, c api.CNICall) (ans *api.CNIAnswer, handled bool) {
 	if c.Command != "ADD" && c.Command != "DEL" || base64.StdEncoding.EncodedLen(len(c.Stdin)) > maxForwardedStdin {
 		return nil, false
 	}

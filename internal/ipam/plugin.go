@@ -37,7 +37,7 @@ type Plugin struct {
 	Now    func() time.Time
 	// NetNS reads the identity of the network namespace at a path: CNI_NETNS, or
 	// SelfNetNS for the plugin's own; nil means NetNSID.
-	NetNS func(path string) api.NetNS
+	NetNS api.NetNSFunc
 }
 
 func (p *Plugin) netns(path string) api.NetNS {
@@ -115,6 +115,8 @@ func NetNSID(path string) api.NetNS {
 	}
 	return ns
 }
+
+var _ api.NetNSFunc = NetNSID
 
 // Add allocates the attachment's addresses through the agent.
 func (p *Plugin) Add(args *cniplugin.Args) error {

@@ -211,7 +211,7 @@ type AgentIPAM struct {
 	// Call sends a request to the agent (api.Call); NetNS reads a network
 	// namespace's identity (ipam.NetNSID).
 	Call  api.CallFunc
-	NetNS func(path string) api.NetNS
+	NetNS api.NetNSFunc
 }
 
 var _ IPAM = (*AgentIPAM)(nil)
