@@ -197,6 +197,19 @@ func (l *Ledger) clusterBlock(network string, prefix netip.Prefix) (*poolState, 
 	return nil, 0, nil, fmt.Errorf("%w: %s is not a block of network %q (blocks of /%v in ranges %s)", ErrUnknownBlock, prefix, network, ps.rec.BlockBits, pool.SetsString(ps.rec.Ranges))
 }
 
+// heldClusterBlock is clusterBlock for a block the ledger holds: ErrUnknownBlock when
+// prefix is a block of network that it does not hold.
+func (l *Ledger) heldClusterBlock(network string, prefix netip.Prefix) (*poolState, int, *blockState, error) {
+	ps, i, b, err := l.clusterBlock(network, prefix)
+	if err != nil {
+		return nil, 0, nil, err
+	}
+	if b == nil {
+		return nil, 0, nil, fmt.Errorf("%w: the ledger holds no block %s of %q", ErrUnknownBlock, prefix, network)
+	}
+	return ps, i, b, nil
+}
+
 // saveBlock remembers b's record before the current operation, to restore it if the
 // operation is undone.
 func (c *change) saveBlock(b *blockState) {
@@ -332,12 +345,9 @@ func (c *change) setBlockState(s *setState, b *blockState, st BlockState) {
 // lost block does nothing.
 func (l *Ledger) SuspendBlock(network string, prefix netip.Prefix) error {
 	return l.do(func(c *change) error {
-		ps, i, b, err := l.clusterBlock(network, prefix)
+		ps, i, b, err := l.heldClusterBlock(network, prefix)
 		if err != nil {
 			return err
-		}
-		if b == nil {
-			return fmt.Errorf("%w: the ledger holds no block %s of %q", ErrUnknownBlock, prefix, network)
 		}
 		if b.rec.State == BlockActive {
 			c.setBlockState(ps.sets[i], b, BlockSuspended)
@@ -368,12 +378,9 @@ func (l *Ledger) SuspendAll() error {
 // fails with ErrBlockEpoch and the block stays suspended.
 func (l *Ledger) ResumeBlock(network string, prefix netip.Prefix, epoch uint64) error {
 	return l.do(func(c *change) error {
-		ps, i, b, err := l.clusterBlock(network, prefix)
+		ps, i, b, err := l.heldClusterBlock(network, prefix)
 		if err != nil {
 			return err
-		}
-		if b == nil {
-			return fmt.Errorf("%w: the ledger holds no block %s of %q", ErrUnknownBlock, prefix, network)
 		}
 		if b.rec.State == BlockLost || b.rec.Epoch != epoch {
 			return fmt.Errorf("%w: block %s of %q is %s at epoch %d; not resumed at epoch %d", ErrBlockEpoch, prefix, network, b.rec.State, b.rec.Epoch, epoch)
