@@ -286,15 +286,21 @@ func (l *Ledger) AddBlock(network string, prefix netip.Prefix, epoch uint64) err
 	})
 }
 
-// dropBlock removes b from the ledger within c: its free addresses are forgotten
-// (deleted from the store; their history stays) and its record deleted.
-func (c *change) dropBlock(s *setState, b *blockState) {
+// forgetFrees forgets b's free addresses within c: they leave the free index and are
+// deleted from the store (their history stays).
+func (c *change) forgetFrees(s *setState, b *blockState) {
 	for _, it := range b.items {
 		f, m := it.f, it.mono
 		s.removeFree(it)
 		c.onUndo(func() { s.addFree(f, m) })
 		c.write(func(tx Tx) error { return tx.DeleteFree(f.Network, f.IP) })
 	}
+}
+
+// dropBlock removes b from the ledger within c: its free addresses are forgotten
+// (forgetFrees) and its record deleted.
+func (c *change) dropBlock(s *setState, b *blockState) {
+	c.forgetFrees(s, b)
 	s.deleteBlock(b)
 	b.removed = true
 	c.onUndo(func() { b.removed = false; s.insertBlock(b) })
@@ -405,12 +411,7 @@ func (l *Ledger) LoseBlock(network string, prefix netip.Prefix) error {
 			c.dropBlock(s, b)
 		} else {
 			c.setBlockState(s, b, BlockLost)
-			for _, it := range b.items {
-				f, m := it.f, it.mono
-				s.removeFree(it)
-				c.onUndo(func() { s.addFree(f, m) })
-				c.write(func(tx Tx) error { return tx.DeleteFree(f.Network, f.IP) })
-			}
+			c.forgetFrees(s, b)
 		}
 		c.onCommit(func(at time.Time) {
 			l.logAt(at, slog.LevelWarn, "block lost to another node", "network", network, "block", prefix.String())
