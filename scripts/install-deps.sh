@@ -8,7 +8,7 @@ set -euo pipefail
 lockfile=/run/lock/ipledger-deps.lock
 # chromium: the pool page tests; iptables: the kubelet of test/kube writes its chains
 # with it; busybox-static: the test pods' image (/bin/busybox) and bounded pings.
-# etcd-server: Debian's etcd for the etcd datastore tests (internal/testenv/etcd).
+# etcd-server: Debian's etcd for the etcd datastore tests (internal/testenv/etcdenv).
 pkgs=(iproute2 containerd runc containernetworking-plugins chromium iptables busybox-static etcd-server)
 install() {
   missing=()

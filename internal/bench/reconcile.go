@@ -16,7 +16,7 @@ import (
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/reconcile"
 	"github.com/ipledger/ipledger/internal/store/memstore"
-	containerdenv "github.com/ipledger/ipledger/internal/testenv/containerd"
+	"github.com/ipledger/ipledger/internal/testenv/containerdenv"
 )
 
 const (

@@ -17,7 +17,7 @@ import (
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/store/boltstore"
 	"github.com/ipledger/ipledger/internal/store/memstore"
-	etcdenv "github.com/ipledger/ipledger/internal/testenv/etcd"
+	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
 
 const benchRanges = `[[{"subnet":"10.20.0.0/16"}]]`

@@ -20,7 +20,7 @@ import (
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/store/memstore"
-	etcdenv "github.com/ipledger/ipledger/internal/testenv/etcd"
+	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
 
 // netDS is one agent's connection to the shared datastore: it counts the writes the

@@ -16,7 +16,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/image"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
-	containerdenv "github.com/ipledger/ipledger/internal/testenv/containerd"
+	"github.com/ipledger/ipledger/internal/testenv/containerdenv"
 )
 
 func spec() image.Spec {

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
-	kubeenv "github.com/ipledger/ipledger/internal/testenv/kube"
+	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
 // chaosKubeAllocs sizes TestChaosKubernetes: small in `go test`, at least 100,000 when

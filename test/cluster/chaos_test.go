@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	etcdenv "github.com/ipledger/ipledger/internal/testenv/etcd"
+	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
 
 // chaosAllocs sizes TestChaosProcesses: small in `go test`, at least 100,000 when run

@@ -12,7 +12,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
-	etcdenv "github.com/ipledger/ipledger/internal/testenv/etcd"
+	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
 
 func ctlRun(t *testing.T, args ...string) (string, string, int) {

@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
-	etcdenv "github.com/ipledger/ipledger/internal/testenv/etcd"
+	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
 
 // doctorRun runs the real `ipledgerctl doctor` and returns its lines and exit status,

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	etcdenv "github.com/ipledger/ipledger/internal/testenv/etcd"
+	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
 
 // etcdLeader returns the index of the etcd cluster's leader.

@@ -10,7 +10,7 @@ import (
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/datastore/kubeds"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
-	kubeenv "github.com/ipledger/ipledger/internal/testenv/kube"
+	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
 // startKube starts a real kube-apiserver (kubeenv's apiserver-only mode) with the

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
-	etcdenv "github.com/ipledger/ipledger/internal/testenv/etcd"
+	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
 
 // smallPool has exactly two /26 blocks, so the two agents of the pause test contend

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/ipledger/ipledger/internal/api"
-	etcdenv "github.com/ipledger/ipledger/internal/testenv/etcd"
+	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
 
 // TestClaimRace: five agent processes with no block each send their first ADD at the

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
-	etcdenv "github.com/ipledger/ipledger/internal/testenv/etcd"
+	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
 
 // waitStatus runs the plugin's STATUS until its outcome is want (nil for success,

@@ -27,7 +27,7 @@ import (
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/cri"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
-	containerdenv "github.com/ipledger/ipledger/internal/testenv/containerd"
+	"github.com/ipledger/ipledger/internal/testenv/containerdenv"
 )
 
 // Options size a demo run.

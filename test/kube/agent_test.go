@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	kubeenv "github.com/ipledger/ipledger/internal/testenv/kube"
+	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
 func spooled(n *node) int {

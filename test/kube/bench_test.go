@@ -14,7 +14,7 @@ import (
 	"testing"
 	"time"
 
-	kubeenv "github.com/ipledger/ipledger/internal/testenv/kube"
+	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
 // startupTimes scales a fresh Deployment to pods replicas and returns, per

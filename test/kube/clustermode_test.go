@@ -16,7 +16,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
-	kubeenv "github.com/ipledger/ipledger/internal/testenv/kube"
+	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
 // apiAccess is a kustomization over the cluster overlay that only says where

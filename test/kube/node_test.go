@@ -1,5 +1,5 @@
 // Package kube_test runs ipledger on a real one-node Kubernetes cluster
-// (internal/testenv/kube): the image from internal/image (what `make image`
+// (internal/testenv/kubeenv): the image from internal/image (what `make image`
 // writes), installed by applying deploy/ipledger.yaml, and pods created by a
 // real kubelet through a real containerd. One cluster serves every scenario,
 // in sequence; each scenario ends with zero leases and the audit balanced.
@@ -21,7 +21,7 @@ import (
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/image"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
-	kubeenv "github.com/ipledger/ipledger/internal/testenv/kube"
+	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
 // The node's pool in these tests: a /24 no other test here uses, on host

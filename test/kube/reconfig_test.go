@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
-	kubeenv "github.com/ipledger/ipledger/internal/testenv/kube"
+	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
 // failPlugin builds test/kube/failplugin into the node's CNI bin dir as

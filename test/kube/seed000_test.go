@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	kubeenv "github.com/ipledger/ipledger/internal/testenv/kube"
+	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
 // seed000 (../shared/seeds/000): Jobs whose pods complete, then the Jobs'

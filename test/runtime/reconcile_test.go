@@ -16,7 +16,7 @@ import (
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/reconcile"
 	"github.com/ipledger/ipledger/internal/store/memstore"
-	containerdenv "github.com/ipledger/ipledger/internal/testenv/containerd"
+	"github.com/ipledger/ipledger/internal/testenv/containerdenv"
 )
 
 // faultyRuntime is a real containerd's CRI client with two things of a busy node

@@ -21,7 +21,7 @@ import (
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
-	containerdenv "github.com/ipledger/ipledger/internal/testenv/containerd"
+	"github.com/ipledger/ipledger/internal/testenv/containerdenv"
 )
 
 const (

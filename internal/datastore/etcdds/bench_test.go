@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/datastore/etcdds"
-	etcdenv "github.com/ipledger/ipledger/internal/testenv/etcd"
+	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
 
 // BenchmarkUpdateCAS measures one compare-and-swap Update (a block claim's write)

@@ -15,7 +15,7 @@ import (
 	"github.com/ipledger/ipledger/internal/datastore"
 	"github.com/ipledger/ipledger/internal/datastore/datastoretest"
 	"github.com/ipledger/ipledger/internal/datastore/etcdds"
-	etcdenv "github.com/ipledger/ipledger/internal/testenv/etcd"
+	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
 
 // open returns a store on endpoints under root, closed when t ends.

@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	kubeenv "github.com/ipledger/ipledger/internal/testenv/kube"
+	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
 // BenchmarkKubernetesAPI measures the store's operations against a real

@@ -11,7 +11,7 @@ import (
 	"github.com/ipledger/ipledger/internal/datastore"
 	"github.com/ipledger/ipledger/internal/datastore/datastoretest"
 	"github.com/ipledger/ipledger/internal/datastore/kubeds"
-	kubeenv "github.com/ipledger/ipledger/internal/testenv/kube"
+	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
 // TestConformance runs the datastore conformance suite against a real

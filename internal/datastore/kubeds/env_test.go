@@ -16,7 +16,7 @@ import (
 	"k8s.io/client-go/rest"
 
 	"github.com/ipledger/ipledger/internal/datastore/kubeds"
-	kubeenv "github.com/ipledger/ipledger/internal/testenv/kube"
+	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
 // manifestPath is deploy/ipledger.yaml, the file users apply.

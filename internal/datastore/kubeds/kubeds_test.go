@@ -13,7 +13,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/datastore"
 	"github.com/ipledger/ipledger/internal/datastore/kubeds"
-	kubeenv "github.com/ipledger/ipledger/internal/testenv/kube"
+	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
 func ctxT(t *testing.T) context.Context {

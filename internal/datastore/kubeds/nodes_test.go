@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	"github.com/ipledger/ipledger/internal/datastore/kubeds"
-	kubeenv "github.com/ipledger/ipledger/internal/testenv/kube"
+	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
 var nodesGVR = schema.GroupVersionResource{Version: "v1", Resource: "nodes"}

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/datastore"
-	kubeenv "github.com/ipledger/ipledger/internal/testenv/kube"
+	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
 // TestAPIServerRestartMidway: while writers increment a counter with

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	kubeenv "github.com/ipledger/ipledger/internal/testenv/kube"
+	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
 // TestWatchOutlivesTheServersRequestTimeout: the apiserver ends every watch

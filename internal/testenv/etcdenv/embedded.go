@@ -1,4 +1,4 @@
-// Package etcd runs real etcd servers for tests, on 127.0.0.1 only, with their data
+// Package etcdenv runs real etcd servers for tests, on 127.0.0.1 only, with their data
 // in the test's TempDir, stopped when the test ends:
 //
 //   - StartEmbedded: an etcd server inside the test process
@@ -8,7 +8,7 @@
 //     (Restart) by PID.
 //
 // Test code only: nothing in cmd/ may import it (it links the etcd server).
-package etcd
+package etcdenv
 
 import (
 	"context"

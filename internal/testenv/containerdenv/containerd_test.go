@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/cri"
-	containerdenv "github.com/ipledger/ipledger/internal/testenv/containerd"
+	"github.com/ipledger/ipledger/internal/testenv/containerdenv"
 )
 
 // bridgeNet returns a conflist for a test-only bridge

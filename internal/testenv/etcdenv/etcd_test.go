@@ -1,4 +1,4 @@
-package etcd_test
+package etcdenv_test
 
 import (
 	"context"
@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	etcdenv "github.com/ipledger/ipledger/internal/testenv/etcd"
+	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
 
 // TestClusterKillRestart: the leader SIGKILLed by Kill is gone (its PID no longer

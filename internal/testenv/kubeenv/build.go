@@ -1,7 +1,7 @@
 // Package kubeenv runs a real one-node Kubernetes cluster for tests: etcd,
 // kube-apiserver, kube-controller-manager and kube-scheduler on loopback with
 // certificates the test generates, and a kubelet against a private containerd
-// (internal/testenv/containerd). The Kubernetes binaries are built from source
+// (internal/testenv/containerdenv). The Kubernetes binaries are built from source
 // at a pinned release (Version) by a small module generated in the cache
 // directory, and cached there by version: a warm run builds nothing. Every
 // process is started and stopped by PID, and what the kubelet changes on the

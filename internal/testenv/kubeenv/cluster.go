@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	containerdenv "github.com/ipledger/ipledger/internal/testenv/containerd"
+	"github.com/ipledger/ipledger/internal/testenv/containerdenv"
 )
 
 // Options configures a Cluster.
