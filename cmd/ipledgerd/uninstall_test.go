@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/nodenet/masq"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 // TestUninstallRemovesTheNodeNetwork: `ipledgerd uninstall-cni`, run in a network
@@ -20,7 +20,7 @@ import (
 // masquerade table, and leaves another owner's route alone.
 func TestUninstallRemovesTheNodeNetwork(t *testing.T) {
 	bin := agentenv.Bin(t)
-	name := fmt.Sprintf("ipl-uninst-%d", os.Getpid())
+	name := netenv.Namespace(t, "ipl-uninst-").Name
 	ip := func(args ...string) string {
 		t.Helper()
 		out, err := exec.Command("ip", args...).CombinedOutput()
@@ -29,8 +29,6 @@ func TestUninstallRemovesTheNodeNetwork(t *testing.T) {
 		}
 		return string(out)
 	}
-	ip("netns", "add", name)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
 	ip("-n", name, "route", "add", "blackhole", "10.244.1.0/24", "proto", "201")
 	ip("-n", name, "route", "add", "blackhole", "10.244.2.0/24", "proto", "201")
 	ip("-n", name, "route", "add", "blackhole", "10.244.3.0/24", "proto", "static")

@@ -3,7 +3,6 @@ package agent_test
 import (
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -18,18 +17,8 @@ import (
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/spool"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
-
-// freeAddr returns a loopback TCP address nobody listens on now.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
@@ -94,7 +83,7 @@ next:
 // per-reason release counters equal what the churn did, the books balance (gauge 0)
 // on every network, and the request, pool and spool figures match.
 func TestMetricsAfterChurn(t *testing.T) {
-	addr := freeAddr(t)
+	addr := netenv.FreeAddr(t)
 	a := agentenv.Start(t, agentenv.Options{Args: []string{"--metrics-addr", addr, "--reuse-delay", "1h"}})
 	sets, err := pool.ParseRangeSets([]byte(`[[{"subnet":"10.94.0.0/24"}],[{"subnet":"fd94::/120"}]]`))
 	if err != nil {
@@ -224,7 +213,7 @@ func TestMetricsAfterChurn(t *testing.T) {
 // agent is alive (/healthz) but not ready (/readyz names the runtime), the failed
 // runtime calls are counted, and reconcile rounds are counted as failed.
 func TestReadyzRuntimeUnreachable(t *testing.T) {
-	addr := freeAddr(t)
+	addr := netenv.FreeAddr(t)
 	agentenv.Start(t, agentenv.Options{Args: []string{"--metrics-addr", addr, "--cri-endpoint", "unix://" + t.TempDir() + "/none.sock", "--reconcile-interval", "100ms", "--release-grace", "1s"}})
 	if code, _ := get(t, "http://"+addr+"/healthz"); code != 200 {
 		t.Fatalf("/healthz: %d", code)
@@ -252,7 +241,7 @@ func TestReadyzRuntimeUnreachable(t *testing.T) {
 // cni, ok when the agent ran it whatever its CNI outcome, and its ADD or DEL counts as
 // add or del like any other; a call that fails in the configuration reaches no verb.
 func TestHandedOverCallsCounted(t *testing.T) {
-	addr := freeAddr(t)
+	addr := netenv.FreeAddr(t)
 	a := agentenv.Start(t, agentenv.Options{Args: []string{"--metrics-addr", addr}})
 	conf := func(ranges string) []byte {
 		return []byte(`{"cniVersion":"1.0.0","name":"handed","ipam":` + a.IPAM(ranges) + `}`)

@@ -11,6 +11,7 @@ import (
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/chromium"
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 // TestPoolPageInChromium starts a real agent with known leases, loads the pool page in
@@ -19,7 +20,7 @@ import (
 // screenshot is kept in the test's artifact directory (go test -artifacts -outputdir DIR
 // keeps it under DIR; the path is logged).
 func TestPoolPageInChromium(t *testing.T) {
-	addr := freeAddr(t)
+	addr := netenv.FreeAddr(t)
 	a := agentenv.Start(t, agentenv.Options{Args: []string{"--metrics-addr", addr, "--reuse-delay", "1h"}})
 	small, _ := pool.ParseRangeSets([]byte(`[[{"subnet":"10.96.0.0/27"}]]`))
 	big, _ := pool.ParseRangeSets([]byte(`[[{"subnet":"10.97.0.0/16"}]]`))

@@ -2,7 +2,6 @@ package ctl_test
 
 import (
 	"fmt"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -10,6 +9,7 @@ import (
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 func ipCmd(t *testing.T, args ...string) {
@@ -46,10 +46,8 @@ func hasLine(lines []string, prefix, contains string) bool {
 // the host's, an exhausted pool and a pool within 10% of exhaustion, and exits by its
 // worst line; and an agent that is not running.
 func TestDoctor(t *testing.T) {
-	ns := fmt.Sprintf("ipl-doc-%d", os.Getpid())
-	ipCmd(t, "netns", "add", ns)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	nsPath := "/run/netns/" + ns
+	netNS := netenv.Namespace(t, "ipl-doc-")
+	ns, nsPath := netNS.Name, netNS.Path
 	ipCmd(t, "-n", ns, "link", "set", "lo", "up")
 	ipCmd(t, "-n", ns, "link", "set", "lo", "down")
 

@@ -8,6 +8,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 // TestBadInput execs the plugin as a runtime would, with one bad input per case: each
@@ -15,7 +16,7 @@ import (
 // the field, and leave the ledger exactly as it was.
 func TestBadInput(t *testing.T) {
 	e := newEnv(t, agentenv.Options{})
-	_, nsPath := netns(t)
+	nsPath := netenv.Namespace(t, "ipl").Path
 	const good = `[[{"subnet":"10.81.0.0/24"}]]`
 	conf := func(ranges string) string { return e.pluginConf("1.0.0", "badnet", ranges) }
 	// a live pool and lease that nothing below may touch

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/spool"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 // TestAgentKilledDuringBurst SIGKILLs ipledgerd while ADDs and DELs run, keeps them
@@ -21,7 +22,7 @@ import (
 func TestAgentKilledDuringBurst(t *testing.T) {
 	const olds, workers, killAfter = 40, 6, 40
 	e := newEnv(t, agentenv.Options{})
-	_, nsPath := netns(t)
+	nsPath := netenv.Namespace(t, "ipl").Path
 	l := e.list("1.0.0", "crash", `[[{"subnet":"10.80.0.0/24"}]]`)
 	c := ctx(t)
 	for i := range olds {

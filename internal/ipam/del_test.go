@@ -11,6 +11,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/spool"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 // TestDelLenient execs the plugin's DEL with configs broken in fields DEL does not
@@ -19,7 +20,7 @@ import (
 // network or the agent fail with the field named.
 func TestDelLenient(t *testing.T) {
 	e := newEnv(t, agentenv.Options{})
-	_, nsPath := netns(t)
+	nsPath := netenv.Namespace(t, "ipl").Path
 	const ranges = `[[{"subnet":"10.79.0.0/24"}]]`
 	good := e.pluginConf("1.0.0", "lenient", ranges)
 	sock := fmt.Sprintf("%q", e.a.Socket)
@@ -79,7 +80,7 @@ func TestDelSpoolsWhereTheAgentReads(t *testing.T) {
 	// no --spool-dir: the agent keeps its spool in its state dir, as deployed
 	a := agentenv.Start(t, agentenv.Options{Args: []string{"--state-dir", elsewhere, "--spool-dir", ""}})
 	a.StateDir, a.SpoolDir = elsewhere, filepath.Join(elsewhere, "spool")
-	_, nsPath := netns(t)
+	nsPath := netenv.Namespace(t, "ipl").Path
 	conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"far","type":"ipledger","ipam":{"type":"ipledger","socket":%q,"ranges":[[{"subnet":"10.78.0.0/24"}]]}}`, a.Socket)
 	for _, cid := range []string{"spooled", "refused"} {
 		if _, cerr := execPlugin(t, call{Cmd: "ADD", ContainerID: cid, Netns: nsPath, Stdin: conf}); cerr != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/ipam"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 // TestForwardedMatchesLocal: an ADD or DEL handed to the agent whole (ipam.Forward,
@@ -27,7 +28,7 @@ import (
 // that each hand-over is one request "cni", and the plugin's own call its own request.
 func TestForwardedMatchesLocal(t *testing.T) {
 	e := newEnv(t, agentenv.Options{})
-	_, nsPath := netns(t)
+	nsPath := netenv.Namespace(t, "ipl").Path
 	relay := e.a.StartRelay(t, agentenv.Pass)
 	via := func(c call) call {
 		c.Stdin = strings.Replace(c.Stdin, strconv.Quote(e.a.Socket), strconv.Quote(relay.Socket), 1)
@@ -159,7 +160,7 @@ func TestForwardedMatchesLocal(t *testing.T) {
 // succeeds), from the one request it sent. The agent then applies the spooled DEL.
 func TestForwardAnswersWhenTheAgentHangs(t *testing.T) {
 	e := newEnv(t, agentenv.Options{})
-	_, nsPath := netns(t)
+	nsPath := netenv.Namespace(t, "ipl").Path
 	mute := e.a.StartRelay(t, agentenv.Mute)
 	conf := e.pluginConf("1.0.0", "hungnet", `[[{"subnet":"10.84.0.0/24"}]]`)
 	if o := execRaw(t, call{Cmd: "ADD", ContainerID: "held", Netns: nsPath, Stdin: conf}); o.exit != 0 {

@@ -75,19 +75,6 @@ func uniq(prefix string) string {
 	return fmt.Sprintf("%s%d%d", prefix, os.Getpid()%100000, nsCounter.Add(1))
 }
 
-// netns creates a network namespace with `ip netns add` and removes it at cleanup.
-func netns(t *testing.T) (name, path string) {
-	t.Helper()
-	name = uniq("ipl")
-	run(t, "ip", "netns", "add", name)
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v %s", name, err, out)
-		}
-	})
-	return name, "/run/netns/" + name
-}
-
 func run(t *testing.T, name string, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(name, args...).CombinedOutput()

@@ -13,6 +13,7 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 const dualRanges = `[[{"subnet":"10.77.0.0/24","rangeStart":"10.77.0.10","rangeEnd":"10.77.0.200","gateway":"10.77.0.1"}],[{"subnet":"fd77::/64"}]]`
@@ -35,7 +36,7 @@ func resultIPs(t *testing.T, r types.Result) []string {
 // STATUS in 1.1.0 (libcni calls neither for older versions, so they must be no-ops).
 func TestVerbsEveryVersion(t *testing.T) {
 	e := newEnv(t, agentenv.Options{})
-	_, nsPath := netns(t)
+	nsPath := netenv.Namespace(t, "ipl").Path
 	for _, v := range []string{"0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
 		t.Run(v, func(t *testing.T) {
 			// one network for every version: two network names may not share
@@ -119,7 +120,8 @@ func TestVerbsEveryVersion(t *testing.T) {
 // interface, CHECK passes, DEL releases it and removes the interface.
 func TestBridgeDelegatesIPAM(t *testing.T) {
 	e := newEnv(t, agentenv.Options{})
-	ns, nsPath := netns(t)
+	netNS := netenv.Namespace(t, "ipl")
+	ns, nsPath := netNS.Name, netNS.Path
 	br := uniq("iplbr")
 	t.Cleanup(func() {
 		// the bridge plugin creates the bridge; remove it whatever happened

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 // TestParallelAdds110 runs kubelet's default max-pods worth of ADDs at once: 110
@@ -15,7 +16,7 @@ import (
 func TestParallelAdds110(t *testing.T) {
 	const pods = 110
 	e := newEnv(t, agentenv.Options{})
-	_, nsPath := netns(t)
+	nsPath := netenv.Namespace(t, "ipl").Path
 	l := e.list("1.0.0", "podnet", `[[{"subnet":"10.79.0.0/24"}]]`)
 	c := ctx(t)
 

@@ -20,6 +20,7 @@ import (
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/spool"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 // ctl runs ipledgerctl against the agent; it returns stdout and the exit status.
@@ -39,7 +40,7 @@ func (e *env) ctl(args ...string) ([]byte, int) {
 // DEL fails with code 11 naming the socket while no agent has published a spool for
 // it, and once one has, DEL is spooled there and succeeds.
 func TestAgentUnreachable(t *testing.T) {
-	_, nsPath := netns(t)
+	nsPath := netenv.Namespace(t, "ipl").Path
 	sock := filepath.Join(t.TempDir(), "nobody.sock")
 	spoolDir := filepath.Join(t.TempDir(), "spool")
 	c := ctx(t)
@@ -77,7 +78,7 @@ func TestAgentUnreachable(t *testing.T) {
 // and ADD then fails with the plugin's exhausted code.
 func TestStatusExhausted(t *testing.T) {
 	e := newEnv(t, agentenv.Options{})
-	_, nsPath := netns(t)
+	nsPath := netenv.Namespace(t, "ipl").Path
 	// a /30 has one address to give: .1 is the gateway, .3 the broadcast
 	l := e.list("1.1.0", "tiny", `[[{"subnet":"10.83.0.0/30"}]]`)
 	c := ctx(t)
@@ -104,7 +105,7 @@ func TestStatusExhausted(t *testing.T) {
 // other networks alone; without a list it refuses and releases nothing.
 func TestGC(t *testing.T) {
 	e := newEnv(t, agentenv.Options{})
-	_, nsPath := netns(t)
+	nsPath := netenv.Namespace(t, "ipl").Path
 	c := ctx(t)
 	la := e.list("1.1.0", "gca", `[[{"subnet":"10.85.0.0/24"}]]`)
 	lb := e.list("1.1.0", "gcb", `[[{"subnet":"10.86.0.0/24"}]]`)
@@ -180,7 +181,7 @@ func (e *env) wantReleased(cidr, network, containerID string, reason ledger.Reas
 // differ from the lease's.
 func TestCheckFails(t *testing.T) {
 	e := newEnv(t, agentenv.Options{})
-	_, nsPath := netns(t)
+	nsPath := netenv.Namespace(t, "ipl").Path
 	c := ctx(t)
 	l := e.list("1.0.0", "chk", dualRanges)
 	res, err := e.cni.AddNetworkList(c, l, rt("c1", nsPath))
@@ -218,7 +219,7 @@ func TestCheckFails(t *testing.T) {
 // edit) still lets DEL release; ADD with it is refused.
 func TestDelWithBrokenRanges(t *testing.T) {
 	e := newEnv(t, agentenv.Options{})
-	_, nsPath := netns(t)
+	nsPath := netenv.Namespace(t, "ipl").Path
 	if _, cerr := execPlugin(t, call{Cmd: "ADD", ContainerID: "held", Netns: nsPath, Stdin: e.pluginConf("1.0.0", "brk", `[[{"subnet":"10.89.0.0/24"}]]`)}); cerr != nil {
 		t.Fatal(cerr)
 	}
@@ -237,7 +238,7 @@ func TestDelWithBrokenRanges(t *testing.T) {
 // namespace's identity are recorded with the lease and shown by `ipledgerctl leases`.
 func TestPodIdentityRecorded(t *testing.T) {
 	e := newEnv(t, agentenv.Options{})
-	_, nsPath := netns(t)
+	nsPath := netenv.Namespace(t, "ipl").Path
 	var st syscall.Stat_t
 	if err := syscall.Stat(nsPath, &st); err != nil {
 		t.Fatal(err)

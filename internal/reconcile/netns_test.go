@@ -16,29 +16,18 @@ import (
 
 	"github.com/ipledger/ipledger/internal/cri"
 	"github.com/ipledger/ipledger/internal/ledger"
-	"github.com/ipledger/ipledger/internal/testenv/debpkg"
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 // realNS creates a network namespace with `ip netns add` holding a veth interface
 // d0 with addr, and returns its identity as ADD records it. It is removed at cleanup.
 func realNS(t *testing.T, addr string) ledger.NetNS {
 	t.Helper()
-	debpkg.Need(t, debpkg.IPRoute2)
-	name := fmt.Sprintf("iplrec%d%d", os.Getpid()%100000, len(t.Name()))
-	name = name + strings.NewReplacer("/", "", " ", "", ",", "").Replace(t.Name())
-	if len(name) > 40 {
-		name = name[:40]
-	}
-	ip(t, "netns", "add", name)
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v %s", name, err, out)
-		}
-	})
+	ns := netenv.Namespace(t, "iplrec")
+	name, path := ns.Name, ns.Path
 	ip(t, "-n", name, "link", "add", "d0", "type", "veth", "peer", "name", "d1") // no dummy module everywhere
 	ip(t, "-n", name, "addr", "add", addr, "dev", "d0")
 	ip(t, "-n", name, "link", "set", "d0", "up")
-	path := "/run/netns/" + name
 	var st unix.Stat_t
 	if err := unix.Stat(path, &st); err != nil {
 		t.Fatal(err)

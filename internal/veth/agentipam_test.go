@@ -14,6 +14,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 // TestIPAMHandedToAgent: with an ipam section of type ipledger the plugin hands ADD and
@@ -74,7 +75,7 @@ func TestIPAMHandedToAgent(t *testing.T) {
 				}
 			}
 			id := fmt.Sprintf("hand%v", old)
-			ns := newNetNS(t, "hand")
+			ns := netenv.Namespace(t, "iplt-hand").Path
 			add := run(t, "ADD", id, ns, conf)
 			add.ok(t)
 			check(t, "ADD", api.OpAdd)
@@ -92,7 +93,7 @@ func TestIPAMHandedToAgent(t *testing.T) {
 			// an IPAM error: a pool redefined for the network
 			bad := ipam.Section(pool{idx: 15}, false, false)
 			bad["socket"] = r.Socket
-			failed := run(t, "ADD", id+"bad", newNetNS(t, "hand"), confBytes(t, "1.0.0", network, bad, nil))
+			failed := run(t, "ADD", id+"bad", netenv.Namespace(t, "iplt-hand").Path, confBytes(t, "1.0.0", network, bad, nil))
 			failed.cniError(t)
 			check(t, "ADD", api.OpAdd)
 			errOut[old] = failed.stdout
@@ -118,13 +119,13 @@ func TestIPAMHandedToAgent(t *testing.T) {
 				t.Errorf("%s: requests %q and IPAM execs %q, want one %q and no exec", verb, ops, ex, api.OpCNI)
 			}
 		}
-		failed := run(t, "ADD", "hungadd", newNetNS(t, "hand"), conf)
+		failed := run(t, "ADD", "hungadd", netenv.Namespace(t, "iplt-hand").Path, conf)
 		if e := failed.cniError(t); e.Code != types.ErrTryAgainLater {
 			t.Errorf("ADD against a hung agent: %+v, want code %d (try again later)", e, types.ErrTryAgainLater)
 		}
 		check(t, "ADD")
 
-		ns := newNetNS(t, "hand")
+		ns := netenv.Namespace(t, "iplt-hand").Path
 		run(t, "ADD", "hungdel", ns, confBytes(t, "1.0.0", network, ipam.Section(p, false, false), nil)).ok(t)
 		execs()
 		if held := ipam.Leases(t, network); len(held) != 1 {

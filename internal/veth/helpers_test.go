@@ -209,22 +209,8 @@ func (h *hostLocal) Leases(t *testing.T, network string) []string {
 	return out
 }
 
-var nsSeq atomic.Int64
-
-// newNetNS creates a named network namespace removed in t.Cleanup.
-func newNetNS(t *testing.T, tag string) string {
-	t.Helper()
-	name := fmt.Sprintf("iplt-%d-%s%d", os.Getpid()%100000, tag, nsSeq.Add(1))
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add %s: %v %s", name, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v %s", name, err, out)
-		}
-	})
-	return "/run/netns/" + name
-}
+// echoSeq gives each ping its own ICMP echo ID.
+var echoSeq atomic.Int64
 
 // cleanupNetwork removes, in t.Cleanup, any host veth a failed test left for
 // network (in the current namespace).
@@ -418,7 +404,7 @@ func ping(t *testing.T, nsPath string, dst net.IP) {
 			return err
 		}
 		defer c.Close()
-		id := int(nsSeq.Add(1)) & 0xffff
+		id := int(echoSeq.Add(1)) & 0xffff
 		for seq := 1; seq <= 3 && !got; seq++ {
 			msg := icmp.Message{Type: typ, Body: &icmp.Echo{ID: id, Seq: seq, Data: []byte("ipledger-veth test")}}
 			b, err := msg.Marshal(nil)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 	"github.com/ipledger/ipledger/internal/veth"
 	"github.com/vishvananda/netlink"
 )
@@ -40,7 +41,7 @@ func sysctl(t *testing.T, nsPath, path string) string {
 // the node namespace as the host, and DEL in t.Cleanup.
 func addInNode(t *testing.T, node string, list *libcni.NetworkConfigList, containerID string) (pod string, res *current.Result) {
 	t.Helper()
-	pod = newNetNS(t, "pod")
+	pod = netenv.Namespace(t, "iplt-pod").Path
 	cni := newCNI(t)
 	rt := &libcni.RuntimeConf{ContainerID: containerID, NetNS: pod, IfName: "eth0"}
 	inNS(t, node, func() error {
@@ -114,7 +115,7 @@ func TestMTUFromDefaultRoute(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			node := newNetNS(t, "node")
+			node := netenv.Namespace(t, "iplt-node").Path
 			// A veth pair inside the node namespace stands for each uplink (the
 			// kernel may lack the dummy driver).
 			for _, u := range c.uplinks {
@@ -156,7 +157,7 @@ func TestMTUFromDefaultRoute(t *testing.T) {
 // all and default keys keep what they had (a strict rp_filter of 1 here, as
 // distributions set it).
 func TestHostVethSysctls(t *testing.T) {
-	node := newNetNS(t, "node")
+	node := netenv.Namespace(t, "iplt-node").Path
 	global := map[string]string{
 		"ipv4/conf/all/rp_filter": "1", "ipv4/conf/default/rp_filter": "1",
 		"ipv4/conf/all/forwarding": "0", "ipv4/conf/default/forwarding": "0",

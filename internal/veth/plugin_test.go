@@ -16,6 +16,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 	"github.com/ipledger/ipledger/internal/veth"
 	"github.com/vishvananda/netlink"
 )
@@ -28,8 +29,8 @@ func TestConnectivityThroughNode(t *testing.T) {
 	for i, k := range ipamKinds {
 		t.Run(k.name, func(t *testing.T) {
 			ipam := k.new(t)
-			node := newNetNS(t, "node")
-			podA, podB := newNetNS(t, "a"), newNetNS(t, "b")
+			node := netenv.Namespace(t, "iplt-node").Path
+			podA, podB := netenv.Namespace(t, "iplt-a").Path, netenv.Namespace(t, "iplt-b").Path
 			// A new namespace inherits the host's net.ipv4.conf.all.forwarding (on on
 			// every Kubernetes node and Docker host). What the plugin must not do is
 			// change it: the node namespace (ours, not the host's) starts with it off,
@@ -190,7 +191,7 @@ func TestDelNeverTouchesNetNS(t *testing.T) {
 					ipam := k.new(t)
 					network := "iplt-del"
 					cleanupNetwork(t, network)
-					pod := newNetNS(t, "del")
+					pod := netenv.Namespace(t, "iplt-del").Path
 					conf := confBytes(t, "1.0.0", network, ipam.Section(pool{idx: 2 + i}, true, false), nil)
 					cid := "del-" + c.name
 					hostName := veth.HostVethName(veth.DefaultHostVethPrefix, network, cid, "eth0")
@@ -248,7 +249,7 @@ func TestDelNeverTouchesNetNS(t *testing.T) {
 func TestDelReleasesUnroutedAddress(t *testing.T) {
 	network := "iplt-order"
 	cleanupNetwork(t, network)
-	pod := newNetNS(t, "order")
+	pod := netenv.Namespace(t, "iplt-order").Path
 	conf := confBytes(t, "1.0.0", network, map[string]any{"type": "routecheck-ipam"}, nil)
 	cid := "order-1"
 	hostName := veth.HostVethName(veth.DefaultHostVethPrefix, network, cid, "eth0")
@@ -317,11 +318,11 @@ func TestAddFailureLeavesNothing(t *testing.T) {
 				network := "iplt-exh"
 				cleanupNetwork(t, network)
 				conf := confBytes(t, "1.0.0", network, ipam.Section(p, false, true), nil)
-				first := newNetNS(t, "exh")
+				first := netenv.Namespace(t, "iplt-exh").Path
 				execPlugin(t, "ADD", "exh-1", first, "eth0", conf).ok(t)
 				held := ipam.Leases(t, network)
 				before := hostLinks(t)
-				second := newNetNS(t, "exh")
+				second := netenv.Namespace(t, "iplt-exh").Path
 				e := execPlugin(t, "ADD", "exh-2", second, "eth0", conf).cniError(t)
 				// IPAM's own error reaches the runtime unchanged: code and message.
 				wantCode, wantMsg := uint(types.ErrInternal), "no IP addresses available"
@@ -344,7 +345,7 @@ func TestAddFailureLeavesNothing(t *testing.T) {
 				ipam := k.new(t)
 				network := "iplt-exists"
 				cleanupNetwork(t, network)
-				pod := newNetNS(t, "exists")
+				pod := netenv.Namespace(t, "iplt-exists").Path
 				inNS(t, pod, func() error {
 					return netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "eth0"}, PeerName: "eth0peer"})
 				})
@@ -373,7 +374,7 @@ func TestAddFailureLeavesNothing(t *testing.T) {
 				ipam := k.new(t)
 				network := "iplt-nov6"
 				cleanupNetwork(t, network)
-				pod := newNetNS(t, "nov6")
+				pod := netenv.Namespace(t, "iplt-nov6").Path
 				inNS(t, pod, func() error {
 					for _, f := range []string{"all", "default"} {
 						if err := os.WriteFile("/proc/sys/net/ipv6/conf/"+f+"/disable_ipv6", []byte("1"), 0o644); err != nil {
@@ -423,7 +424,7 @@ func TestAddFailureLeavesNothing(t *testing.T) {
 				_ = os.Remove(log)
 				network := "iplt-fake"
 				cleanupNetwork(t, network)
-				pod := newNetNS(t, "fake")
+				pod := netenv.Namespace(t, "iplt-fake").Path
 				conf := confBytes(t, "1.1.0", network, map[string]any{"type": c.typ}, nil)
 				before := hostLinks(t)
 				e := execPlugin(t, "ADD", "fake", pod, "eth0", conf).cniError(t)
@@ -451,7 +452,7 @@ func TestLibcniAllVersions(t *testing.T) {
 					ipam := k.new(t)
 					network := "iplt-v" + strings.ReplaceAll(v, ".", "")
 					cleanupNetwork(t, network)
-					pod := newNetNS(t, "ver")
+					pod := netenv.Namespace(t, "iplt-ver").Path
 					list := confList(t, v, network, ipam.Section(pool{idx: 6 + i}, true, false))
 					cni := newCNI(t)
 					ctx := context.Background()
@@ -528,7 +529,7 @@ func TestCheckGuards(t *testing.T) {
 			ipam := k.new(t)
 			network := "iplt-check"
 			cleanupNetwork(t, network)
-			pod, other := newNetNS(t, "chk"), newNetNS(t, "chko")
+			pod, other := netenv.Namespace(t, "iplt-chk").Path, netenv.Namespace(t, "iplt-chko").Path
 			conf := confBytes(t, "1.0.0", network, ipam.Section(pool{idx: 8 + i}, true, false), nil)
 			add := execPlugin(t, "ADD", "chk", pod, "eth0", conf)
 			add.ok(t)
@@ -567,7 +568,7 @@ func TestGCRemovesStaleVeths(t *testing.T) {
 			p := pool{idx: 10 + i}
 			confA := confBytes(t, "1.1.0", netA, ipam.Section(p, false, false), nil)
 			confB := confBytes(t, "1.1.0", netB, ipam.Section(pool{idx: 11 + i}, false, false), nil)
-			keep, stale, other := newNetNS(t, "gck"), newNetNS(t, "gcs"), newNetNS(t, "gco")
+			keep, stale, other := netenv.Namespace(t, "iplt-gck").Path, netenv.Namespace(t, "iplt-gcs").Path, netenv.Namespace(t, "iplt-gco").Path
 			execPlugin(t, "ADD", "keep", keep, "eth0", confA).ok(t)
 			staleRes := execPlugin(t, "ADD", "stale", stale, "eth0", confA)
 			staleRes.ok(t)
@@ -621,7 +622,7 @@ func TestForeignInterfaceUntouched(t *testing.T) {
 			for _, alias := range []string{"", "ipledger-veth net=" + network + " cid=someone-else if=eth0 netns=1:2"} {
 				t.Run(fmt.Sprintf("alias=%q", alias), func(t *testing.T) {
 					ipam := k.new(t)
-					pod := newNetNS(t, "for")
+					pod := netenv.Namespace(t, "iplt-for").Path
 					podNS, err := os.Open(pod)
 					if err != nil {
 						t.Fatal(err)
@@ -648,7 +649,7 @@ func TestForeignInterfaceUntouched(t *testing.T) {
 					}
 					conf := confBytes(t, "1.0.0", network, ipam.Section(pool{idx: 12 + i}, false, false), nil)
 					before := hostLinks(t)
-					e := execPlugin(t, "ADD", cid, newNetNS(t, "for"), "eth0", conf).cniError(t)
+					e := execPlugin(t, "ADD", cid, netenv.Namespace(t, "iplt-for").Path, "eth0", conf).cniError(t)
 					if !strings.Contains(e.Msg, "not an ipledger-veth attachment") {
 						t.Fatalf("ADD over a foreign interface: %+v", e)
 					}
@@ -686,7 +687,7 @@ func TestDelLenientConfig(t *testing.T) {
 			ipam := k.new(t)
 			network := "iplt-ldel"
 			cleanupNetwork(t, network)
-			pod := newNetNS(t, "ldel")
+			pod := netenv.Namespace(t, "iplt-ldel").Path
 			section := ipam.Section(pool{idx: 10 + i}, true, false)
 			good := confBytes(t, "1.0.0", network, section, nil)
 			cid := "ldel-" + c.name

@@ -16,6 +16,8 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 // netfilterRules is iptables-save and ip6tables-save of the namespace at nsPath,
@@ -94,7 +96,7 @@ func TestPortmapChained(t *testing.T) {
 		{"shipped", portmapDir},
 	} {
 		t.Run(pm.name, func(t *testing.T) {
-			node, client := newNetNS(t, "pmnode"), newNetNS(t, "pmcl")
+			node, client := netenv.Namespace(t, "iplt-pmnode").Path, netenv.Namespace(t, "iplt-pmcl").Path
 			// The node's uplink: a veth to the client namespace, with the node's
 			// addresses 10.251.0.1 and fd00:251::1.
 			ipNS(t, node, "link", "add", "up0", "type", "veth", "peer", "name", "eth0", "netns", filepath.Base(client))
@@ -121,7 +123,7 @@ func TestPortmapChained(t *testing.T) {
 				map[string]any{"type": pluginType, "ipam": (&hostLocal{dataDir: t.TempDir()}).Section(pool{idx: 0}, true, false)},
 				map[string]any{"type": "portmap", "capabilities": map[string]any{"portMappings": true}, "snat": true})
 			cni := libcni.NewCNIConfigWithCacheDir([]string{binDir, pm.dir}, t.TempDir(), nil)
-			pod := newNetNS(t, "pmpod")
+			pod := netenv.Namespace(t, "iplt-pmpod").Path
 			rt := &libcni.RuntimeConf{ContainerID: cid, NetNS: pod, IfName: "eth0",
 				CapabilityArgs: map[string]any{"portMappings": []map[string]any{{"hostPort": hostPort, "containerPort": podPort, "protocol": "tcp"}}}}
 			ctx := context.Background()

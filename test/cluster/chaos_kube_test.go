@@ -10,6 +10,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 // chaosKubeAllocs sizes TestChaosKubernetes: small in `go test`, at least 100,000 when
@@ -35,7 +36,7 @@ func applyNode(t *testing.T, kube *kubeenv.APIServer, name string) {
 func startKubeNode(t *testing.T, kube *kubeenv.APIServer, name string, ds []string) *node {
 	t.Helper()
 	applyNode(t, kube, name)
-	addr := freeAddr(t)
+	addr := netenv.FreeAddr(t)
 	args := append(append([]string{"--node-name", name, "--metrics-addr", addr}, testTimings...), ds...)
 	return &node{name: name, metrics: addr, Agent: agentenv.Start(t, agentenv.Options{Args: args})}
 }

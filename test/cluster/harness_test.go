@@ -13,7 +13,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -32,6 +31,7 @@ import (
 	"github.com/ipledger/ipledger/internal/ctl"
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 const (
@@ -87,16 +87,6 @@ func (n *node) metric(t *testing.T, name string) float64 {
 	return f.Metric[0].GetGauge().GetValue()
 }
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // testTimings are the short cluster timings of the tests: a 3s lease (the quarantine
 // as long) so that expiry and reclaim happen within seconds.
 var testTimings = []string{"--node-lease-ttl", "3s", "--reclaim-quarantine", "3s", "--block-grace", "2s", "--reuse-delay", "200ms"}
@@ -110,7 +100,7 @@ func startNodes(t *testing.T, n int, ds []string) []*node {
 	var nodes []*node
 	for i := range n {
 		name := fmt.Sprintf("node-%d", i)
-		addr := freeAddr(t)
+		addr := netenv.FreeAddr(t)
 		args := append(append([]string{"--node-name", name, "--metrics-addr", addr}, testTimings...), ds...) // ds may override a timing
 		nodes = append(nodes, &node{name: name, metrics: addr, Agent: agentenv.Start(t, agentenv.Options{Args: args})})
 	}
@@ -472,23 +462,11 @@ type pluginRunner struct {
 	blockSize int // the ipam config's blockSize (0: left out)
 }
 
-var (
-	errPluginTryAgain = errors.New("plugin: try again later")
-	nsSeq             atomic.Int64
-)
+var errPluginTryAgain = errors.New("plugin: try again later")
 
 func newPluginRunner(t *testing.T) *pluginRunner {
 	t.Helper()
-	name := fmt.Sprintf("iplcl%d-%d", os.Getpid()%100000, nsSeq.Add(1))
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		t.Fatalf("ip netns add %s: %v %s", name, err, out)
-	}
-	t.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v %s", name, err, out)
-		}
-	})
-	return &pluginRunner{t: t, path: filepath.Join(agentenv.Bin(t), "ipledger"), ns: "/run/netns/" + name}
+	return &pluginRunner{t: t, path: filepath.Join(agentenv.Bin(t), "ipledger"), ns: netenv.Namespace(t, "iplcl").Path}
 }
 
 func (p *pluginRunner) exec(n *node, verb, cid string) ([]byte, error) {

@@ -22,6 +22,7 @@ import (
 	"github.com/ipledger/ipledger/internal/image"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 // The node's pool in these tests: a /24 no other test here uses, on host
@@ -121,7 +122,7 @@ func startNode(t testing.TB) *node {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n.metrics, err = freePort(); err != nil {
+	if n.metrics, err = netenv.FreePort(); err != nil {
 		t.Fatal(err)
 	}
 	m, err := n.render(string(raw), n.stateDir)
@@ -153,15 +154,6 @@ func startNode(t testing.TB) *node {
 		}
 	}
 	return n
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func ready(p kubeenv.Pod) bool {

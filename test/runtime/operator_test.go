@@ -3,7 +3,6 @@ package runtime_test
 import (
 	"bytes"
 	"io"
-	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +16,7 @@ import (
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/chromium"
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 // ctl runs the real ipledgerctl against the world's agent.
@@ -44,12 +44,7 @@ func (w *world) ctl(args ...string) (string, int) {
 // and release refuses the READY pod's lease unless forced, while it releases the
 // NOTREADY one.
 func TestOperatorSurfaceOnRealRuntime(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	metrics := ln.Addr().String()
-	ln.Close()
+	metrics := netenv.FreeAddr(t)
 	w := newWorld(t, "iplop0", "10.246.9.0/24", "--metrics-addr", metrics)
 	const network = "ops"
 	w.setConf(w.conflist(network, w.ipledgerIPAM(), true))

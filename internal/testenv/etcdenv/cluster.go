@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/ipledger/ipledger/internal/testenv/debpkg"
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 // EtcdServer is Debian's etcd server package (3.4 on bookworm).
@@ -54,7 +55,7 @@ func StartCluster(tb testing.TB, n int) *Cluster {
 	}
 	debpkg.Need(tb, EtcdServer)
 	c := &Cluster{tb: tb, bin: EtcdServer.Files[0]}
-	ports := freePorts(tb, 2*n)
+	ports := netenv.FreePorts(tb, 2*n)
 	base := tb.TempDir()
 	var initial []string
 	for i := range n {

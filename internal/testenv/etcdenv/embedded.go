@@ -13,7 +13,6 @@ package etcdenv
 import (
 	"context"
 	"fmt"
-	"net"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -26,6 +25,8 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
+
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 // StartTimeout bounds a server's start (generous: the machine may be busy).
@@ -63,7 +64,7 @@ func StartEmbeddedTLS(tb testing.TB) (*Embedded, TLSFiles) {
 
 func startEmbedded(tb testing.TB, withTLS bool) *Embedded {
 	tb.Helper()
-	ports := freePorts(tb, 2)
+	ports := netenv.FreePorts(tb, 2)
 	base := tb.TempDir()
 	e := &Embedded{
 		tb:     tb,
@@ -202,28 +203,6 @@ func (e *Embedded) audit() {
 	if _, err := cli.HashKV(ctx, e.client, 0); err != nil {
 		e.tb.Errorf("etcd: audit: HashKV of %s: %v", e.client, err)
 	}
-}
-
-// freePorts returns n distinct free TCP ports on 127.0.0.1 (held open together while
-// chosen, so they differ).
-func freePorts(tb testing.TB, n int) []int {
-	tb.Helper()
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	ports := make([]int, n)
-	for i := range ports {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			tb.Fatalf("etcd: free port: %v", err)
-		}
-		ls = append(ls, l)
-		ports[i] = l.Addr().(*net.TCPAddr).Port
-	}
-	return ports
 }
 
 // tail returns the last bytes of a log file, for failure messages.

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"k8s.io/client-go/rest"
+
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 // APIServerOptions configures StartAPIServer.
@@ -81,7 +83,7 @@ func (a *APIServer) start() error {
 	if err := apiserverCerts(a.pki, advertise); err != nil {
 		return err
 	}
-	if a.port, err = freePort(); err != nil {
+	if a.port, err = netenv.FreePort(); err != nil {
 		return err
 	}
 	a.URL = fmt.Sprintf("https://127.0.0.1:%d", a.port)

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/testenv/containerdenv"
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 // Options configures a Cluster.
@@ -241,7 +242,7 @@ func (c *Cluster) startControlPlane() error {
 			return err
 		}
 	}
-	apiPort, err := freePort()
+	apiPort, err := netenv.FreePort()
 	c.apiPort = apiPort
 	if err != nil {
 		return err
@@ -280,11 +281,11 @@ func (c *Cluster) startControlPlane() error {
 }
 
 func (c *Cluster) startKubelet() error {
-	port, err := freePort()
+	port, err := netenv.FreePort()
 	if err != nil {
 		return err
 	}
-	hz, err := freePort()
+	hz, err := netenv.FreePort()
 	if err != nil {
 		return err
 	}

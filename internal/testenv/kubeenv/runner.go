@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
 // runner starts and stops a cluster's components by PID, each in its own process
@@ -35,15 +37,6 @@ type proc struct {
 
 func newRunner(tb testing.TB, dir, bin string, timeout time.Duration) *runner {
 	return &runner{tb: tb, logDir: filepath.Join(dir, "logs"), bin: bin, timeout: timeout, procs: map[string]*proc{}}
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 // spawn starts a component by PID in its own process group, log in logs/NAME.log
@@ -162,11 +155,11 @@ func (c *runner) waitHTTP(name, url string) error {
 // startEtcd starts etcd (one member, loopback, no fsync: a test's data) with its
 // data in dataDir and returns its client URL once it is healthy.
 func (c *runner) startEtcd(dataDir string) (string, error) {
-	client, err := freePort()
+	client, err := netenv.FreePort()
 	if err != nil {
 		return "", err
 	}
-	peer, err := freePort()
+	peer, err := netenv.FreePort()
 	if err != nil {
 		return "", err
 	}
