@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"net/netip"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,19 +15,10 @@ import (
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 )
 
-// ctlRun runs the real ipledgerctl binary.
+// ctlRun runs the real ipledgerctl binary against the agent on socket.
 func ctlRun(t *testing.T, socket string, args ...string) (stdout, stderr string, code int) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(agentenv.Bin(t), "ipledgerctl"), append([]string{"--socket", socket}, args...)...)
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return o.String(), e.String(), code
+	return agentenv.Ctl(t, append([]string{"--socket", socket}, args...)...)
 }
 
 func hasKeys(t *testing.T, what string, m map[string]any, keys ...string) {

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -26,14 +25,8 @@ import (
 // ctl runs ipledgerctl against the agent; it returns stdout and the exit status.
 func (e *env) ctl(args ...string) ([]byte, int) {
 	e.t.Helper()
-	cmd := exec.Command(filepath.Join(agentenv.Bin(e.t), "ipledgerctl"), append([]string{"--socket", e.a.Socket}, args...)...)
-	out, err := cmd.Output()
-	if ee, ok := err.(*exec.ExitError); ok {
-		return out, ee.ExitCode()
-	} else if err != nil {
-		e.t.Fatal(err)
-	}
-	return out, 0
+	out, _, code := agentenv.Ctl(e.t, append([]string{"--socket", e.a.Socket}, args...)...)
+	return []byte(out), code
 }
 
 // TestAgentUnreachable: ADD fails with code 11 naming the socket; STATUS answers 50;

@@ -1,9 +1,7 @@
 package cluster_test
 
 import (
-	"bytes"
 	"net/netip"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -15,21 +13,6 @@ import (
 	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
 
-func ctlRun(t *testing.T, args ...string) (string, string, int) {
-	t.Helper()
-	cmd := exec.Command(filepath.Join(agentenv.Bin(t), "ipledgerctl"), args...)
-	var o, e bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &o, &e
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return o.String(), e.String(), code
-}
-
 // TestBlocksCommand: `ipledgerctl blocks` on a cluster-mode agent prints the block
 // with its owner, epoch, state and the node's used/free (table and YAML); on a
 // node-mode agent it exits 2 saying so; `cluster-audit` exits 2 when an agent cannot
@@ -40,7 +23,7 @@ func TestBlocksCommand(t *testing.T) {
 	if _, err := call(n, api.Request{Op: api.OpAdd, Network: network, ContainerID: "c1", IfName: "eth0", Ranges: ranges(t)}); err != nil {
 		t.Fatal(err)
 	}
-	out, errOut, code := ctlRun(t, "--socket", n.Socket, "blocks")
+	out, errOut, code := agentenv.Ctl(t, "--socket", n.Socket, "blocks")
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	if code != 0 || len(lines) != 2 || strings.Join(strings.Fields(lines[0]), " ") != "NETWORK BLOCK OWNER EPOCH STATE USED FREE" {
 		t.Fatalf("blocks (exit %d):\n%s%s", code, out, errOut)
@@ -53,7 +36,7 @@ func TestBlocksCommand(t *testing.T) {
 		f[2] != "node-0" || f[3] != "1" || f[4] != "owned" || f[5] != "1" || (f[6] != "63" && f[6] != "62") {
 		t.Fatalf("blocks row %q", lines[1])
 	}
-	out, _, code = ctlRun(t, "--socket", n.Socket, "blocks", "-o", "yaml")
+	out, _, code = agentenv.Ctl(t, "--socket", n.Socket, "blocks", "-o", "yaml")
 	var bs []api.BlockView
 	if err := yaml.Unmarshal([]byte(out), &bs); code != 0 || err != nil || len(bs) != 1 || bs[0].Owner != "node-0" || bs[0].Used == nil || *bs[0].Used != 1 {
 		t.Fatalf("blocks -o yaml (exit %d, %v):\n%s", code, err, out)
@@ -63,11 +46,11 @@ func TestBlocksCommand(t *testing.T) {
 	}
 
 	plain := agentenv.Start(t, agentenv.Options{})
-	if _, errOut, code := ctlRun(t, "--socket", plain.Socket, "blocks"); code != 2 || !strings.Contains(errOut, "node mode") {
+	if _, errOut, code := agentenv.Ctl(t, "--socket", plain.Socket, "blocks"); code != 2 || !strings.Contains(errOut, "node mode") {
 		t.Errorf("blocks on a node-mode agent: exit %d, %q", code, errOut)
 	}
 	missing := filepath.Join(t.TempDir(), "none.sock")
-	if _, errOut, code := ctlRun(t, "cluster-audit", "--socket", n.Socket, "--socket", missing); code != 2 || !strings.Contains(errOut, missing) {
+	if _, errOut, code := agentenv.Ctl(t, "cluster-audit", "--socket", n.Socket, "--socket", missing); code != 2 || !strings.Contains(errOut, missing) {
 		t.Errorf("cluster-audit with an unreachable agent: exit %d, %q", code, errOut)
 	}
 }

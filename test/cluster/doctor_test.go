@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
 
@@ -16,7 +17,7 @@ func doctorRun(t *testing.T, socket string) ([]string, int) {
 	t.Helper()
 	// the loopback of the namespace ipledgerctl runs in (the test's): /proc/1's may
 	// be out of reach in a sandbox
-	out, errOut, code := ctlRun(t, "--socket", socket, "doctor", "--netns", "/proc/self/ns/net")
+	out, errOut, code := agentenv.Ctl(t, "--socket", socket, "doctor", "--netns", "/proc/self/ns/net")
 	t.Logf("doctor (exit %d):\n%s%s", code, out, errOut)
 	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 	worst := 0

@@ -131,22 +131,13 @@ func clusterAudit(t *testing.T, nodes []*node) ctl.ClusterAudit {
 	for _, n := range nodes {
 		args = append(args, "--socket", n.Socket)
 	}
-	cmd := exec.Command(filepath.Join(agentenv.Bin(t), "ipledgerctl"), args...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
+	stdout, stderr, code := agentenv.Ctl(t, args...)
 	var rep ctl.ClusterAudit
-	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
-		t.Fatalf("ipledgerctl cluster-audit exited %d, output not JSON: %v\n%s\n%s", code, err, stdout.String(), stderr.String())
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
+		t.Fatalf("ipledgerctl cluster-audit exited %d, output not JSON: %v\n%s\n%s", code, err, stdout, stderr)
 	}
 	if (code == 0) != rep.OK || (code != 0 && code != 1) {
-		t.Fatalf("ipledgerctl cluster-audit exited %d with ok=%v: %s", code, rep.OK, stderr.String())
+		t.Fatalf("ipledgerctl cluster-audit exited %d with ok=%v: %s", code, rep.OK, stderr)
 	}
 	t.Logf("cluster audit: ok=%v nodes=%d leases=%d blocks=%d doubles=%d lost=%d problems=%v", rep.OK, len(rep.Nodes), rep.Leases, rep.Blocks, rep.DoubleAssigned, rep.Lost, rep.Problems)
 	return rep
@@ -183,15 +174,13 @@ func noFalseReclaim(t *testing.T, nodes []*node) {
 // blocksOf lists the datastore's blocks through a node's `ipledgerctl blocks -o json`.
 func blocksOf(t *testing.T, n *node) []api.BlockView {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(agentenv.Bin(t), "ipledgerctl"), "--socket", n.Socket, "blocks", "-o", "json")
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("ipledgerctl blocks: %v: %s", err, stderr.String())
+	stdout, stderr, code := agentenv.Ctl(t, "--socket", n.Socket, "blocks", "-o", "json")
+	if code != 0 {
+		t.Fatalf("ipledgerctl blocks: exit status %d: %s", code, stderr)
 	}
 	var bs []api.BlockView
-	if err := json.Unmarshal(stdout.Bytes(), &bs); err != nil {
-		t.Fatalf("ipledgerctl blocks: %v\n%s", err, stdout.String())
+	if err := json.Unmarshal([]byte(stdout), &bs); err != nil {
+		t.Fatalf("ipledgerctl blocks: %v\n%s", err, stdout)
 	}
 	return bs
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
 
@@ -148,7 +149,7 @@ func TestPausedAgentFenced(t *testing.T) {
 	resume()
 	// a renews, finds the block's epoch moved, and flags its leases there lost
 	waitLost(t, a, len(paused))
-	if out, _, _ := ctlRun(t, "--socket", a.Socket, "leases"); strings.Count(out, "(block "+blockA.Block+" lost)") != len(paused) {
+	if out, _, _ := agentenv.Ctl(t, "--socket", a.Socket, "leases"); strings.Count(out, "(block "+blockA.Block+" lost)") != len(paused) {
 		t.Errorf("ipledgerctl leases does not mark the %d leases in the lost block:\n%s", len(paused), out)
 	}
 	// it allocates nothing from the lost block (nor anywhere: both blocks are b's)

@@ -1,10 +1,8 @@
 package runtime_test
 
 import (
-	"bytes"
 	"io"
 	"net/http"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -22,18 +20,9 @@ import (
 // ctl runs the real ipledgerctl against the world's agent.
 func (w *world) ctl(args ...string) (string, int) {
 	w.t.Helper()
-	cmd := exec.Command(filepath.Join(agentenv.Bin(w.t), "ipledgerctl"), append([]string{"--socket", w.agent.Socket}, args...)...)
-	var out, errOut bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		w.t.Fatal(err)
-	}
-	w.t.Logf("ipledgerctl %s (exit %d):\n%s%s", strings.Join(args, " "), code, out.String(), errOut.String())
-	return out.String() + errOut.String(), code
+	out, errOut, code := agentenv.Ctl(w.t, append([]string{"--socket", w.agent.Socket}, args...)...)
+	w.t.Logf("ipledgerctl %s (exit %d):\n%s%s", strings.Join(args, " "), code, out, errOut)
+	return out + errOut, code
 }
 
 // TestOperatorSurfaceOnRealRuntime: against a real containerd, with one pod READY and

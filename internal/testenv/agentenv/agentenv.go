@@ -238,23 +238,30 @@ func (a *Agent) Audit(tb testing.TB) api.Audit {
 // the expected exit status, or -1 for any.
 func (a *Agent) ctl(tb testing.TB, want int, v any, args ...string) int {
 	tb.Helper()
-	cmd := exec.Command(filepath.Join(Bin(tb), "ipledgerctl"), append([]string{"--socket", a.Socket}, args...)...)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	stdout, stderr, code := Ctl(tb, append([]string{"--socket", a.Socket}, args...)...)
+	if want >= 0 && code != want {
+		tb.Fatalf("ipledgerctl %v exited %d: %s", args, code, stderr)
+	}
+	if err := json.Unmarshal([]byte(stdout), v); err != nil {
+		tb.Fatalf("ipledgerctl %v: output is not JSON: %v\n%s\n%s", args, err, stdout, stderr)
+	}
+	return code
+}
+
+// Ctl runs the built ipledgerctl with args and returns its output and exit status;
+// it fails tb only when the command could not run at all.
+func Ctl(tb testing.TB, args ...string) (stdout, stderr string, code int) {
+	tb.Helper()
+	cmd := exec.Command(filepath.Join(Bin(tb), "ipledgerctl"), args...)
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
 	err := cmd.Run()
-	code := 0
 	if ee, ok := err.(*exec.ExitError); ok {
 		code = ee.ExitCode()
 	} else if err != nil {
 		tb.Fatal(err)
 	}
-	if want >= 0 && code != want {
-		tb.Fatalf("ipledgerctl %v exited %d: %s", args, code, stderr.String())
-	}
-	if err := json.Unmarshal(stdout.Bytes(), v); err != nil {
-		tb.Fatalf("ipledgerctl %v: output is not JSON: %v\n%s\n%s", args, err, stdout.String(), stderr.String())
-	}
-	return code
+	return o.String(), e.String(), code
 }
 
 // AuditFile opens the state file (the agent must be stopped) and checks the ledger's
