@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
-	"github.com/ipledger/ipledger/internal/pool"
+	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/spool"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 )
@@ -87,10 +87,7 @@ func TestSocket(t *testing.T) {
 // durable.
 func TestSIGTERMDrains(t *testing.T) {
 	a := agentenv.Start(t, agentenv.Options{})
-	sets, err := pool.ParseRangeSets([]byte(`[[{"subnet":"10.87.0.0/24"}]]`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	sets := ledgertest.Ranges(t, `[[{"subnet":"10.87.0.0/24"}]]`)
 	const inflight = 5
 	conns := make([]net.Conn, inflight)
 	lines := make([][]byte, inflight)
@@ -152,10 +149,7 @@ func TestSIGTERMDrains(t *testing.T) {
 // running agent; the running agent applies them.
 func TestRefusedAgentLeavesSpool(t *testing.T) {
 	a := agentenv.Start(t, agentenv.Options{})
-	sets, err := pool.ParseRangeSets([]byte(`[[{"subnet":"10.88.0.0/24"}]]`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	sets := ledgertest.Ranges(t, `[[{"subnet":"10.88.0.0/24"}]]`)
 	k := api.Key{Network: "sp", ContainerID: "victim", IfName: "eth0"}
 	if _, err := a.Call(api.Request{Op: api.OpAdd, Network: k.Network, ContainerID: k.ContainerID, IfName: k.IfName, Ranges: sets}); err != nil {
 		t.Fatal(err)
@@ -205,10 +199,7 @@ func (w *lockedWriter) String() string {
 // naming the state file and the flag.
 func TestTakeover(t *testing.T) {
 	a := agentenv.Start(t, agentenv.Options{})
-	sets, err := pool.ParseRangeSets([]byte(`[[{"subnet":"10.89.0.0/24"}]]`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	sets := ledgertest.Ranges(t, `[[{"subnet":"10.89.0.0/24"}]]`)
 	resp, err := a.Call(api.Request{Op: api.OpAdd, Network: "to", ContainerID: "kept", IfName: "eth0", Ranges: sets})
 	if err != nil || resp.Error != nil || resp.Lease == nil {
 		t.Fatalf("ADD: %v %+v", err, resp)
@@ -300,10 +291,7 @@ func TestTakeover(t *testing.T) {
 func TestReuseDelayAcrossRestart(t *testing.T) {
 	const delay = 6 * time.Second
 	a := agentenv.Start(t, agentenv.Options{Args: []string{"--reuse-delay", delay.String()}})
-	sets, err := pool.ParseRangeSets([]byte(`[[{"subnet":"10.90.0.0/24","rangeStart":"10.90.0.7","rangeEnd":"10.90.0.7"}]]`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	sets := ledgertest.Ranges(t, `[[{"subnet":"10.90.0.0/24","rangeStart":"10.90.0.7","rangeEnd":"10.90.0.7"}]]`)
 	add := func(cid string) (*api.Response, error) {
 		return a.Call(api.Request{Op: api.OpAdd, Network: "rd", ContainerID: cid, IfName: "eth0", Ranges: sets})
 	}

@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/ipledger/ipledger/internal/api"
-	"github.com/ipledger/ipledger/internal/pool"
+	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 )
 
@@ -16,10 +16,7 @@ import (
 // CNI call.
 func BenchmarkSocketAddDel(b *testing.B) {
 	a := agentenv.Start(b, agentenv.Options{Args: []string{"--reuse-delay", "0s"}})
-	sets, err := pool.ParseRangeSets([]byte(`[[{"subnet":"10.248.0.0/22"}]]`))
-	if err != nil {
-		b.Fatal(err)
-	}
+	sets := ledgertest.Ranges(b, `[[{"subnet":"10.248.0.0/22"}]]`)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		req := api.Request{Op: api.OpAdd, Network: "bench", ContainerID: fmt.Sprint("c", i), IfName: "eth0", Ranges: sets}
@@ -39,10 +36,7 @@ func BenchmarkSocketAddDel(b *testing.B) {
 // requests wait on each other (group commits, the ledger's lock).
 func BenchmarkSocketBurst110(b *testing.B) {
 	a := agentenv.Start(b, agentenv.Options{Args: []string{"--reuse-delay", "0s"}})
-	sets, err := pool.ParseRangeSets([]byte(`[[{"subnet":"10.248.4.0/22"}]]`))
-	if err != nil {
-		b.Fatal(err)
-	}
+	sets := ledgertest.Ranges(b, `[[{"subnet":"10.248.4.0/22"}]]`)
 	const n = 110
 	run := func(op string, round int) {
 		var wg sync.WaitGroup

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/spool"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
@@ -85,10 +86,7 @@ next:
 func TestMetricsAfterChurn(t *testing.T) {
 	addr := netenv.FreeAddr(t)
 	a := agentenv.Start(t, agentenv.Options{Args: []string{"--metrics-addr", addr, "--reuse-delay", "1h"}})
-	sets, err := pool.ParseRangeSets([]byte(`[[{"subnet":"10.94.0.0/24"}],[{"subnet":"fd94::/120"}]]`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	sets := ledgertest.Ranges(t, `[[{"subnet":"10.94.0.0/24"}],[{"subnet":"fd94::/120"}]]`)
 	other, _ := pool.ParseRangeSets([]byte(`[[{"subnet":"10.95.0.0/28"}]]`))
 	call := func(r api.Request) *api.Response {
 		t.Helper()

@@ -10,6 +10,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/agent"
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/pool"
 )
 
@@ -34,10 +35,7 @@ func (p *podCIDRs) set(cidrs []netip.Prefix, err error) {
 
 func placeholderReq(t *testing.T, op, cid string) api.Request {
 	t.Helper()
-	sets, err := pool.ParseRangeSets([]byte(`[[{"subnet":"usePodCidr"}]]`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	sets := ledgertest.Ranges(t, `[[{"subnet":"usePodCidr"}]]`)
 	return api.Request{Version: api.Version, Op: op, Network: "k8s-pod-network", ContainerID: cid, IfName: "eth0", Ranges: sets}
 }
 

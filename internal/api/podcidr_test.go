@@ -5,17 +5,14 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/ipledger/ipledger/internal/pool"
+	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 )
 
 // TestPodCIDRPlaceholderCrossesTheWire: the plugin sends a usePodCidr range as it
 // parsed it, and the agent reads back the same placeholder, through the hand-written
 // codec and through encoding/json alike.
 func TestPodCIDRPlaceholderCrossesTheWire(t *testing.T) {
-	sets, err := pool.ParseRangeSets([]byte(`[[{"subnet":"usePodCidr"}],[{"subnet":"usePodCidrIPv6"}],[{"subnet":"fd00:9::/64"}]]`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	sets := ledgertest.Ranges(t, `[[{"subnet":"usePodCidr"}],[{"subnet":"usePodCidrIPv6"}],[{"subnet":"fd00:9::/64"}]]`)
 	req := Request{Version: 1, Op: "ADD", Network: "k8s", ContainerID: "c1", IfName: "eth0", Ranges: sets}
 	b, err := MarshalRequest(req)
 	if err != nil {

@@ -10,7 +10,7 @@ import (
 	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/datastore/etcdds"
 	"github.com/ipledger/ipledger/internal/ledger"
-	"github.com/ipledger/ipledger/internal/pool"
+	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/store/memstore"
 	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
@@ -30,10 +30,7 @@ type benchNode struct {
 // "net" with ranges.
 func startBenchNodes(b *testing.B, e *etcdenv.Embedded, n int, rangesJSON string, lo ledger.Options) []*benchNode {
 	b.Helper()
-	sets, err := pool.ParseRangeSets([]byte(rangesJSON))
-	if err != nil {
-		b.Fatal(err)
-	}
+	sets := ledgertest.Ranges(b, rangesJSON)
 	bits, err := cluster.BlockBits(sets, 0) // the default /26
 	if err != nil {
 		b.Fatal(err)

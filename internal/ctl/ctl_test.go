@@ -11,7 +11,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/ctl"
-	"github.com/ipledger/ipledger/internal/pool"
+	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 )
 
@@ -38,10 +38,7 @@ func TestLeasesAndAuditJSON(t *testing.T) {
 	if code != 0 || strings.TrimSpace(out) != "[]" {
 		t.Fatalf("leases of an empty ledger: exit %d, %q; want [] and 0", code, out)
 	}
-	sets, err := pool.ParseRangeSets([]byte(`[[{"subnet":"10.90.0.0/24"}],[{"subnet":"fd90::/64"}]]`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	sets := ledgertest.Ranges(t, `[[{"subnet":"10.90.0.0/24"}],[{"subnet":"fd90::/64"}]]`)
 	for _, r := range []api.Request{
 		{Op: api.OpAdd, Network: "n1", ContainerID: "withpod", IfName: "eth0", Ranges: sets, Pod: api.Pod{Namespace: "ns1", Name: "web-0", UID: "uid-1"}},
 		{Op: api.OpAdd, Network: "n1", ContainerID: "bare", IfName: "net1", Ranges: sets},

@@ -13,7 +13,7 @@ import (
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/ctl"
 	"github.com/ipledger/ipledger/internal/ledger"
-	"github.com/ipledger/ipledger/internal/pool"
+	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 )
 
@@ -23,14 +23,8 @@ import (
 func knownLedger(t *testing.T) *agentenv.Agent {
 	t.Helper()
 	a := agentenv.Start(t, agentenv.Options{Args: []string{"--reuse-delay", "1h"}})
-	n1, err := pool.ParseRangeSets([]byte(`[[{"subnet":"10.90.0.0/24"}]]`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	n2, err := pool.ParseRangeSets([]byte(`[[{"subnet":"10.91.0.0/28"}],[{"subnet":"fd91::/120"}]]`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	n1 := ledgertest.Ranges(t, `[[{"subnet":"10.90.0.0/24"}]]`)
+	n2 := ledgertest.Ranges(t, `[[{"subnet":"10.91.0.0/28"}],[{"subnet":"fd91::/120"}]]`)
 	for _, r := range []api.Request{
 		{Op: api.OpAdd, Network: "n1", ContainerID: "old-0", IfName: "eth0", Ranges: n1, Pod: api.Pod{Namespace: "ns1", Name: "old-0", UID: "uid-0"}},
 		{Op: api.OpAdd, Network: "n1", ContainerID: "web-0", IfName: "eth0", Ranges: n1, Pod: api.Pod{Namespace: "ns1", Name: "web-0", UID: "uid-1"}, NetNS: api.NetNS{Path: "/run/netns/web-0"}},

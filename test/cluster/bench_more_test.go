@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
@@ -92,7 +93,7 @@ func BenchmarkAddOwnedBlockRatio(b *testing.B) {
 // claimed (their address lies in a block the node did not have before) and of those
 // that did not.
 func claimADDs(b *testing.B, a *agentenv.Agent) {
-	sets := rangesOf(b, `[[{"subnet":"10.90.0.0/16"}]]`)
+	sets := ledgertest.Ranges(b, `[[{"subnet":"10.90.0.0/16"}]]`)
 	blockOf := func(ip netip.Addr) netip.Prefix { p, _ := ip.Prefix(30); return p }
 	seen := map[netip.Prefix]bool{}
 	var claimed, plain latencies
@@ -152,7 +153,7 @@ func BenchmarkDeadNodeReuse(b *testing.B) {
 		}
 		da := agentenv.Start(b, agentenv.Options{Args: args(dead)})
 		la := agentenv.Start(b, agentenv.Options{Args: args(live)})
-		sets := rangesOf(b, pool2)
+		sets := ledgertest.Ranges(b, pool2)
 		add := func(a *agentenv.Agent, cid string) (netip.Addr, error) {
 			resp, err := a.Call(api.Request{Op: api.OpAdd, Network: netName, ContainerID: cid, IfName: "eth0", Ranges: sets})
 			if err != nil {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
@@ -32,7 +33,7 @@ func reportADD(b *testing.B, name string, d []time.Duration) {
 
 // addDel is one ADD (timed) and one DEL through the agent's socket.
 func addDel(b *testing.B, a *agentenv.Agent, cid string, blockSize int) time.Duration {
-	sets := rangesOf(b, rangesJSON)
+	sets := ledgertest.Ranges(b, rangesJSON)
 	t0 := time.Now()
 	if _, err := a.Call(api.Request{Op: api.OpAdd, Network: network, ContainerID: cid, IfName: "eth0", Ranges: sets, BlockSize: blockSize}); err != nil {
 		b.Fatal(err)
@@ -79,7 +80,7 @@ func BenchmarkAddOwnedBlock(b *testing.B) {
 func BenchmarkAddClaimsBlock(b *testing.B) {
 	ec := etcdenv.StartCluster(b, 1)
 	a := agentenv.Start(b, agentenv.Options{Args: []string{"--node-name", "bench-0", "--datastore", "etcd", "--etcd-endpoints", strings.Join(ec.Endpoints(), ",")}})
-	sets := rangesOf(b, rangesJSON)
+	sets := ledgertest.Ranges(b, rangesJSON)
 	seen := map[netip.Prefix]bool{}
 	var claimed, owned []time.Duration
 	var cids []string

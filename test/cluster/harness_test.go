@@ -29,6 +29,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/ctl"
+	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/netenv"
@@ -44,16 +45,7 @@ var rangesJSON = fmt.Sprintf(`[[{"subnet":%q}]]`, subnet)
 
 func ranges(t testing.TB) []pool.RangeSet {
 	t.Helper()
-	return rangesOf(t, rangesJSON)
-}
-
-func rangesOf(t testing.TB, js string) []pool.RangeSet {
-	t.Helper()
-	sets, err := pool.ParseRangeSets([]byte(js))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sets
+	return ledgertest.Ranges(t, rangesJSON)
 }
 
 // node is one agent process with its node name and metrics address.

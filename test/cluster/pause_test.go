@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
@@ -20,7 +21,7 @@ const smallPool = `[[{"subnet":"10.79.0.0/25"}]]`
 
 func addIn(t *testing.T, n *node, cid string) (netip.Addr, *api.Error) {
 	t.Helper()
-	resp, err := call(n, api.Request{Op: api.OpAdd, Network: network, ContainerID: cid, IfName: "eth0", Ranges: rangesOf(t, smallPool)})
+	resp, err := call(n, api.Request{Op: api.OpAdd, Network: network, ContainerID: cid, IfName: "eth0", Ranges: ledgertest.Ranges(t, smallPool)})
 	if err != nil {
 		if ae, ok := err.(*api.Error); ok {
 			return netip.Addr{}, ae

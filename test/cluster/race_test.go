@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
 
@@ -17,7 +18,7 @@ import (
 func TestClaimRace(t *testing.T) {
 	ec := etcdenv.StartCluster(t, 1)
 	nodes := startNodes(t, 5, []string{"--datastore", "etcd", "--etcd-endpoints", strings.Join(ec.Endpoints(), ",")})
-	sets := rangesOf(t, `[[{"subnet":"10.80.0.0/24"}]]`)
+	sets := ledgertest.Ranges(t, `[[{"subnet":"10.80.0.0/24"}]]`)
 	start := make(chan struct{})
 	var wg sync.WaitGroup
 	blocks := make([]string, len(nodes))

@@ -19,6 +19,7 @@ import (
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/cri"
 	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/containerdenv"
@@ -291,11 +292,7 @@ func TestSeed001ChainedPluginFails(t *testing.T) {
 
 func mustRanges(t *testing.T, subnet string) []pool.RangeSet {
 	t.Helper()
-	r, err := pool.ParseRangeSets([]byte(fmt.Sprintf(`[[{"subnet":%q}]]`, subnet)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
+	return ledgertest.Ranges(t, fmt.Sprintf(`[[{"subnet":%q}]]`, subnet))
 }
 
 // TestSeed002SandboxRecreated: a pod's sandbox is re-created under a new ID and the
