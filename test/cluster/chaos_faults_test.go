@@ -56,6 +56,32 @@ func auditPhase(t *testing.T, tally *chaosTally, phase string, live []*node) ctl
 	return rep
 }
 
+// chaosPhase is one phase of a chaos run, named name: a churn of at least per
+// allocations (rounded up to split evenly over on × three workers, so that a run
+// makes at least its total) on the nodes on, its container IDs prefixed with tag
+// and the phase's number, with during running concurrently; then after (if not
+// nil), and the cluster audit over live with the churn's leases live and again once
+// it released them. Its counts go to tally.
+func chaosPhase(t *testing.T, tally *chaosTally, tag string, per int, name string, on, live []*node, during, after func()) {
+	t.Helper()
+	const workers = 3
+	t0 := time.Now()
+	n := len(on)
+	o := churnOpts{Allocations: (per + n*workers - 1) / (n * workers) * (n * workers), Workers: workers, Live: 15, Retry: 60 * time.Second,
+		Prefix: fmt.Sprintf("%s%d-", tag, len(tally.phases))}
+	st := churn(t, on, o, during)
+	tally.adds += st.adds.Load()
+	if after != nil {
+		after()
+	}
+	auditPhase(t, tally, name+" (leases live)", live)
+	st.releaseAll(t)
+	tally.dels += st.dels.Load()
+	auditPhase(t, tally, name+" (released)", live)
+	tally.phases = append(tally.phases, name)
+	t.Logf("phase %d %s: %d ADDs on %d nodes, %v", len(tally.phases), name, st.adds.Load(), n, time.Since(t0).Round(time.Millisecond))
+}
+
 // hold allocates n leases on one node (outside the churn) and returns their
 // container IDs and addresses.
 func hold(t *testing.T, n *node, tag string, count int) map[string]netip.Addr {
@@ -249,28 +275,10 @@ func TestChaosFaults(t *testing.T) {
 	rounds := max(1, total/(len(kinds)*3000))
 	churnPhases := rounds*len(kinds) + 1
 	per := (total + churnPhases - 1) / churnPhases
-	// the churn splits its allocations over nodes × workers: rounded up, so that the
-	// run makes at least total allocations
-	const workers = 3
-	opts := func(n int) churnOpts {
-		return churnOpts{Allocations: (per + n*workers - 1) / (n * workers) * (n * workers), Workers: workers, Live: 15, Retry: 60 * time.Second}
-	}
+	// phase audits the nodes live at the time of its call
 	phase := func(name string, on []*node, during func(), after func()) {
 		t.Helper()
-		t0 := time.Now()
-		o := opts(len(on))
-		o.Prefix = fmt.Sprintf("f%d-", len(tally.phases))
-		st := churn(t, on, o, during)
-		tally.adds += st.adds.Load()
-		if after != nil {
-			after()
-		}
-		auditPhase(t, tally, name+" (leases live)", live)
-		st.releaseAll(t)
-		tally.dels += st.dels.Load()
-		auditPhase(t, tally, name+" (released)", live)
-		tally.phases = append(tally.phases, name)
-		t.Logf("phase %d %s: %d ADDs on %d nodes, %v", len(tally.phases), name, st.adds.Load(), len(on), time.Since(t0).Round(time.Millisecond))
+		chaosPhase(t, tally, "f", per, name, on, live, during, after)
 	}
 
 	for r := range rounds {

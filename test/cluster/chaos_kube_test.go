@@ -121,24 +121,10 @@ func TestChaosKubernetes(t *testing.T) {
 	kinds := []string{"agent-kill", "apiserver-restart", "pause", "node-delete"}
 	rounds := max(1, total/(len(kinds)*3000))
 	per := (total + rounds*len(kinds) - 1) / (rounds * len(kinds))
-	const workers = 3
+	// phase audits the nodes live at the time of its call
 	phase := func(name string, on []*node, during func(), after func()) {
 		t.Helper()
-		t0 := time.Now()
-		n := len(on)
-		o := churnOpts{Allocations: (per + n*workers - 1) / (n * workers) * (n * workers), Workers: workers, Live: 15, Retry: 60 * time.Second,
-			Prefix: fmt.Sprintf("k%d-", len(tally.phases))}
-		st := churn(t, on, o, during)
-		tally.adds += st.adds.Load()
-		if after != nil {
-			after()
-		}
-		auditPhase(t, tally, name+" (leases live)", live)
-		st.releaseAll(t)
-		tally.dels += st.dels.Load()
-		auditPhase(t, tally, name+" (released)", live)
-		tally.phases = append(tally.phases, name)
-		t.Logf("phase %d %s: %d ADDs on %d nodes, %v", len(tally.phases), name, st.adds.Load(), n, time.Since(t0).Round(time.Millisecond))
+		chaosPhase(t, tally, "k", per, name, on, live, during, after)
 	}
 
 	for r := range rounds {
