@@ -165,9 +165,7 @@ func TestSpoolPassRacesAdds(t *testing.T) {
 	s, l, spoolDir := newServer(t, nil)
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		for {
 			select {
 			case <-stop:
@@ -176,7 +174,7 @@ func TestSpoolPassRacesAdds(t *testing.T) {
 				s.ApplySpool()
 			}
 		}
-	}()
+	})
 	const cids = 4
 	for round := range 50 {
 		answered := map[string]string{}
@@ -207,21 +205,17 @@ func TestConcurrentRequests(t *testing.T) {
 	var wg sync.WaitGroup
 	ips := make([]string, 16)
 	for i := range ips {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			r := s.Handle(ctx, addReq(t, "same"))
 			if r.Error != nil || r.Lease == nil {
 				t.Errorf("ADD %d: %v", i, r.Error)
 				return
 			}
 			ips[i] = r.Lease.IPs[0]
-		}()
+		})
 	}
 	for i := 0; i < 32; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			req := addReq(t, fmt.Sprint("other", i))
 			if r := s.Handle(ctx, req); r.Error != nil {
 				t.Errorf("ADD: %v", r.Error)
@@ -232,7 +226,7 @@ func TestConcurrentRequests(t *testing.T) {
 					t.Errorf("DEL: %v", r.Error)
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	for _, ip := range ips {

@@ -42,15 +42,13 @@ func BenchmarkSocketBurst110(b *testing.B) {
 		var wg sync.WaitGroup
 		errs := make([]error, n)
 		for i := 0; i < n; i++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				resp, err := a.Call(api.Request{Op: op, Network: "burst", ContainerID: fmt.Sprintf("b%d-%d", round, i), IfName: "eth0", Ranges: sets})
 				if err == nil && resp.Error != nil {
 					err = resp.Error
 				}
 				errs[i] = err
-			}()
+			})
 		}
 		wg.Wait()
 		if err := errors.Join(errs...); err != nil {

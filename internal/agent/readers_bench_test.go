@@ -59,9 +59,7 @@ func startBigAgent(b *testing.B) *bigAgent {
 		var wg sync.WaitGroup
 		errs := make(chan error, 64)
 		for range 64 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for {
 					i := next.Add(1) - 1
 					if i >= readersLeases {
@@ -73,7 +71,7 @@ func startBigAgent(b *testing.B) *bigAgent {
 						return
 					}
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		close(errs)
@@ -133,9 +131,7 @@ func BenchmarkAddWhileReading(b *testing.B) {
 			readers := map[string][]string{"audit": {api.OpAudit}, "leases": {api.OpLeases}, "reading": {api.OpAudit, api.OpLeases}}[mode]
 			if len(readers) > 0 {
 				for _, op := range readers {
-					wg.Add(1)
-					go func() {
-						defer wg.Done()
+					wg.Go(func() {
 						for {
 							select {
 							case <-stop:
@@ -148,7 +144,7 @@ func BenchmarkAddWhileReading(b *testing.B) {
 							}
 							reads.Add(1)
 						}
-					}()
+					})
 				}
 				time.Sleep(200 * time.Millisecond) // readers under way
 			}

@@ -75,9 +75,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	s.ApplySpool()
 	bgCtx, stopBg := context.WithCancel(ctx)
 	var bg sync.WaitGroup
-	bg.Add(1)
-	go func() {
-		defer bg.Done()
+	bg.Go(func() {
 		t := time.NewTicker(s.cfg.SpoolInterval)
 		defer t.Stop()
 		for {
@@ -88,7 +86,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 				s.ApplySpool()
 			}
 		}
-	}()
+	})
 	stopClose := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stopClose()
 	// the parked connection workers end with Serve

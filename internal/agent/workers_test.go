@@ -40,13 +40,11 @@ func TestConnectionWorkersEnd(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, burst)
 	for i := range burst {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			if _, err := s.call(t, addReq(t, fmt.Sprint("burst-", i))); err != nil {
 				errs <- err
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	close(errs)

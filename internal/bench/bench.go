@@ -302,13 +302,11 @@ func burst(n int, f func(i int) error) (time.Duration, error) {
 	errs := make([]error, n)
 	ready.Add(n)
 	for i := 0; i < n; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			ready.Done()
 			<-start
 			errs[i] = f(i)
-		}()
+		})
 	}
 	ready.Wait()
 	t0 := time.Now()
@@ -324,9 +322,7 @@ func parallel(n, w int, f func(i int) error) error {
 	var mu sync.Mutex
 	var first error
 	for j := 0; j < w; j++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for {
 				i := int(next.Add(1)) - 1
 				if i >= n {
@@ -342,7 +338,7 @@ func parallel(n, w int, f func(i int) error) error {
 					return
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	return first

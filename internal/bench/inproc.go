@@ -124,9 +124,7 @@ func (h *harness) ledgerRate() error {
 		deadline := time.Now().Add(h.opts.LedgerTime / 2)
 		start := time.Now()
 		for c := 0; c < callers; c++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				for i := 0; time.Now().Before(deadline); i++ {
 					k := ledger.Key{Network: ledgerNet, ContainerID: fmt.Sprintf("op-%02d-%d-%07d", callers, c, i), IfName: "eth0"}
 					_, _, err := l.Allocate(ledger.AllocateRequest{Key: k, Ranges: sets})
@@ -141,7 +139,7 @@ func (h *harness) ledgerRate() error {
 					}
 					ops.Add(2)
 				}
-			}()
+			})
 		}
 		wg.Wait()
 		if first != nil {

@@ -144,8 +144,7 @@ func writesPer1000(b *testing.B, reuse time.Duration) {
 	for i := range b.N {
 		var wg sync.WaitGroup
 		for _, n := range nodes {
-			wg.Add(1)
-			go func() { defer wg.Done(); churnNode(b, n, fmt.Sprint(i), pods, live) }()
+			wg.Go(func() { churnNode(b, n, fmt.Sprint(i), pods, live) })
 		}
 		wg.Wait()
 	}
@@ -188,8 +187,7 @@ func BenchmarkHundredNodesSteady(b *testing.B) {
 	b.ResetTimer()
 	var wg sync.WaitGroup
 	for _, n := range nodes {
-		wg.Add(1)
-		go func() { defer wg.Done(); churnNode(b, n, "h", per, 30) }()
+		wg.Go(func() { churnNode(b, n, "h", per, 30) })
 	}
 	wg.Wait()
 	b.StopTimer()

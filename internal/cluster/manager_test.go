@@ -30,15 +30,13 @@ func testAllocateClaimsBlocksAsNeeded(t *testing.T, newC func(*testing.T) *cl) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 130)
 	for w := 0; w < 10; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := 0; i < 13; i++ {
 				if _, err := a.alloc(t, fmt.Sprintf("w%d-%d", w, i)); err != nil {
 					errs <- err
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	close(errs)
@@ -118,16 +116,14 @@ func testClaimRaceLastBlock(t *testing.T, newC func(*testing.T) *cl) {
 			lost := make(chan error, n)
 			start := make(chan struct{})
 			for _, a := range racers {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
+				wg.Go(func() {
 					<-start
 					if _, err := a.m.Claim(ctx, "net", 0); err != nil {
 						lost <- err
 						return
 					}
 					won <- a.name
-				}()
+				})
 			}
 			close(start)
 			wg.Wait()
@@ -416,12 +412,10 @@ func testReclaimExactlyOne(t *testing.T, newC func(*testing.T) *cl) {
 	sweepAll := func() {
 		var wg sync.WaitGroup
 		for _, a := range live {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				_ = a.m.Renew(ctx)
 				_ = a.m.Sweep(ctx)
-			}()
+			})
 		}
 		wg.Wait()
 	}
@@ -831,9 +825,7 @@ func testClaimSpreadTakesEveryBlock(t *testing.T, newC func(*testing.T) *cl) {
 	var first sync.WaitGroup
 	first.Add(len(agents))
 	for _, a := range agents {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := 0; ; i++ {
 				p, err := a.m.Claim(ctx, "net", 0)
 				if i == 0 {
@@ -853,7 +845,7 @@ func testClaimSpreadTakesEveryBlock(t *testing.T, newC func(*testing.T) *cl) {
 					mu.Unlock()
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	if len(firsts) != 3 || firsts["10.80.0.0/26"] {

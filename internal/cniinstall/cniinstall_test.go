@@ -147,9 +147,7 @@ func TestReaderNeverSeesHalfAFile(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var reads, torn int
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		for {
 			select {
 			case <-stop:
@@ -166,7 +164,7 @@ func TestReaderNeverSeesHalfAFile(t *testing.T) {
 				torn++
 			}
 		}
-	}()
+	})
 	for i := 0; i < 20; i++ {
 		data := a
 		if i%2 == 0 {

@@ -52,9 +52,7 @@ func TestAgentKilledDuringBurst(t *testing.T) {
 		queue   = make(chan op)
 	)
 	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for o := range queue {
 				if o.del {
 					err := e.cni.DelNetworkList(c, l, rt(o.id, ""))
@@ -81,7 +79,7 @@ func TestAgentKilledDuringBurst(t *testing.T) {
 					})
 				}
 			}
-		}()
+		})
 	}
 	for i, o := range ops {
 		if i == killAfter+workers {

@@ -24,16 +24,14 @@ func TestParallelAdds110(t *testing.T) {
 	errs := make([]error, pods)
 	var wg sync.WaitGroup
 	for i := range pods {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			res, err := e.cni.AddNetworkList(c, l, rt(fmt.Sprintf("pod%03d", i), nsPath))
 			if err != nil {
 				errs[i] = err
 				return
 			}
 			got[i] = resultIPs(t, res)
-		}()
+		})
 	}
 	wg.Wait()
 	seen := map[string]int{}
@@ -62,9 +60,7 @@ func TestParallelAdds110(t *testing.T) {
 	// ADD again, in parallel too: same addresses, nothing new allocated
 	before := e.books()
 	for i := range pods {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			res, err := e.cni.AddNetworkList(c, l, rt(fmt.Sprintf("pod%03d", i), nsPath))
 			if err != nil {
 				errs[i] = err
@@ -73,7 +69,7 @@ func TestParallelAdds110(t *testing.T) {
 			if again := resultIPs(t, res); !slices.Equal(again, got[i]) {
 				errs[i] = fmt.Errorf("repeated ADD gave %v, first %v", again, got[i])
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	for i := range pods {
@@ -85,11 +81,9 @@ func TestParallelAdds110(t *testing.T) {
 
 	// DEL with an empty CNI_NETNS (as RemovePodSandbox sends it) releases
 	for i := range pods {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			errs[i] = e.cni.DelNetworkList(c, l, rt(fmt.Sprintf("pod%03d", i), ""))
-		}()
+		})
 	}
 	wg.Wait()
 	for i := range pods {

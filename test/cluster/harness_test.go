@@ -270,9 +270,7 @@ func churn(t *testing.T, nodes []*node, opts churnOpts, during func()) *churnSta
 	errs := make(chan error, len(nodes)*opts.Workers)
 	for ni, n := range nodes {
 		for w := range opts.Workers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				rng := rand.New(rand.NewPCG(uint64(ni), uint64(w)))
 				var live []attachment
 				release := func(a attachment) error {
@@ -345,7 +343,7 @@ func churn(t *testing.T, nodes []*node, opts churnOpts, during func()) *churnSta
 				st.mu.Lock()
 				st.live[n] = append(st.live[n], live...)
 				st.mu.Unlock()
-			}()
+			})
 		}
 	}
 	wg.Wait()
@@ -371,9 +369,7 @@ func (st *churnStats) releaseAll(t *testing.T) {
 	t.Helper()
 	var wg sync.WaitGroup
 	for n, live := range st.live {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for _, a := range live {
 				for _, ip := range a.ips {
 					st.h.drop(ip)
@@ -387,7 +383,7 @@ func (st *churnStats) releaseAll(t *testing.T) {
 				}
 				st.dels.Add(1)
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	st.live = map[*node][]attachment{}

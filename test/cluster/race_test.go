@@ -24,9 +24,7 @@ func TestClaimRace(t *testing.T) {
 	blocks := make([]string, len(nodes))
 	errs := make([]*api.Error, len(nodes))
 	for i, n := range nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			<-start
 			resp, err := call(n, api.Request{Op: api.OpAdd, Network: network, ContainerID: n.name + "-first", IfName: "eth0", Ranges: sets})
 			if err != nil {
@@ -39,7 +37,7 @@ func TestClaimRace(t *testing.T) {
 				return
 			}
 			blocks[i] = resp.Lease.Block
-		}()
+		})
 	}
 	close(start)
 	wg.Wait()

@@ -245,9 +245,7 @@ func (d *demo) churn(n int, mid func()) error {
 	var firstErr atomic.Value
 	var midOnce sync.Once
 	for w := 0; w < 4; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for d.ctx.Err() == nil {
 				k := next.Add(1)
 				if k > int64(n) {
@@ -265,7 +263,7 @@ func (d *demo) churn(n int, mid func()) error {
 				}
 				d.progress()
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	if err := d.ctx.Err(); err != nil {

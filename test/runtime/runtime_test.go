@@ -354,9 +354,7 @@ func (w *world) churn(prefix string, workers, n int, stop <-chan struct{}) (done
 	var wg sync.WaitGroup
 	next := 0
 	for i := 0; i < workers; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for {
 				select {
 				case <-stop:
@@ -394,7 +392,7 @@ func (w *world) churn(prefix string, workers, n int, stop <-chan struct{}) (done
 				}
 				mu.Unlock()
 			}
-		}()
+		})
 	}
 	return done, errs, wg.Wait
 }

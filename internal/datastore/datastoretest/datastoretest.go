@@ -360,12 +360,10 @@ func race(fn func(i int) error) []error {
 	var start, done sync.WaitGroup
 	start.Add(1)
 	for i := range racers {
-		done.Add(1)
-		go func() {
-			defer done.Done()
+		done.Go(func() {
 			start.Wait()
 			errs[i] = fn(i)
-		}()
+		})
 	}
 	start.Done()
 	done.Wait()
@@ -475,9 +473,7 @@ func (s *suite) testList(t *testing.T) {
 	var wg sync.WaitGroup
 	errc := make(chan error, 8)
 	for w := range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := w; i < n; i += 8 {
 				k := fmt.Sprintf("%s/%03d", base, (i*37)%n)
 				rev, err := st.Create(ctx, k, val("%d", i))
@@ -489,7 +485,7 @@ func (s *suite) testList(t *testing.T) {
 				want[k] = rev
 				mu.Unlock()
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	close(errc)
@@ -663,8 +659,7 @@ func (s *suite) testWatchEveryChange(t *testing.T) {
 		var wg sync.WaitGroup
 		errs := make([]error, writers)
 		for w := range writers {
-			wg.Add(1)
-			go func() { defer wg.Done(); errs[w] = write(w, lo, hi) }()
+			wg.Go(func() { errs[w] = write(w, lo, hi) })
 		}
 		wg.Wait()
 		if err := errors.Join(errs...); err != nil {

@@ -112,9 +112,7 @@ func TestListPages(t *testing.T) {
 	}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() { // writes during the lists, after the keys already there
-		defer wg.Done()
+	wg.Go(func() { // writes during the lists, after the keys already there
 		for i := 0; ; i++ {
 			select {
 			case <-stop:
@@ -126,7 +124,7 @@ func TestListPages(t *testing.T) {
 				return
 			}
 		}
-	}()
+	})
 	for range 10 {
 		kvs, rev, err := s.List(ctx, "blocks/net1/")
 		if err != nil {
@@ -219,9 +217,7 @@ func TestClusterMemberKilled(t *testing.T) {
 	errs := make(chan error, writers)
 	for wi := range writers {
 		name := fmt.Sprintf("w%d", wi)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for seq := 1; seq <= per; {
 				op, cancelOp := context.WithTimeout(ctx, 5*time.Second)
 				kv, err := s.Get(op, key)
@@ -267,13 +263,11 @@ func TestClusterMemberKilled(t *testing.T) {
 					return
 				}
 			}
-		}()
+		})
 	}
 	// The chaos: kill the leader after a third of the increments, restart it after
 	// two thirds.
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		waitFor := func(n int) {
 			for {
 				mu.Lock()
@@ -293,7 +287,7 @@ func TestClusterMemberKilled(t *testing.T) {
 		t.Logf("restarting member %d", leader)
 		cl.Restart(leader)
 		close(restarted)
-	}()
+	})
 	wg.Wait()
 	close(errs)
 	for err := range errs {

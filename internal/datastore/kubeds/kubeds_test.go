@@ -449,9 +449,7 @@ func TestKubernetesAPI(t *testing.T) {
 			var wg sync.WaitGroup
 			start := make(chan struct{})
 			for i := 0; i < racers; i++ {
-				wg.Add(1)
-				go func(i int) {
-					defer wg.Done()
+				wg.Go(func() {
 					<-start
 					err := op(i)
 					mu.Lock()
@@ -461,7 +459,7 @@ func TestKubernetesAPI(t *testing.T) {
 					} else {
 						otherErrs = append(otherErrs, err)
 					}
-				}(i)
+				})
 			}
 			close(start)
 			wg.Wait()

@@ -56,9 +56,7 @@ func TestAPIServerRestartMidway(t *testing.T) {
 		wg             sync.WaitGroup
 	)
 	for i := 0; i < 3; i++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for {
 				select {
 				case <-stop:
@@ -92,7 +90,7 @@ func TestAPIServerRestartMidway(t *testing.T) {
 					time.Sleep(50 * time.Millisecond)
 				}
 			}
-		}()
+		})
 	}
 	waitAcked := func(n int) {
 		t.Helper()

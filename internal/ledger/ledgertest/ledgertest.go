@@ -516,9 +516,7 @@ func testConcurrent(t *testing.T, newStore Factory) {
 	var wg sync.WaitGroup
 	var exhausted atomic.Int64
 	for w := 0; w < workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for i := 0; i < rounds; i++ {
 				k := Key(fmt.Sprintf("w%d-%d", w, i))
 				ls, _, err := l.Allocate(ledger.AllocateRequest{Key: k, Ranges: r})
@@ -543,7 +541,7 @@ func testConcurrent(t *testing.T, newStore Factory) {
 					mu.Unlock()
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	t.Logf("%d live, %d allocations refused as exhausted", len(live), exhausted.Load())

@@ -153,13 +153,11 @@ func testLogLater(t *testing.T, newStore Factory) {
 	laters := make([]ledger.LogLines, callers)
 	var wg sync.WaitGroup
 	for i := range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			if _, _, err := l2.Allocate(ledger.AllocateRequest{Key: Key(fmt.Sprint("g", i)), Ranges: r, LogLater: &laters[i]}); err != nil {
 				t.Error(err)
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	if got := lines.take(); len(got) != 0 {

@@ -63,9 +63,7 @@ func Soak(t *testing.T, inner ledger.Store, cfg SoakConfig) {
 	perWorker := cfg.Ops / cfg.Workers
 	var wg sync.WaitGroup
 	for w := 0; w < cfg.Workers; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			wr := rand.New(rand.NewPCG(cfg.Seed, uint64(w)))
 			key := func() ledger.Key {
 				return ledger.Key{Network: networks[wr.IntN(len(networks))], ContainerID: fmt.Sprintf("w%d-c%d", w, wr.IntN(3)), IfName: "eth0"}
@@ -140,7 +138,7 @@ func Soak(t *testing.T, inner ledger.Store, cfg SoakConfig) {
 				outcomes[outcome]++
 				mu.Unlock()
 			}
-		}()
+		})
 	}
 	wg.Wait()
 	took := time.Since(start)

@@ -224,9 +224,7 @@ func TestViewConsistentDuringCheckpoints(t *testing.T) {
 	stop := make(chan struct{})
 	errs := make(chan error, 4)
 	for range 2 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for {
 				select {
 				case <-stop:
@@ -251,7 +249,7 @@ func TestViewConsistentDuringCheckpoints(t *testing.T) {
 					return
 				}
 			}
-		}()
+		})
 	}
 	for i := uint64(1); i <= 2000; i++ {
 		err := st.Update(func(tx ledger.Tx) error {

@@ -56,24 +56,20 @@ func (a *Agent) StartRelay(tb testing.TB, mode RelayMode) *Relay {
 	}
 	var wg sync.WaitGroup
 	tb.Cleanup(func() { ln.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	wg.Go(func() {
 		for {
 			c, err := ln.Accept()
 			if err != nil {
 				return
 			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			wg.Go(func() {
 				defer c.Close()
 				if err := r.serve(c, a.Socket, mode); err != nil {
 					tb.Errorf("relay: %v", err)
 				}
-			}()
+			})
 		}
-	}()
+	})
 	return r
 }
 
