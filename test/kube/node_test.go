@@ -20,6 +20,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/image"
+	"github.com/ipledger/ipledger/internal/testenv"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 	"github.com/ipledger/ipledger/internal/testenv/netenv"
@@ -101,6 +102,7 @@ func busyboxImage(t testing.TB, dir string) string {
 // test node's dirs, its pool at poolSubnet, shorter reconcile timings).
 func startNode(t testing.TB) *node {
 	t.Helper()
+	testenv.SkipIfShort(t, "needs a Kubernetes build") // before the image is built
 	t0 := time.Now()
 	bin := agentenv.Bin(t)
 	dir := t.TempDir()

@@ -21,6 +21,7 @@ import (
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/pool"
+	"github.com/ipledger/ipledger/internal/testenv"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/containerdenv"
 )
@@ -55,6 +56,7 @@ type world struct {
 // test's bridge after containerd is gone.
 func newWorld(t *testing.T, bridge, subnet string, agentArgs ...string) *world {
 	t.Helper()
+	testenv.SkipIfShort(t, "needs containerd") // before the binaries are built
 	t.Cleanup(func() {
 		if out, err := exec.Command("ip", "link", "del", bridge).CombinedOutput(); err != nil && !strings.Contains(string(out), "Cannot find device") {
 			t.Logf("ip link del %s: %v: %s", bridge, err, out)

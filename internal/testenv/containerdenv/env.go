@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/cri"
+	"github.com/ipledger/ipledger/internal/testenv"
 )
 
 // DefaultCNIBinDir is where Debian's containernetworking-plugins live.
@@ -78,9 +79,10 @@ type Env struct {
 // imports the pause image, starts containerd and waits until its CRI service
 // answers. Everything is undone by tb.Cleanup: sandboxes are stopped and
 // removed, containerd is stopped by PID, mounts under its dirs are detached
-// and the dirs removed.
+// and the dirs removed. Under -short it skips tb.
 func Start(tb testing.TB, opts Options) *Env {
 	tb.Helper()
+	testenv.SkipIfShort(tb, "needs containerd")
 	if opts.StartTimeout <= 0 {
 		opts.StartTimeout = 30 * time.Second
 	}

@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ipledger/ipledger/internal/testenv"
 )
 
 // LockFile serializes every package check and installation on the machine; also
@@ -77,12 +79,7 @@ func Ensure(pkgs ...Package) error {
 		return err
 	}
 	defer unlock()
-	var missing []string
-	for _, p := range pkgs {
-		if !p.present() {
-			missing = append(missing, p.Name)
-		}
-	}
+	missing := absent(pkgs)
 	if len(missing) == 0 {
 		return nil
 	}
@@ -109,12 +106,43 @@ func Ensure(pkgs ...Package) error {
 	return nil
 }
 
-// Need is Ensure for tests: it fails tb when a package cannot be installed.
+// Need is Ensure for tests: it fails tb when a package cannot be installed. Under
+// -short it skips tb instead of installing what is missing.
 func Need(tb testing.TB, pkgs ...Package) {
 	tb.Helper()
+	missing, err := check(pkgs)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if len(missing) > 0 {
+		testenv.SkipIfShort(tb, "needs apt-get install "+strings.Join(missing, " "))
+	}
 	if err := Ensure(pkgs...); err != nil {
 		tb.Fatal(err)
 	}
+}
+
+// absent returns the names of those of pkgs that are not usable.
+func absent(pkgs []Package) []string {
+	var missing []string
+	for _, p := range pkgs {
+		if !p.present() {
+			missing = append(missing, p.Name)
+		}
+	}
+	return missing
+}
+
+// check is absent holding LockFile.
+func check(pkgs []Package) ([]string, error) {
+	mu.Lock()
+	defer mu.Unlock()
+	unlock, err := lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
+	return absent(pkgs), nil
 }
 
 // lock takes the exclusive machine-wide lock, waiting at most lockWait.

@@ -23,6 +23,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ipledger/ipledger/internal/testenv"
 )
 
 // Version is the Kubernetes release the cluster runs; StagingVersion is the
@@ -93,9 +95,11 @@ var (
 
 // Binaries returns the directory holding the Commands and etcd, building them
 // first unless the cache already has them. Builds are serialized across
-// processes with a lock file.
+// processes with a lock file. Under -short it skips tb: Start and StartAPIServer
+// call it first, so every test that needs Kubernetes is left out of the fast tier.
 func Binaries(tb testing.TB) string {
 	tb.Helper()
+	testenv.SkipIfShort(tb, "needs a Kubernetes build")
 	binOnce.Do(func() { binDir, binErr = ensureBinaries(tb) })
 	if binErr != nil {
 		tb.Fatal(binErr)
