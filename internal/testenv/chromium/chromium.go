@@ -1,6 +1,6 @@
 // Package chromium runs Debian's chromium headless for tests of pages: it installs
-// the package when missing (under a lock, so parallel test processes do not run apt at
-// once), dumps a page's rendered DOM and takes screenshots.
+// the package when missing (through debpkg, under the lock every installer takes),
+// dumps a page's rendered DOM and takes screenshots.
 package chromium
 
 import (
@@ -8,37 +8,17 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ipledger/ipledger/internal/testenv/debpkg"
 )
 
-// Path returns the chromium binary, installing Debian's package if it is missing.
+// Path returns the chromium binary, installing Debian's package if it is missing
+// (under -short, skipping tb instead: see debpkg.Need).
 func Path(tb testing.TB) string {
 	tb.Helper()
-	if p, err := exec.LookPath("chromium"); err == nil {
-		return p
-	}
-	lock, err := os.OpenFile("/tmp/ipledger-apt.lock", os.O_CREATE|os.O_RDWR, 0o600)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		tb.Fatal(err)
-	}
-	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-	if p, err := exec.LookPath("chromium"); err == nil {
-		return p
-	}
-	tb.Log("installing chromium (apt-get)")
-	for _, args := range [][]string{{"update", "-qq"}, {"install", "-y", "-qq", "chromium"}} {
-		cmd := exec.Command("apt-get", args...)
-		cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			tb.Fatalf("apt-get %v: %v\n%s", args, err, out)
-		}
-	}
+	debpkg.Need(tb, debpkg.Chromium)
 	p, err := exec.LookPath("chromium")
 	if err != nil {
 		tb.Fatal(err)

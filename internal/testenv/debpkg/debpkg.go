@@ -49,6 +49,7 @@ var (
 	IPTables   = Package{Name: "iptables", Files: []string{"iptables", "iptables-save", "ip6tables", "ip6tables-save"}}
 	Containerd = Package{Name: "containerd", Files: []string{"containerd", "ctr", "containerd-shim-runc-v2"}}
 	Runc       = Package{Name: "runc", Files: []string{"runc"}}
+	Chromium   = Package{Name: "chromium", Files: []string{"chromium"}}
 )
 
 // present reports whether every file of p exists.
