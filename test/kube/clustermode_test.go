@@ -80,10 +80,14 @@ func clusterMode(t *testing.T, n *node) {
 		t.Fatal(err)
 	}
 	// the overlay's cluster-wide pool, pointed at the test's range
-	if !strings.Contains(string(kust), "10.244.0.0/16") {
-		t.Fatal("deploy/cluster/kustomization.yaml no longer holds the pool 10.244.0.0/16; update this test")
+	// the overlay's conflist (its pool, the agent's socket and spool) pointed at the
+	// test node, as render points the base's
+	for _, r := range [][2]string{{"10.244.0.0/16", poolSubnet}, {"/run/ipledger", filepath.Dir(n.sock)}, {"/var/lib/ipledger", stateDir}} {
+		if !strings.Contains(string(kust), r[0]) {
+			t.Fatalf("deploy/cluster/kustomization.yaml no longer holds %q; update this test", r[0])
+		}
+		kust = []byte(strings.ReplaceAll(string(kust), r[0], r[1]))
 	}
-	kust = []byte(strings.ReplaceAll(string(kust), "10.244.0.0/16", poolSubnet))
 	base, err := os.ReadFile(filepath.Join(src, "ipledger.yaml"))
 	if err != nil {
 		t.Fatal(err)
