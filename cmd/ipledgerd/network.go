@@ -35,7 +35,7 @@ func startNetwork(ctx context.Context, o *options, m *cluster.Manager, log *slog
 		return w, nil, nil
 	}
 	cfg := controller.Config{Self: o.cluster.NodeName, Nodes: w, NonMasquerade: o.network.NonMasquerade, Resync: o.network.Resync,
-		Ready: w.SetNetworkAvailable, Log: log.With("part", "node-network")}
+		Ready: w.SetNetworkAvailable, Available: w.NetworkAvailable, Log: log.With("part", "node-network")}
 	if m != nil {
 		cfg.Blocks, cfg.BlocksChanged = m, m.BlocksChanged()
 	}

@@ -61,11 +61,13 @@ type Watch struct {
 	log      *slog.Logger
 	informer cache.SharedIndexInformer
 
-	mu      sync.Mutex
-	nodes   map[string]Node
-	synced  bool
-	changed chan struct{}
-	subs    []Subscriber
+	mu     sync.Mutex
+	nodes  map[string]Node
+	synced bool
+	// selfNetOK: this node's Node shows NetworkUnavailable=False.
+	selfNetOK bool
+	changed   chan struct{}
+	subs      []Subscriber
 }
 
 // Subscriber hears of Node deletions and creations after the first list (cluster
@@ -206,6 +208,16 @@ func (w *Watch) SetNetworkAvailable(ctx context.Context) error {
 	return nil
 }
 
+// NetworkAvailable reports whether this node's Node, as last seen, shows
+// NetworkUnavailable=False. It is false while there is no such Node, and after the
+// Node was created again (a new Node has no condition, or True from a cloud's node
+// controller) or another writer set the condition True.
+func (w *Watch) NetworkAvailable() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.selfNetOK
+}
+
 func (w *Watch) notify() {
 	select {
 	case w.changed <- struct{}{}:
@@ -222,6 +234,11 @@ func (w *Watch) put(obj any, added bool) {
 	w.mu.Lock()
 	old, had := w.nodes[v.Name]
 	w.nodes[v.Name] = v
+	netChanged := false
+	if v.Name == w.self {
+		ok := networkAvailable(n)
+		netChanged, w.selfNetOK = ok != w.selfNetOK, ok
+	}
 	synced, subs := w.synced, slices.Clone(w.subs)
 	w.mu.Unlock()
 	if added && !had && synced {
@@ -229,7 +246,7 @@ func (w *Watch) put(obj any, added bool) {
 			s.NodeBack(v.Name)
 		}
 	}
-	if !had || !equal(old, v) {
+	if !had || !equal(old, v) || netChanged {
 		w.notify()
 	}
 }
@@ -251,6 +268,9 @@ func (w *Watch) remove(obj any) {
 	w.mu.Lock()
 	_, had := w.nodes[name]
 	delete(w.nodes, name)
+	if name == w.self {
+		w.selfNetOK = false
+	}
 	subs := slices.Clone(w.subs)
 	w.mu.Unlock()
 	if had {
@@ -261,17 +281,34 @@ func (w *Watch) remove(obj any) {
 	}
 }
 
-// trim keeps what view reads (and what the informer needs: name, resourceVersion).
+// trim keeps what view and networkAvailable read (and what the informer needs:
+// name, resourceVersion).
 func trim(obj any) (any, error) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
 		return obj, nil
 	}
-	return &corev1.Node{
+	t := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: n.Name, UID: n.UID, ResourceVersion: n.ResourceVersion},
 		Spec:       corev1.NodeSpec{PodCIDR: n.Spec.PodCIDR, PodCIDRs: n.Spec.PodCIDRs},
 		Status:     corev1.NodeStatus{Addresses: n.Status.Addresses},
-	}, nil
+	}
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeNetworkUnavailable {
+			t.Status.Conditions = []corev1.NodeCondition{{Type: c.Type, Status: c.Status}}
+		}
+	}
+	return t, nil
+}
+
+// networkAvailable reports whether n's NetworkUnavailable condition is False.
+func networkAvailable(n *corev1.Node) bool {
+	for _, c := range n.Status.Conditions {
+		if c.Type == corev1.NodeNetworkUnavailable {
+			return c.Status == corev1.ConditionFalse
+		}
+	}
+	return false
 }
 
 func view(n *corev1.Node) Node {

@@ -157,9 +157,13 @@ func TestWatch(t *testing.T) {
 	eventually(t, "node-b reported back", func() bool { _, b := subsA.get(); return slices.Equal(b, []string{"node-b"}) })
 
 	// NetworkUnavailable=False, the kubelet's Ready condition kept
+	if a.NetworkAvailable() {
+		t.Fatal("NetworkAvailable before the condition was set")
+	}
 	if err := a.SetNetworkAvailable(ctx); err != nil {
 		t.Fatal(err)
 	}
+	eventually(t, "NetworkAvailable after SetNetworkAvailable", a.NetworkAvailable)
 	n, err = c.Nodes().Get(ctx, "node-a", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
@@ -176,6 +180,21 @@ func TestWatch(t *testing.T) {
 	if !netOK || !ready {
 		t.Fatalf("conditions after SetNetworkAvailable: %+v", n.Status.Conditions)
 	}
+
+	// node-a's Node created again: not available until the condition is set again
+	if err := c.Nodes().Delete(ctx, "node-a", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "NetworkAvailable false after the deletion", func() bool { return !a.NetworkAvailable() })
+	createNode(t, c, "node-a", []string{"10.244.1.0/24"}, "10.250.0.11")
+	eventually(t, "node-a back", func() bool { _, err := a.PodCIDRs(); return err == nil })
+	if a.NetworkAvailable() {
+		t.Fatal("NetworkAvailable on a Node created again without the condition")
+	}
+	if err := a.SetNetworkAvailable(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "NetworkAvailable on the Node created again", a.NetworkAvailable)
 }
 
 func drain(c <-chan struct{}) {

@@ -68,7 +68,12 @@ type Config struct {
 	// its Node's NetworkUnavailable condition false. It is retried at each
 	// reconciliation until it succeeds.
 	Ready func(ctx context.Context) error
-	Log   *slog.Logger
+	// Available reports whether the Node shows NetworkUnavailable=False (the Node
+	// watch). When it turns false after Ready succeeded (the Node was deleted and
+	// created again, or another writer set the condition True), Ready runs again at
+	// the next reconciliation that leaves no error. nil: Ready runs once.
+	Available func() bool
+	Log       *slog.Logger
 }
 
 // Status is the outcome of the last reconciliation, for doctor and the metrics.
@@ -224,6 +229,9 @@ func (c *Controller) Reconcile(ctx context.Context) {
 	}
 	c.mu.Lock()
 	c.syncs++
+	if c.ready && c.cfg.Available != nil && !c.cfg.Available() {
+		c.ready = false
+	}
 	ready := c.ready
 	c.mu.Unlock()
 	if !ready && c.cfg.Ready != nil && slices.ContainsFunc(nodes, func(n nodenet.Node) bool { return n.Name == c.cfg.Self }) {

@@ -188,3 +188,30 @@ func TestControllerKeepsWhenBlocksUnknown(t *testing.T) {
 		}
 	}
 }
+
+// TestReadyAgainWhenTheConditionIsGone: NetworkUnavailable is set false once the
+// network is reconciled, and set again whenever the Node no longer shows it (the
+// Node deleted and created again, another writer set it True).
+func TestReadyAgainWhenTheConditionIsGone(t *testing.T) {
+	ns := &nodes{ch: make(chan struct{}, 1)}
+	ns.set(true, node("node-a", "10.250.0.11", "10.244.1.0/24"))
+	var readies int
+	available := false
+	c, err := controller.New(controller.Config{Self: "node-a", Nodes: ns, Resync: time.Hour,
+		Ready:     func(context.Context) error { readies++; available = true; return nil },
+		Available: func() bool { return available }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	c.Reconcile(ctx)
+	c.Reconcile(ctx)
+	if readies != 1 || !c.Status().Ready {
+		t.Fatalf("after two reconciliations: Ready ran %d times, status ready %v; want once, true", readies, c.Status().Ready)
+	}
+	available = false // the Node was created again
+	c.Reconcile(ctx)
+	if readies != 2 || !c.Status().Ready {
+		t.Fatalf("after the condition went: Ready ran %d times, status ready %v; want twice, true", readies, c.Status().Ready)
+	}
+}
