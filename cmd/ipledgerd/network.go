@@ -38,6 +38,7 @@ func startNetwork(ctx context.Context, o *options, m *cluster.Manager, log *slog
 		Ready: w.SetNetworkAvailable, Available: w.NetworkAvailable, Log: log.With("part", "node-network")}
 	if m != nil {
 		cfg.Blocks, cfg.BlocksChanged = m, m.BlocksChanged()
+		go m.WatchOwners(ctx)
 	}
 	if o.network.Routes {
 		h, err := netlink.NewHandle()

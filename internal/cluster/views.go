@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sort"
+	"time"
 
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/nodenet"
@@ -134,4 +135,49 @@ func (m *Manager) Owners(ctx context.Context) ([]nodenet.Block, error) {
 		out = append(out, nodenet.Block{Prefix: rec.CIDR, Owner: rec.Owner})
 	}
 	return out, nil
+}
+
+// WatchOwners makes BlocksChanged fire on every change of any block record of the
+// cluster until ctx ends, those of networks this node has not set up included: a
+// node without a pod of a network must route the blocks other nodes claim in it as
+// soon as they do, not at its next resync. It lists the blocks (for the revision to
+// watch from) and watches them, and does both again when the watch breaks, after a
+// pause that doubles up to 30s while the watches keep breaking within a minute. Run
+// it once, in a goroutine of its own.
+func (m *Manager) WatchOwners(ctx context.Context) {
+	pause := time.Second
+	for {
+		began := time.Now()
+		err := m.watchOwnersOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(began) > time.Minute {
+			pause = time.Second
+		}
+		m.log.Info("the watch of every block ended; the node network sees new owners at its resync until it runs again", "err", err, "retry", pause)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 30*time.Second)
+	}
+}
+
+// watchOwnersOnce lists the blocks and follows their changes until the watch ends.
+func (m *Manager) watchOwnersOnce(ctx context.Context) error {
+	_, rev, err := m.listBlocks(ctx, BlocksPrefix(""))
+	if err != nil {
+		return err
+	}
+	w, err := m.ds.Watch(ctx, BlocksPrefix(""), rev)
+	if err != nil {
+		return err
+	}
+	m.blocksChanged() // whatever changed before the list
+	for range w.Events() {
+		m.blocksChanged()
+	}
+	return w.Err()
 }
