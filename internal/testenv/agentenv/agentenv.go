@@ -69,6 +69,10 @@ type Options struct {
 	Args []string
 	// NoAudit skips the audit at cleanup (for tests that break the books on purpose).
 	NoAudit bool
+	// Netns runs the agent inside this named network namespace (`ip netns exec`,
+	// which execs ipledgerd in its own process: PID is still the agent's). Its
+	// directory and socket are on the host's file system as usual.
+	Netns string
 }
 
 // Agent is a running ipledgerd.
@@ -118,6 +122,9 @@ func (a *Agent) start() {
 	}
 	args := append([]string{"--state-dir", a.StateDir, "--socket", a.Socket, "--spool-dir", a.SpoolDir, "--log-level", "debug"}, a.opts.Args...)
 	cmd := exec.Command(filepath.Join(Bin(a.tb), "ipledgerd"), args...)
+	if a.opts.Netns != "" {
+		cmd = exec.Command("ip", append([]string{"netns", "exec", a.opts.Netns, filepath.Join(Bin(a.tb), "ipledgerd")}, args...)...)
+	}
 	cmd.Stdout = logf
 	cmd.Stderr = logf
 	if err := cmd.Start(); err != nil {

@@ -234,6 +234,20 @@ func (e *Env) AddPod(node *Host, name string, addrs ...netip.Addr) *Pod {
 	return p
 }
 
+// Namespace makes an empty namespace of the environment (its loopback up), for a
+// pod a CNI plugin wires, removed by tb.Cleanup like the rest. role names it
+// (ipl-nn<PID>-<seq>-<role>).
+func (e *Env) Namespace(role string) *NS {
+	e.tb.Helper()
+	ns := e.newNS(role)
+	lo, err := ns.Netlink.LinkByName("lo")
+	if err != nil {
+		e.tb.Fatalf("netnodes: %s lo: %v", role, err)
+	}
+	must(e.tb, role+" lo up", ns.Netlink.LinkSetUp(lo))
+	return ns
+}
+
 // newHost makes a namespace attached to the bridge by a veth (bridgeSide in the
 // L2 namespace, eth0 in the host's) with a4/24 and a6/64.
 func (e *Env) newHost(name, bridgeSide string, a4, a6 netip.Addr) *Host {
