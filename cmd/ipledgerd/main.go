@@ -61,7 +61,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	fs.StringVar(&o.socket, "socket", "/run/ipledger/ipledger.sock", "unix socket the plugins and the CLI call (mode 0600)")
 	fs.StringVar(&o.spoolDir, "spool-dir", "", "directory where plugins spool DELs while the agent is down (default STATE-DIR/spool); published to the plugins as the symlink SOCKET.spool")
 	fs.StringVar(&o.criEndpoint, "cri-endpoint", "", "CRI runtime endpoint, e.g. unix:///run/containerd/containerd.sock (none: no runtime reconciliation)")
-	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "address for Prometheus /metrics, /healthz, /readyz and the pool page at /, e.g. 127.0.0.1:9780 (loopback: the page shows pod names; none: off)")
+	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "address for Prometheus /metrics, /healthz, /readyz and the pool page at /, e.g. 127.0.0.1:9780 (loopback: the page shows pod names; empty, the default: off)")
 	fs.DurationVar(&o.reconcileInterval, "reconcile-interval", 30*time.Second, "how often leases are compared with the runtime's sandboxes")
 	fs.DurationVar(&o.releaseGrace, "release-grace", 60*time.Second, "how long a lease must look abandoned, over at least two observations, before it is released")
 	fs.DurationVar(&o.reuseDelay, "reuse-delay", 30*time.Second, "least time between an address's release and its allocation to another pod")
