@@ -51,9 +51,21 @@ func scrape(t *testing.T, addr string) map[string]*dto.MetricFamily {
 // (label=value pairs); it fails the test when there is none.
 func value(t *testing.T, fams map[string]*dto.MetricFamily, name string, want ...string) float64 {
 	t.Helper()
+	if fams[name] == nil {
+		t.Fatalf("no metric %s", name)
+	}
+	v, ok := peek(fams, name, want...)
+	if !ok {
+		t.Fatalf("no series %s%v", name, want)
+	}
+	return v
+}
+
+// peek is value without failing: ok is false when the series is not there (yet).
+func peek(fams map[string]*dto.MetricFamily, name string, want ...string) (float64, bool) {
 	f := fams[name]
 	if f == nil {
-		t.Fatalf("no metric %s", name)
+		return 0, false
 	}
 next:
 	for _, m := range f.Metric {
@@ -69,15 +81,33 @@ next:
 		}
 		switch {
 		case m.Counter != nil:
-			return m.Counter.GetValue()
+			return m.Counter.GetValue(), true
 		case m.Gauge != nil:
-			return m.Gauge.GetValue()
+			return m.Gauge.GetValue(), true
 		case m.Histogram != nil:
-			return float64(m.Histogram.GetSampleCount())
+			return float64(m.Histogram.GetSampleCount()), true
 		}
 	}
-	t.Fatalf("no series %s%v", name, want)
-	return 0
+	return 0, false
+}
+
+// scrapeSettled scrapes until done holds for what it read, or 10s passed, and
+// returns the last scrape: the agent counts a request after it has written the
+// answer, so the counts of the last requests can trail their answers.
+func scrapeSettled(t *testing.T, addr string, done func(map[string]*dto.MetricFamily) bool) map[string]*dto.MetricFamily {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		fams := scrape(t, addr)
+		if done(fams) || time.Now().After(deadline) {
+			return fams
+		}
+	}
+}
+
+// is reports whether the series holds want.
+func is(fams map[string]*dto.MetricFamily, want float64, name string, labels ...string) bool {
+	v, ok := peek(fams, name, labels...)
+	return ok && v == want
 }
 
 // TestMetricsAfterChurn scrapes a running agent over HTTP after a known churn: the
@@ -139,7 +169,13 @@ func TestMetricsAfterChurn(t *testing.T) {
 		t.Fatal("unknown op answered")
 	}
 
-	fams := scrape(t, addr)
+	fams := scrapeSettled(t, addr, func(f map[string]*dto.MetricFamily) bool {
+		return is(f, manuals, "ipledger_releases_total", "reason="+string(ledger.ReasonManual)) &&
+			is(f, dels+1, "ipledger_releases_total", "reason="+string(ledger.ReasonDEL)) &&
+			is(f, 1, "ipledger_requests_total", "verb=release", "result=not-found") &&
+			is(f, 1, "ipledger_requests_total", "verb=unknown", "result=invalid") &&
+			is(f, adds+1+4, "ipledger_request_duration_seconds", "verb=add")
+	})
 	for reason, want := range map[ledger.Reason]int{
 		ledger.ReasonDEL: dels + 1, ledger.ReasonGC: gcs, ledger.ReasonManual: manuals,
 		ledger.ReasonSuperseded: 0, ledger.ReasonReconcileGone: 0, ledger.ReasonReconcileNotReady: 0,
@@ -260,14 +296,10 @@ func TestHandedOverCallsCounted(t *testing.T) {
 			t.Fatalf("%s %s: %v %+v, want exit %d", c.call.Command, c.call.ContainerID, err, resp, c.exit)
 		}
 	}
-	// a request is counted after its answer is written: wait for the last one
-	var fams map[string]*dto.MetricFamily
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		fams = scrape(t, addr)
-		if f := fams["ipledger_request_duration_seconds"]; f != nil && countSamples(f, "cni") == 3 || time.Now().After(deadline) {
-			break
-		}
-	}
+	fams := scrapeSettled(t, addr, func(f map[string]*dto.MetricFamily) bool {
+		return is(f, 3, "ipledger_requests_total", "verb=cni", "result=ok") && is(f, 1, "ipledger_requests_total", "verb=add", "result=ok") &&
+			is(f, 1, "ipledger_requests_total", "verb=del", "result=ok") && is(f, 3, "ipledger_request_duration_seconds", "verb=cni")
+	})
 	for _, c := range []struct {
 		labels []string
 		want   float64
@@ -283,16 +315,4 @@ func TestHandedOverCallsCounted(t *testing.T) {
 	if got := value(t, fams, "ipledger_request_duration_seconds", "verb=cni"); got != 3 {
 		t.Errorf("cni latency histogram holds %v samples, want 3", got)
 	}
-}
-
-// countSamples is the sample count of verb's series in a histogram family.
-func countSamples(f *dto.MetricFamily, verb string) uint64 {
-	for _, m := range f.GetMetric() {
-		for _, l := range m.GetLabel() {
-			if l.GetName() == "verb" && l.GetValue() == verb {
-				return m.GetHistogram().GetSampleCount()
-			}
-		}
-	}
-	return 0
 }
