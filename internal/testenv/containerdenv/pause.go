@@ -192,3 +192,8 @@ func dockerArchive(ref string, bin []byte) ([]byte, error) {
 		{name: "manifest.json", mode: 0o644, data: manifest},
 	})
 }
+
+// PauseImage returns the reference of the locally built pause image and the
+// path of a docker-archive holding it, for a containerd this package does not
+// start (its sandbox_image, imported with ctr).
+func PauseImage() (ref, tarPath string, err error) { return pauseImage() }

@@ -60,6 +60,7 @@ type Cluster struct {
 	CNIBinDir, CNIConfDir, NetnsDir string
 
 	apiPort int
+	pki     *pki
 
 	host *hostState
 	*runner
@@ -137,6 +138,46 @@ func Start(tb testing.TB, opts Options) *Cluster {
 		tb.Fatal(err)
 	}
 	if err := c.startKubelet(); err != nil {
+		c.dumpLogs()
+		tb.Fatal(err)
+	}
+	return c
+}
+
+// StartControlPlane builds (or takes from the cache) the Kubernetes binaries and
+// starts etcd, kube-apiserver, kube-controller-manager (allocating the Nodes'
+// podCIDRs from opts.ClusterCIDR) and kube-scheduler on the host's loopback,
+// with no node: nodes join with AddNode. It holds the host-wide cluster lock
+// (kubelets change host sysctls) and restores the host at tb.Cleanup.
+func StartControlPlane(tb testing.TB, opts Options) *Cluster {
+	tb.Helper()
+	if opts.StartTimeout <= 0 {
+		opts.StartTimeout = 60 * time.Second
+	}
+	if opts.ClusterCIDR == "" {
+		opts.ClusterCIDR = "10.236.0.0/16"
+	}
+	bin := Binaries(tb)
+	tb.Cleanup(hostLock(tb))
+	if opts.AfterRestore != nil {
+		tb.Cleanup(opts.AfterRestore)
+	}
+	dir, err := os.MkdirTemp("/tmp", "kube")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	c := &Cluster{tb: tb, opts: opts, Dir: dir, Bin: bin, runner: newRunner(tb, dir, bin, opts.StartTimeout),
+		Kubeconfig: filepath.Join(dir, "admin.kubeconfig")}
+	if c.NodeIP, err = nodeIP(); err != nil {
+		os.RemoveAll(dir)
+		tb.Fatal(err)
+	}
+	if c.host, err = saveHost(); err != nil {
+		os.RemoveAll(dir)
+		tb.Fatal(err)
+	}
+	tb.Cleanup(c.cleanup)
+	if err := c.startControlPlane(); err != nil {
 		c.dumpLogs()
 		tb.Fatal(err)
 	}
@@ -223,10 +264,14 @@ func (c *Cluster) startControlPlane() error {
 	if err != nil {
 		return err
 	}
+	c.pki = p
 	if err := apiserverCerts(p, c.NodeIP); err != nil {
 		return err
 	}
 	lo := []net.IP{net.ParseIP("127.0.0.1")}
+	if err := p.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}, false, nil, nil); err != nil {
+		return err
+	}
 	for _, x := range []struct {
 		name, cn string
 		orgs     []string
@@ -234,10 +279,12 @@ func (c *Cluster) startControlPlane() error {
 		ips      []net.IP
 		dns      []string
 	}{
-		{"apiserver-kubelet-client", "kube-apiserver-kubelet-client", []string{"system:masters"}, false, nil, nil},
 		{"node", "system:node:" + c.NodeName, []string{"system:nodes"}, false, nil, nil},
 		{"kubelet-serving", c.NodeName, nil, true, append(lo, net.ParseIP(c.NodeIP)), []string{c.NodeName}},
 	} {
+		if c.NodeName == "" {
+			break // a control plane only: nodes get theirs as they join
+		}
 		if err := p.issue(x.name, x.cn, x.orgs, x.server, x.ips, x.dns); err != nil {
 			return err
 		}
@@ -251,8 +298,10 @@ func (c *Cluster) startControlPlane() error {
 	if err := p.kubeconfig(c.Kubeconfig, server, "admin"); err != nil {
 		return err
 	}
-	if err := p.kubeconfig(filepath.Join(c.Dir, "kubelet.kubeconfig"), server, "node"); err != nil {
-		return err
+	if c.NodeName != "" {
+		if err := p.kubeconfig(filepath.Join(c.Dir, "kubelet.kubeconfig"), server, "node"); err != nil {
+			return err
+		}
 	}
 	etcdURL, err := c.startEtcd(filepath.Join(c.Dir, "etcd"))
 	if err != nil {
@@ -505,7 +554,9 @@ func (c *Cluster) dumpLogs() {
 			c.tb.Logf("---- %s log, last lines:\n%s", n, s)
 		}
 	}
-	c.tb.Logf("---- containerd log, last lines:\n%s", c.Containerd.LogTail(25))
+	if c.Containerd != nil {
+		c.tb.Logf("---- containerd log, last lines:\n%s", c.Containerd.LogTail(25))
+	}
 }
 
 // cleanup stops the kubelet and the control plane by PID, removes the
@@ -519,7 +570,9 @@ func (c *Cluster) cleanup() {
 	for _, n := range []string{"kubelet", "kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"} {
 		c.stopProc(n)
 	}
-	c.Containerd.RemoveSandboxes()
+	if c.Containerd != nil {
+		c.Containerd.RemoveSandboxes()
+	}
 	did, errs := c.host.restore(c.Dir)
 	for _, d := range did {
 		tb.Logf("kubeenv cleanup: %s", d)

@@ -42,6 +42,12 @@ func newRunner(tb testing.TB, dir, bin string, timeout time.Duration) *runner {
 // spawn starts a component by PID in its own process group, log in logs/NAME.log
 // (appended to, so a restarted component's log follows its predecessor's).
 func (c *runner) spawn(name string, args ...string) error {
+	return c.spawnPath(name, filepath.Join(c.bin, name), args...)
+}
+
+// spawnPath is spawn of the program at path (a wrapper such as nsenter, or a
+// binary outside the Kubernetes build), its log in logs/NAME.log.
+func (c *runner) spawnPath(name, path string, args ...string) error {
 	if err := os.MkdirAll(c.logDir, 0o755); err != nil {
 		return err
 	}
@@ -50,7 +56,7 @@ func (c *runner) spawn(name string, args ...string) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(filepath.Join(c.bin, name), args...)
+	cmd := exec.Command(path, args...)
 	cmd.Stdout, cmd.Stderr = lf, lf
 	cmd.Env = append(os.Environ(), "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

@@ -1,0 +1,566 @@
+package kubeenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/ipledger/ipledger/internal/cri"
+	"github.com/ipledger/ipledger/internal/testenv/containerdenv"
+	"github.com/ipledger/ipledger/internal/testenv/netnodes"
+)
+
+// A Node is one Kubernetes node sharing this machine with others: a network
+// namespace of netnodes (its address on their bridge is its InternalIP), a
+// mount namespace in which the paths a node's software expects (nodePaths) are
+// directories of its own, a hostname, and its own containerd and kubelet. A
+// manifest with fixed hostPaths (deploy/ipledger.yaml) applies unchanged on
+// every node: each node's mount namespace is its filesystem.
+//
+// The namespaces are held by a process of their own (the holder); containerd
+// and the kubelet join them with nsenter. The kubelet's cgroups are under a
+// cgroupRoot of the node's own in every hierarchy, so kubelets never share a
+// kubepods tree.
+type Node struct {
+	Name string
+	// IP is the node's address (--node-ip, InternalIP).
+	IP string
+	// Host is the node's network namespace.
+	Host *netnodes.Host
+	// Dir holds the node's directories (what its mount namespace shows at
+	// nodePaths), its configs and its logs' names in the cluster's logs/.
+	Dir string
+
+	c          *Cluster
+	holder     *exec.Cmd
+	holderDone chan struct{}
+	mntNS      string // readlink of the holder's /proc/PID/ns/mnt
+	cgroupRoot string
+	made       []string // mount points created on the host, deepest last
+}
+
+// nodePaths are bind-mounted from the node's Dir over the host's paths inside
+// the node's mount namespace.
+var nodePaths = []string{
+	"/etc/cni/net.d", "/opt/cni/bin",
+	"/var/lib/ipledger", "/run/ipledger",
+	"/var/lib/kubelet", "/var/lib/containerd", "/run/containerd",
+	"/var/log/pods", "/var/log/containers",
+	"/run/netns",
+}
+
+// APIServiceIP is the kubernetes Service's ClusterIP (the first of
+// --service-cluster-ip-range). With no kube-proxy, each node namespace holds it
+// on its loopback with a relay to the apiserver behind it: the kubelet and the
+// in-cluster clients of hostNetwork pods reach the apiserver there.
+const APIServiceIP = "10.96.0.1"
+
+// nodeSock is containerd's socket inside a node (the default path, which the
+// manifests name).
+const nodeSock = "/run/containerd/containerd.sock"
+
+// AddNode starts a node named name in the network namespace h and waits until
+// its Node object is registered (NotReady until a CNI config exists in the
+// node's /etc/cni/net.d). images (docker archives) are imported into the
+// node's containerd first. Everything is stopped by PID and removed at
+// tb.Cleanup.
+func (c *Cluster) AddNode(tb testing.TB, name string, h *netnodes.Host, images ...string) *Node {
+	tb.Helper()
+	n := &Node{Name: name, IP: h.Addr4.String(), Host: h, c: c, Dir: filepath.Join(c.Dir, "nodes", name), cgroupRoot: "/ipl-" + name}
+	tb.Cleanup(func() { n.cleanup(tb) })
+	if err := n.start(tb, images); err != nil {
+		n.dumpLogs(tb)
+		tb.Fatalf("kubeenv: node %s: %v", name, err)
+	}
+	return n
+}
+
+func (n *Node) path(p string) string {
+	return filepath.Join(n.Dir, "fs", strings.TrimPrefix(p, "/"))
+}
+
+// HostPath is the host's path of path as the node sees it (one of nodePaths or
+// below one).
+func (n *Node) HostPath(path string) string { return n.path(path) }
+
+// Endpoint is the node's CRI endpoint as the host reaches it.
+func (n *Node) Endpoint() string { return "unix://" + n.path(nodeSock) }
+
+func (n *Node) start(tb testing.TB, images []string) error {
+	for _, p := range nodePaths {
+		if err := os.MkdirAll(n.path(p), 0o755); err != nil {
+			return err
+		}
+	}
+	// containerd needs loopback in its bin dir; an installer adds its own.
+	std, _ := filepath.Glob(filepath.Join(containerdenv.DefaultCNIBinDir, "*"))
+	for _, p := range std {
+		if err := os.Symlink(p, filepath.Join(n.path("/opt/cni/bin"), filepath.Base(p))); err != nil {
+			return err
+		}
+	}
+	if err := n.makeMountPoints(); err != nil {
+		return err
+	}
+	if err := n.makeCgroupRoot(); err != nil {
+		return err
+	}
+	if err := n.startHolder(); err != nil {
+		return err
+	}
+	if err := n.startRelay(tb); err != nil {
+		return err
+	}
+	if err := n.startContainerd(); err != nil {
+		return err
+	}
+	_, tar, err := containerdenv.PauseImage()
+	if err != nil {
+		return err
+	}
+	for _, img := range append([]string{tar}, images...) {
+		if err := n.ImportImage(img); err != nil {
+			return err
+		}
+	}
+	return n.startKubelet()
+}
+
+// makeMountPoints creates the nodePaths missing on the host (bind mounts need
+// a directory to cover), recording them for cleanup.
+func (n *Node) makeMountPoints() error {
+	for _, p := range nodePaths {
+		var missing []string
+		for d := p; d != "/"; d = filepath.Dir(d) {
+			if _, err := os.Stat(d); err == nil {
+				break
+			}
+			missing = append([]string{d}, missing...)
+		}
+		for _, d := range missing {
+			if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+				return err
+			}
+			n.made = append(n.made, d)
+		}
+	}
+	return nil
+}
+
+// cgroupHierarchies are the mounted cgroup v1 hierarchies (or the v2 root).
+func cgroupHierarchies() []string {
+	if _, err := os.Stat("/sys/fs/cgroup/cgroup.controllers"); err == nil {
+		return []string{"/sys/fs/cgroup"}
+	}
+	var hs []string
+	ents, _ := os.ReadDir("/sys/fs/cgroup")
+	for _, e := range ents {
+		d := filepath.Join("/sys/fs/cgroup", e.Name())
+		if fi, err := os.Lstat(d); err != nil || !fi.IsDir() {
+			continue // the cpu,cpuacct symlinks
+		}
+		if _, err := os.Stat(filepath.Join(d, "cgroup.procs")); err == nil {
+			hs = append(hs, d)
+		}
+	}
+	return hs
+}
+
+// makeCgroupRoot creates the node's cgroupRoot in every hierarchy (the
+// kubelet refuses a cgroupRoot that does not exist); cpuset gets its parent's
+// cpus and mems, without which no task can join it.
+func (n *Node) makeCgroupRoot() error {
+	for _, h := range cgroupHierarchies() {
+		d := h + n.cgroupRoot
+		if err := os.Mkdir(d, 0o755); err != nil && !errors.Is(err, os.ErrExist) {
+			return err
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			if b, err := os.ReadFile(filepath.Join(h, f)); err == nil {
+				if err := os.WriteFile(filepath.Join(d, f), b, 0o644); err != nil {
+					return fmt.Errorf("%s/%s: %w", d, f, err)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// startHolder starts the process that holds the node's namespaces: it enters
+// the network namespace, unshares a mount (slave: the host's later mounts
+// reach the node, the node's never reach the host) and a UTS namespace, bind
+// mounts the node's directories, sets the hostname and sleeps.
+func (n *Node) startHolder() error {
+	var sc strings.Builder
+	sc.WriteString("set -e\n")
+	for _, p := range nodePaths {
+		fmt.Fprintf(&sc, "mount --bind %q %q\n", n.path(p), p)
+	}
+	// containerd mounts the pods' namespaces here after the agent's pod started:
+	// they reach it only through a shared mount (HostToContainer).
+	sc.WriteString("mount --make-shared /run/netns\n")
+	fmt.Fprintf(&sc, "hostname %q\n", n.Name)
+	fmt.Fprintf(&sc, "touch %q\n", filepath.Join(n.Dir, "ready"))
+	sc.WriteString("exec sleep 2147483647\n")
+	lf, err := os.Create(filepath.Join(n.c.logDir, n.Name+"-holder.log"))
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command("nsenter", "--net=/run/netns/"+n.Host.Netns, "--",
+		"unshare", "--mount", "--uts", "--propagation", "slave", "--", "/bin/sh", "-c", sc.String())
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		lf.Close()
+		return err
+	}
+	n.holder, n.holderDone = cmd, make(chan struct{})
+	go func() { cmd.Wait(); lf.Close(); close(n.holderDone) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		select {
+		case <-n.holderDone:
+			return fmt.Errorf("namespace holder exited: %s", logTail(lf.Name(), 10))
+		default:
+		}
+		if _, err := os.Stat(filepath.Join(n.Dir, "ready")); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			return errors.New("namespace holder not ready after 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if n.mntNS, err = os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", cmd.Process.Pid)); err != nil {
+		return err
+	}
+	// cleanup kills what runs in this mount namespace: never the host's.
+	if own, _ := os.Readlink("/proc/self/ns/mnt"); own == n.mntNS {
+		n.mntNS = ""
+		return errors.New("namespace holder shares the host's mount namespace")
+	}
+	return nil
+}
+
+// nsenter returns the nsenter arguments that run path in the node's
+// namespaces.
+func (n *Node) nsenter(path string, args ...string) []string {
+	return append([]string{"-t", strconv.Itoa(n.holder.Process.Pid), "--net", "--mount", "--uts", "--", path}, args...)
+}
+
+// startRelay puts APIServiceIP on the node's loopback and relays its port 443
+// to the apiserver on the host's loopback, until cleanup.
+func (n *Node) startRelay(tb testing.TB) error {
+	lo, err := n.Host.Netlink.LinkByName("lo")
+	if err != nil {
+		return err
+	}
+	if err := n.Host.Netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(APIServiceIP), Mask: net.CIDRMask(32, 32)}}); err != nil {
+		return fmt.Errorf("%s on lo: %w", APIServiceIP, err)
+	}
+	ln, err := n.Host.Listen("tcp", net.JoinHostPort(APIServiceIP, "443"))
+	if err != nil {
+		return err
+	}
+	target := fmt.Sprintf("127.0.0.1:%d", n.c.apiPort)
+	var mu sync.Mutex
+	conns := map[net.Conn]bool{}
+	tb.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				out, err := net.DialTimeout("tcp", target, 5*time.Second)
+				if err != nil {
+					in.Close()
+					return
+				}
+				mu.Lock()
+				conns[in], conns[out] = true, true
+				mu.Unlock()
+				done := make(chan struct{}, 2)
+				go func() { io.Copy(out, in); done <- struct{}{} }()
+				go func() { io.Copy(in, out); done <- struct{}{} }()
+				<-done
+				in.Close()
+				out.Close()
+				mu.Lock()
+				delete(conns, in)
+				delete(conns, out)
+				mu.Unlock()
+			}()
+		}
+	}()
+	return nil
+}
+
+func (n *Node) startContainerd() error {
+	pause, _, err := containerdenv.PauseImage()
+	if err != nil {
+		return err
+	}
+	const criPlugin = `plugins."io.containerd.grpc.v1.cri"`
+	var b strings.Builder
+	fmt.Fprintf(&b, "version = 2\nroot = \"/var/lib/containerd\"\nstate = \"/run/containerd\"\noom_score = 0\n")
+	b.WriteString(`disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]` + "\n\n")
+	fmt.Fprintf(&b, "[grpc]\n  address = %q\n[ttrpc]\n  address = \"\"\n[debug]\n  address = \"\"\n  level = \"info\"\n[metrics]\n  address = \"\"\n\n", nodeSock)
+	fmt.Fprintf(&b, "[%s]\n  sandbox_image = %q\n", criPlugin, pause)
+	// Root here lacks CAP_SYS_RESOURCE: never lower a process's oom_score_adj.
+	b.WriteString("  restrict_oom_score_adj = true\n")
+	// The pods' namespaces in /run/netns (the node's own), where the
+	// manifest's agent looks for them.
+	b.WriteString("  netns_mounts_under_state_dir = false\n")
+	b.WriteString("  disable_apparmor = true\n")
+	b.WriteString("  stream_server_address = \"127.0.0.1\"\n  stream_server_port = \"0\"\n")
+	fmt.Fprintf(&b, "  [%s.containerd]\n    snapshotter = \"overlayfs\"\n    default_runtime_name = \"runc\"\n", criPlugin)
+	fmt.Fprintf(&b, "    [%s.containerd.runtimes.runc]\n      runtime_type = \"io.containerd.runc.v2\"\n", criPlugin)
+	fmt.Fprintf(&b, "  [%s.cni]\n    bin_dir = \"/opt/cni/bin\"\n    conf_dir = \"/etc/cni/net.d\"\n    max_conf_num = 1\n", criPlugin)
+	cfg := filepath.Join(n.Dir, "containerd.toml")
+	if err := os.WriteFile(cfg, []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	ctd, err := exec.LookPath("containerd")
+	if err != nil {
+		return err
+	}
+	name := n.Name + "-containerd"
+	if err := n.c.spawnPath(name, "nsenter", n.nsenter(ctd, "--config", cfg)...); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(n.c.opts.StartTimeout)
+	var last error
+	for time.Now().Before(deadline) {
+		if err := n.c.procErr(name); err != nil {
+			return err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		cl, err := cri.Dial(ctx, n.Endpoint(), 2*time.Second)
+		cancel()
+		if err == nil {
+			cl.Close()
+			return nil
+		}
+		last = err
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("containerd not ready after %v: %v", n.c.opts.StartTimeout, last)
+}
+
+// ImportImage imports a docker-archive into the node's containerd.
+func (n *Node) ImportImage(path string) error {
+	out, err := exec.Command("ctr", "--address", n.path(nodeSock), "-n", "k8s.io", "images", "import", "--snapshotter", "overlayfs", path).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ctr images import %s: %v\n%s", path, err, out)
+	}
+	return nil
+}
+
+func (n *Node) startKubelet() error {
+	p := n.c.pki
+	client, serving := n.Name+"-node", n.Name+"-kubelet-serving"
+	if err := p.issue(client, "system:node:"+n.Name, []string{"system:nodes"}, false, nil, nil); err != nil {
+		return err
+	}
+	if err := p.issue(serving, n.Name, nil, true, []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(n.IP)}, []string{n.Name}); err != nil {
+		return err
+	}
+	kc := filepath.Join(n.Dir, "kubelet.kubeconfig")
+	if err := p.kubeconfig(kc, "https://"+net.JoinHostPort(APIServiceIP, "443"), client); err != nil {
+		return err
+	}
+	cfg := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: %[1]s
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+tlsCertFile: %[2]s.crt
+tlsPrivateKeyFile: %[2]s.key
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: %[3]s}
+authorization: {mode: Webhook}
+failCgroupV1: false
+cgroupDriver: cgroupfs
+# Every kubelet on this machine has a tree of its own in every hierarchy.
+cgroupRoot: %[4]s
+containerRuntimeEndpoint: unix://%[5]s
+failSwapOn: false
+clusterDomain: cluster.local
+resolvConf: /etc/resolv.conf
+podLogsDir: /var/log/pods
+evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", imagefs.available: "1%%", nodefs.inodesFree: "1%%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+serializeImagePulls: false
+maxPods: 110
+`, n.IP, p.path(serving), p.path("ca.crt"), n.cgroupRoot, nodeSock)
+	cfgPath := filepath.Join(n.Dir, "kubelet.yaml")
+	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
+		return err
+	}
+	name := n.Name + "-kubelet"
+	if err := n.c.spawnPath(name, "nsenter", n.nsenter(filepath.Join(n.c.Bin, "kubelet"),
+		"--config", cfgPath, "--kubeconfig", kc, "--root-dir", "/var/lib/kubelet",
+		"--hostname-override", n.Name, "--node-ip", n.IP, "--v", "1")...); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(n.c.opts.StartTimeout)
+	for time.Now().Before(deadline) {
+		if err := n.c.procErr(name); err != nil {
+			return err
+		}
+		if _, err := n.c.Kubectl("get", "node", n.Name); err == nil {
+			return nil
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return fmt.Errorf("node not registered after %v", n.c.opts.StartTimeout)
+}
+
+// Log returns the last lines of the node's containerd or kubelet log.
+func (n *Node) Log(component string, lines int) string {
+	return n.c.Log(n.Name+"-"+component, lines)
+}
+
+func (n *Node) dumpLogs(tb testing.TB) {
+	for _, comp := range []string{"holder", "containerd", "kubelet"} {
+		if s := n.Log(comp, 30); s != "" {
+			tb.Logf("---- %s %s log, last lines:\n%s", n.Name, comp, s)
+		}
+	}
+}
+
+// cleanup stops the kubelet, removes the sandboxes through containerd (CNI
+// DEL), stops containerd, kills by PID what is left in the node's cgroups and
+// mount namespace (shims, pause and container processes), then the holder
+// (the mount namespace and its mounts go with it), and removes the node's
+// cgroups, the mount points it created on the host and its directory.
+func (n *Node) cleanup(tb testing.TB) {
+	if tb.Failed() {
+		n.dumpLogs(tb)
+	}
+	n.c.stopProc(n.Name + "-kubelet")
+	if n.c.procErr(n.Name+"-containerd") == nil {
+		removeSandboxes(tb, n.Endpoint())
+	}
+	n.c.stopProc(n.Name + "-containerd")
+	for pass := 0; pass < 3; pass++ {
+		left := n.pids()
+		if len(left) == 0 {
+			break
+		}
+		for _, pid := range left {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if n.holder != nil {
+		n.holder.Process.Kill()
+		<-n.holderDone
+	}
+	for _, h := range cgroupHierarchies() {
+		if err := rmdirTree(h + n.cgroupRoot); err != nil {
+			tb.Errorf("kubeenv: node %s cleanup: %v", n.Name, err)
+		}
+	}
+	for i := len(n.made) - 1; i >= 0; i-- {
+		if err := os.Remove(n.made[i]); err != nil {
+			tb.Errorf("kubeenv: node %s cleanup: %v", n.Name, err)
+		}
+	}
+	if err := os.RemoveAll(n.Dir); err != nil {
+		tb.Errorf("kubeenv: node %s cleanup: %v", n.Name, err)
+	}
+}
+
+// pids are the processes in the node's cgroups or its mount namespace, but
+// the holder.
+func (n *Node) pids() []int {
+	set := map[int]bool{}
+	for _, h := range cgroupHierarchies() {
+		_ = filepath.WalkDir(h+n.cgroupRoot, func(p string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
+				return nil
+			}
+			b, _ := os.ReadFile(p)
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil {
+					set[pid] = true
+				}
+			}
+			return nil
+		})
+	}
+	if n.mntNS != "" {
+		ents, _ := os.ReadDir("/proc")
+		for _, e := range ents {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			if l, _ := os.Readlink(fmt.Sprintf("/proc/%d/ns/mnt", pid)); l == n.mntNS {
+				set[pid] = true
+			}
+		}
+	}
+	if n.holder != nil {
+		delete(set, n.holder.Process.Pid)
+	}
+	var pids []int
+	for pid := range set {
+		pids = append(pids, pid)
+	}
+	sort.Ints(pids)
+	return pids
+}
+
+// removeSandboxes stops and removes every sandbox of the runtime at endpoint.
+func removeSandboxes(tb testing.TB, endpoint string) {
+	ctx := context.Background()
+	c, err := cri.Dial(ctx, endpoint, 30*time.Second)
+	if err != nil {
+		tb.Logf("kubeenv cleanup: %v", err)
+		return
+	}
+	defer c.Close()
+	sbs, err := c.ListSandboxes(ctx)
+	if err != nil {
+		tb.Logf("kubeenv cleanup: %v", err)
+		return
+	}
+	for _, s := range sbs {
+		if err := c.StopPodSandbox(ctx, s.ID); err != nil && !errors.Is(err, cri.ErrNotFound) {
+			tb.Logf("kubeenv cleanup: %v", err)
+		}
+		if err := c.RemovePodSandbox(ctx, s.ID); err != nil && !errors.Is(err, cri.ErrNotFound) {
+			tb.Logf("kubeenv cleanup: %v", err)
+		}
+	}
+}

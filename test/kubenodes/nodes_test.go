@@ -1,0 +1,244 @@
+// Package kubenodes_test runs ipledger on Kubernetes nodes that share this
+// machine (kubeenv.AddNode): each node a network namespace on netnodes' bridge
+// and a mount namespace of its own, with its own containerd and kubelet, one
+// control plane on the host. deploy/ipledger.yaml is applied unchanged.
+package kubenodes_test
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/image"
+	"github.com/ipledger/ipledger/internal/testenv"
+	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
+	"github.com/ipledger/ipledger/internal/testenv/netnodes"
+)
+
+const podImage = "ipledger.local/busybox:test"
+
+type cluster struct {
+	t     *testing.T
+	c     *kubeenv.Cluster
+	nodes []*kubeenv.Node
+}
+
+// images writes the ipledger image (as `make image` builds it) and a busybox
+// image into dir.
+func images(t *testing.T, dir string) []string {
+	t.Helper()
+	spec, err := image.IpledgerSpec(agentenv.Bin(t), "ipledger:dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ipl := filepath.Join(dir, "ipledger.tar")
+	if err := image.WriteFile(spec, ipl); err != nil {
+		t.Fatal(err)
+	}
+	bb, err := os.ReadFile("/bin/busybox")
+	if err != nil {
+		t.Skipf("busybox-static not installed: %v", err)
+	}
+	box := filepath.Join(dir, "busybox.tar")
+	if err := image.WriteFile(image.Spec{Tag: podImage, Files: []image.File{{Path: "bin/busybox", Mode: 0o755, Data: bb}},
+		Dirs: []string{"tmp", "etc", "proc", "sys", "dev"}, Entrypoint: []string{"/bin/busybox"}}, box); err != nil {
+		t.Fatal(err)
+	}
+	return []string{ipl, box}
+}
+
+// start brings up the control plane and n nodes, applies deploy/ipledger.yaml
+// unchanged and waits until every node is Ready with its agent Ready.
+func start(t *testing.T, n int) *cluster {
+	t.Helper()
+	testenv.SkipIfShort(t, "needs a Kubernetes build")
+	imgs := images(t, t.TempDir())
+	t0 := time.Now()
+	c := kubeenv.StartControlPlane(t, kubeenv.Options{StartTimeout: 2 * time.Minute})
+	t.Logf("control plane up in %v", time.Since(t0).Round(time.Millisecond))
+	env := netnodes.New(t, n)
+	cl := &cluster{t: t, c: c}
+	for i := range n {
+		t1 := time.Now()
+		cl.nodes = append(cl.nodes, c.AddNode(t, fmt.Sprintf("node%d", i), env.Node(i), imgs...))
+		t.Logf("node%d registered in %v", i, time.Since(t1).Round(time.Millisecond))
+	}
+	manifest, err := os.ReadFile(filepath.Join(agentenv.RepoRoot(), "deploy", "ipledger.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t2 := time.Now()
+	c.Apply(t, string(manifest))
+	if err := kubeenv.WaitFor(3*time.Minute, time.Second, func() (bool, error) {
+		pods, err := c.Pods("ipledger", "app=ipledgerd")
+		if err != nil {
+			return false, err
+		}
+		readyPods := 0
+		for _, p := range pods {
+			if ready(p) {
+				readyPods++
+			}
+		}
+		if readyPods != n {
+			return false, fmt.Errorf("%d of %d ipledgerd pods ready", readyPods, n)
+		}
+		for _, nd := range cl.nodes {
+			st, err := c.Kubectl("get", "node", nd.Name, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+			if st != "True" {
+				return false, fmt.Errorf("node %s Ready=%q (%v)", nd.Name, st, err)
+			}
+		}
+		return true, nil
+	}); err != nil {
+		out, _ := c.Kubectl("describe", "pods", "-n", "ipledger")
+		t.Fatalf("ipledger not installed: %v\n%s", err, out)
+	}
+	t.Logf("deploy/ipledger.yaml applied unchanged: %d agents and nodes Ready in %v", n, time.Since(t2).Round(time.Millisecond))
+	return cl
+}
+
+func ready(p kubeenv.Pod) bool {
+	if p.Status.Phase != "Running" || p.Metadata.DeletionTimestamp != nil {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == "Ready" {
+			return c.Status == "True"
+		}
+	}
+	return false
+}
+
+// podCIDR is the Node's spec.podCIDR.
+func (cl *cluster) podCIDR(node string) netip.Prefix {
+	cl.t.Helper()
+	out := cl.c.MustKubectl(cl.t, "get", "node", node, "-o", "jsonpath={.spec.podCIDR}")
+	p, err := netip.ParsePrefix(strings.TrimSpace(out))
+	if err != nil {
+		cl.t.Fatalf("node %s podCIDR %q: %v", node, out, err)
+	}
+	return p
+}
+
+// server starts a busybox httpd pod on node answering "ok" on port 8080 and
+// returns its address once it runs.
+func (cl *cluster) server(node string) netip.Addr {
+	cl.t.Helper()
+	name := "srv-" + node
+	cl.c.Apply(cl.t, fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: default, labels: {app: srv}}
+spec:
+  nodeName: %s
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 0
+  containers:
+    - name: srv
+      image: %s
+      imagePullPolicy: Never
+      command: ["/bin/busybox", "sh", "-c", "echo ok > /tmp/index.html && exec /bin/busybox httpd -f -p 8080 -h /tmp"]
+`, name, node, podImage))
+	var ip netip.Addr
+	if err := kubeenv.WaitFor(2*time.Minute, 500*time.Millisecond, func() (bool, error) {
+		pods, err := cl.c.Pods("default", "app=srv")
+		if err != nil {
+			return false, err
+		}
+		for _, p := range pods {
+			if p.Metadata.Name == name && p.Status.Phase == "Running" && p.Status.PodIP != "" {
+				ip, err = netip.ParseAddr(p.Status.PodIP)
+				return err == nil, err
+			}
+		}
+		return false, fmt.Errorf("pod %s not running", name)
+	}); err != nil {
+		out, _ := cl.c.Kubectl("describe", "pod", name)
+		cl.t.Fatalf("%v\n%s", err, out)
+	}
+	return ip
+}
+
+// fetch runs a pod on node that fetches http://target:8080/ from each target
+// over TCP (5 s each) and reports whether all answered "ok"; the pod's log says which
+// did not.
+func (cl *cluster) fetch(node string, targets []netip.Addr) (bool, string) {
+	cl.t.Helper()
+	name := "client-" + node
+	var script strings.Builder
+	script.WriteString("rc=0; ")
+	for _, a := range targets {
+		// nc, not wget: Debian's static busybox wget segfaults (here on the host too).
+		fmt.Fprintf(&script, "if [ \"$(printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n' | /bin/busybox nc -w 5 %[1]s 8080 | /bin/busybox tail -n 1)\" = ok ]; then echo %[1]s ok; else echo %[1]s FAIL; rc=1; fi; ", a)
+	}
+	script.WriteString("exit $rc")
+	cl.c.Apply(cl.t, fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: default, labels: {app: client}}
+spec:
+  nodeName: %s
+  restartPolicy: Never
+  automountServiceAccountToken: false
+  containers:
+    - name: client
+      image: %s
+      imagePullPolicy: Never
+      command: ["/bin/busybox", "sh", "-c", %q]
+`, name, node, podImage, script.String()))
+	var phase string
+	if err := kubeenv.WaitFor(2*time.Minute, 500*time.Millisecond, func() (bool, error) {
+		pods, err := cl.c.Pods("default", "app=client")
+		if err != nil {
+			return false, err
+		}
+		for _, p := range pods {
+			if p.Metadata.Name == name {
+				phase = p.Status.Phase
+			}
+		}
+		return phase == "Succeeded" || phase == "Failed", fmt.Errorf("pod %s phase %q", name, phase)
+	}); err != nil {
+		out, _ := cl.c.Kubectl("describe", "pod", name)
+		cl.t.Fatalf("%v\n%s", err, out)
+	}
+	return phase == "Succeeded", cl.podLog(node, name)
+}
+
+// podLog reads a pod's container log from the node's /var/log/pods (the
+// apiserver cannot reach a kubelet inside a node namespace for kubectl logs).
+func (cl *cluster) podLog(node, pod string) string {
+	for _, n := range cl.nodes {
+		if n.Name != node {
+			continue
+		}
+		files, _ := filepath.Glob(filepath.Join(n.HostPath("/var/log/pods"), "default_"+pod+"_*", "*", "*.log"))
+		var b strings.Builder
+		for _, f := range files {
+			data, _ := os.ReadFile(f)
+			b.Write(data)
+		}
+		return b.String()
+	}
+	return ""
+}
+
+// TestOneNode: the Node becomes Ready once ipledger is installed, and a pod on
+// it gets an address from the Node's podCIDR.
+func TestOneNode(t *testing.T) {
+	cl := start(t, 1)
+	cidr := cl.podCIDR("node0")
+	ip := cl.server("node0")
+	if !cidr.Contains(ip) {
+		t.Fatalf("pod address %s not in node0's podCIDR %s", ip, cidr)
+	}
+	t.Logf("node0 podCIDR %s, pod address %s", cidr, ip)
+	ok, log := cl.fetch("node0", []netip.Addr{ip})
+	if !ok {
+		t.Fatalf("a pod on node0 did not reach the pod on node0:\n%s", log)
+	}
+}
