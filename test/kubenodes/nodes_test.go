@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -240,5 +241,43 @@ func TestOneNode(t *testing.T) {
 	ok, log := cl.fetch("node0", []netip.Addr{ip})
 	if !ok {
 		t.Fatalf("a pod on node0 did not reach the pod on node0:\n%s", log)
+	}
+}
+
+// TestThreeNodes: a pod on each node reaches a pod on every other node over
+// TCP, through the routes the agents program.
+func TestThreeNodes(t *testing.T) {
+	const n = 3
+	cl := start(t, n)
+	servers := map[string]netip.Addr{}
+	for _, nd := range cl.nodes {
+		ip := cl.server(nd.Name)
+		if cidr := cl.podCIDR(nd.Name); !cidr.Contains(ip) {
+			t.Fatalf("pod address %s not in %s's podCIDR %s", ip, nd.Name, cidr)
+		}
+		servers[nd.Name] = ip
+	}
+	for _, nd := range cl.nodes {
+		// 201: the route protocol of ipledger's routes to the other nodes' pods.
+		out, err := exec.Command("ip", "-n", nd.Host.Netns, "route", "show", "proto", "201").CombinedOutput()
+		t.Logf("%s (%s): ip route show proto 201: %v\n%s", nd.Name, nd.IP, err, out)
+	}
+	for _, nd := range cl.nodes {
+		var targets []netip.Addr
+		for name, ip := range servers {
+			if name != nd.Name {
+				targets = append(targets, ip)
+			}
+		}
+		ok, log := cl.fetch(nd.Name, targets)
+		t.Logf("from %s:\n%s", nd.Name, log)
+		if !ok {
+			t.Errorf("a pod on %s did not reach every other node's pod", nd.Name)
+		}
+	}
+	if t.Failed() {
+		for _, nd := range cl.nodes {
+			t.Logf("%s:\n%s", nd.Name, nd.Host.Dump())
+		}
 	}
 }
