@@ -97,6 +97,10 @@ func (n *Node) path(p string) string {
 // below one).
 func (n *Node) HostPath(path string) string { return n.path(path) }
 
+// NSPID is the PID of the process holding the node's namespaces: `nsenter -t
+// PID --net --mount --uts` runs a command on the node.
+func (n *Node) NSPID() int { return n.holder.Process.Pid }
+
 // Endpoint is the node's CRI endpoint as the host reaches it.
 func (n *Node) Endpoint() string { return "unix://" + n.path(nodeSock) }
 
@@ -202,11 +206,18 @@ func (n *Node) makeCgroupRoot() error {
 
 // startHolder starts the process that holds the node's namespaces: it enters
 // the network namespace, unshares a mount (slave: the host's later mounts
-// reach the node, the node's never reach the host) and a UTS namespace, bind
-// mounts the node's directories, sets the hostname and sleeps.
+// reach the node, the node's never reach the host) and a UTS namespace, mounts
+// the node's sysfs, bind mounts the node's directories, sets the hostname and
+// sleeps.
 func (n *Node) startHolder() error {
 	var sc strings.Builder
 	sc.WriteString("set -e\n")
+	// The node's own sysfs (its network namespace's interfaces in
+	// /sys/class/net), with the host's cgroup hierarchies moved over from
+	// the old one: the kubelet and containerd need them. (ip netns exec
+	// mounts a fresh sysfs too, but loses /sys/fs/cgroup.)
+	keep := filepath.Join(n.Dir, "cgroup-keep")
+	fmt.Fprintf(&sc, "mkdir -p %[1]q\nmount --rbind /sys/fs/cgroup %[1]q\nmount -t sysfs sysfs /sys\nmount --move %[1]q /sys/fs/cgroup\n", keep)
 	for _, p := range nodePaths {
 		fmt.Fprintf(&sc, "mount --bind %q %q\n", n.path(p), p)
 	}
