@@ -121,7 +121,7 @@ func claimADDs(b *testing.B, a *agentenv.Agent) {
 // about every fourth ADD claims a block by compare-and-swap on an IPBlock resource.
 func BenchmarkAddClaimsBlockKubernetes(b *testing.B) {
 	apisrv := startKube(b)
-	a := agentenv.Start(b, agentenv.Options{Args: []string{"--node-name", "claim-0", "--datastore", "kubernetes",
+	a := agentenv.Start(b, agentenv.Options{Args: []string{"--node-name", "claim-0", "--datastore", "kubernetes", "--routes=false", "--masquerade=false",
 		"--kubeconfig", apisrv.Kubeconfig, "--log-level", "info"}})
 	claimADDs(b, a)
 }
@@ -149,7 +149,7 @@ func BenchmarkDeadNodeReuse(b *testing.B) {
 			}
 		}
 		args := func(n string) []string {
-			return []string{"--node-name", n, "--datastore", "kubernetes", "--kubeconfig", apisrv.Kubeconfig, "--log-level", "info"}
+			return append([]string{"--node-name", n, "--datastore", "kubernetes", "--kubeconfig", apisrv.Kubeconfig, "--log-level", "info"}, hostNetworkOff...)
 		}
 		da := agentenv.Start(b, agentenv.Options{Args: args(dead)})
 		la := agentenv.Start(b, agentenv.Options{Args: args(live)})

@@ -18,6 +18,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -87,6 +88,12 @@ var testTimings = []string{"--node-lease-ttl", "3s", "--reclaim-quarantine", "3s
 // override testTimings). Each one is
 // stopped and its ledger file audited when the test ends (agentenv); the cluster audit
 // runs before that, while they still answer.
+// hostNetworkOff keeps agents that run in the host's namespace with the Kubernetes
+// datastore from routing and masquerading there: the host's routes and netfilter
+// rules are not the test's network (test/multinode and test/kubenodes test the node
+// network, in namespaces of their own).
+var hostNetworkOff = []string{"--routes=false", "--masquerade=false"}
+
 func startNodes(t *testing.T, n int, ds []string) []*node {
 	t.Helper()
 	var nodes []*node
@@ -94,6 +101,9 @@ func startNodes(t *testing.T, n int, ds []string) []*node {
 		name := fmt.Sprintf("node-%d", i)
 		addr := netenv.FreeAddr(t)
 		args := append(append([]string{"--node-name", name, "--metrics-addr", addr}, testTimings...), ds...) // ds may override a timing
+		if slices.Contains(ds, "kubernetes") {
+			args = append(args, hostNetworkOff...)
+		}
 		nodes = append(nodes, &node{name: name, metrics: addr, Agent: agentenv.Start(t, agentenv.Options{Args: args})})
 	}
 	// after the test, while the agents still answer (cleanups run last-in first-out):

@@ -56,9 +56,10 @@ func (n *node) render(m, stateDir string) (string, error) {
 		{"unix:///run/containerd/containerd.sock", c.Containerd.Endpoint()},
 		{"/run/containerd", filepath.Dir(strings.TrimPrefix(c.Containerd.Endpoint(), "unix://"))},
 		{"/run/netns", c.NetnsDir},
-		// the one node has no other to route to and no outside world to reach:
-		// masquerade rules would be the host's (the multi-node env tests them)
-		{`"--node-name", "$(NODE_NAME)"]`, `"--node-name", "$(NODE_NAME)", "--masquerade=false"]`},
+		// this node is the host itself: its routes and netfilter rules are not the
+		// test's (cluster mode would put unreachable routes of its blocks there);
+		// test/kubenodes runs the node network in namespaces of its own
+		{`"--node-name", "$(NODE_NAME)"]`, `"--node-name", "$(NODE_NAME)", "--routes=false", "--masquerade=false"]`},
 		// the agent reaches the API server on the host's loopback: this cluster
 		// runs no kube-proxy for the kubernetes Service's ClusterIP
 		{"            - name: POD_NAMESPACE\n", fmt.Sprintf("            - {name: KUBERNETES_SERVICE_HOST, value: \"127.0.0.1\"}\n            - {name: KUBERNETES_SERVICE_PORT, value: \"%d\"}\n            - name: POD_NAMESPACE\n", c.APIPort())},
