@@ -72,9 +72,19 @@ type Watch struct {
 
 // Subscriber hears of Node deletions and creations after the first list (cluster
 // mode's block manager: a deleted Node's blocks are reclaimed once its lease ends, a
-// Node registered again keeps its blocks).
+// Node registered again keeps its blocks). Both are called from one goroutine, in
+// the order of the events; nothing is reported while the API server does not
+// answer. After a broken watch the informer lists again: a Node known before and
+// missing from that list was deleted meanwhile and is reported gone, one unknown
+// and in it is reported back.
 type Subscriber interface {
+	// NodeGone: a Node the watch has seen was deleted (once per deletion). A Node
+	// it never saw (deleted before the first list, or no Node at all: an agent
+	// whose host is not in the cluster) is never reported.
 	NodeGone(node string)
+	// NodeBack: a Node appeared after the first list (created, or created again
+	// after a deletion, as a kubelet re-registers its Node). The Nodes of the
+	// first list are not reported.
 	NodeBack(node string)
 }
 
@@ -87,14 +97,23 @@ func New(cfg *rest.Config, self string, log *slog.Logger) (*Watch, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kubenode: client: %w", err)
 	}
-	w := &Watch{client: c, self: self, log: log, nodes: map[string]Node{}, changed: make(chan struct{}, 1)}
-	lw := cache.NewListWatchFromClient(c.RESTClient(), "nodes", "", fields.Everything())
+	return newWatch(c, cache.NewListWatchFromClient(c.RESTClient(), "nodes", "", fields.Everything()), self, log)
+}
+
+// newWatch returns a Watch of the Nodes lw lists and watches; client patches this
+// node's status.
+func newWatch(client corev1client.CoreV1Interface, lw cache.ListerWatcher, self string, log *slog.Logger) (*Watch, error) {
+	w := &Watch{client: client, self: self, log: log, nodes: map[string]Node{}, changed: make(chan struct{}, 1)}
 	w.informer = cache.NewSharedIndexInformer(lw, &corev1.Node{}, Resync, cache.Indexers{})
 	if err := w.informer.SetTransform(trim); err != nil {
 		return nil, fmt.Errorf("kubenode: %w", err)
 	}
-	if _, err := w.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { w.put(obj, true) },
+	// The informer says which Adds come from its first list: a Node in it is no
+	// creation. Any later Add is one, whether a watch event or found by the list
+	// after a broken watch; a Node such a list misses comes as a
+	// DeletedFinalStateUnknown.
+	if _, err := w.informer.AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
+		AddFunc:    func(obj any, inFirstList bool) { w.put(obj, !inFirstList) },
 		UpdateFunc: func(_, obj any) { w.put(obj, false) },
 		DeleteFunc: w.remove,
 	}); err != nil {
@@ -225,7 +244,9 @@ func (w *Watch) notify() {
 	}
 }
 
-func (w *Watch) put(obj any, added bool) {
+// put records n; created: a Node added after the first list, reported back to the
+// subscribers unless it is known already.
+func (w *Watch) put(obj any, created bool) {
 	n, ok := obj.(*corev1.Node)
 	if !ok {
 		return
@@ -239,9 +260,9 @@ func (w *Watch) put(obj any, added bool) {
 		ok := networkAvailable(n)
 		netChanged, w.selfNetOK = ok != w.selfNetOK, ok
 	}
-	synced, subs := w.synced, slices.Clone(w.subs)
+	subs := slices.Clone(w.subs)
 	w.mu.Unlock()
-	if added && !had && synced {
+	if created && !had {
 		for _, s := range subs {
 			s.NodeBack(v.Name)
 		}
@@ -251,6 +272,8 @@ func (w *Watch) put(obj any, added bool) {
 	}
 }
 
+// remove forgets a deleted Node, reported gone to the subscribers if it was known: a
+// Node never seen is never reported.
 func (w *Watch) remove(obj any) {
 	var name string
 	switch o := obj.(type) {
