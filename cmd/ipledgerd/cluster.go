@@ -26,7 +26,6 @@ func startCluster(ctx context.Context, c *clusterconf.Config, l *ledger.Ledger, 
 	if err := m.Start(ctx); err != nil {
 		log.Warn("cluster mode: the datastore did not answer at start; allocation waits for the node lease", "datastore", c.Datastore, "err", err)
 	}
-	clusterconf.WatchNodes(ctx, ds, m, log)
 	log.Info("cluster mode", "node", c.NodeName, "holder", m.Holder(), "datastore", c.Datastore, "leaseTTL", c.LeaseTTL, "quarantine", c.Quarantine, "blockGrace", c.BlockGrace)
 	stop := func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)

@@ -20,7 +20,12 @@ import (
 // watch, which resolves usePodCidr, and the node network's controller (routes to the
 // other nodes' pods, masquerade), in the background until ctx ends. m is cluster
 // mode's block manager (nil in node mode): its blocks, not the Nodes' podCIDRs, say
-// where pods live then.
+// where pods live then, and the same watch tells it of Node deletions and
+// re-creations (a deleted Node's blocks are reclaimed once its lease runs out,
+// without the quarantine, unless the Node is registered again meanwhile; a Node
+// deleted while no agent watched is caught by the lease's expiry and the
+// quarantine). It subscribes before the watch runs, so that it hears of every
+// change after the first list.
 func startNetwork(ctx context.Context, o *options, m *cluster.Manager, log *slog.Logger) (*kubenode.Watch, *controller.Controller, error) {
 	rc, err := kubeds.LoadConfig(o.cluster.Kubeconfig)
 	if err != nil {
@@ -29,6 +34,9 @@ func startNetwork(ctx context.Context, o *options, m *cluster.Manager, log *slog
 	w, err := kubenode.New(rc, o.cluster.NodeName, log)
 	if err != nil {
 		return nil, nil, err
+	}
+	if m != nil {
+		w.Subscribe(m)
 	}
 	w.Run(ctx)
 	if !o.network.Enabled(true) {

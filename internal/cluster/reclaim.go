@@ -14,6 +14,7 @@ import (
 // blocks are reclaimed as soon as its lease has run out, without the quarantine,
 // unless NodeBack says the Node exists again before that.
 func (m *Manager) NodeGone(node string) {
+	m.log.Warn("Node deleted: its blocks are reclaimed once its lease runs out", "node", node)
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.gone[node] = true
