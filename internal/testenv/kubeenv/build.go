@@ -157,20 +157,7 @@ func ensureBinaries(tb testing.TB) (string, error) {
 	if err := os.MkdirAll(tmp, 0o755); err != nil {
 		return "", err
 	}
-	gobin := "go"
-	if _, err := exec.LookPath("go"); err != nil {
-		gobin = "/usr/local/go/bin/go"
-	}
-	run := func(args ...string) error {
-		cmd := exec.Command(gobin, args...)
-		cmd.Dir = src
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=mod -buildvcs=false", "GOWORK=off", "GOTOOLCHAIN=local")
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			return fmt.Errorf("kubeenv: go %s: %v\n%s", strings.Join(args, " "), err, tail(string(out), 40))
-		}
-		return nil
-	}
+	run := func(args ...string) error { return goIn(src, args...) }
 	var pkgs []string
 	for _, c := range Commands {
 		pkgs = append(pkgs, "k8s.io/kubernetes/cmd/"+c+"@"+Version)
@@ -204,10 +191,133 @@ func ensureBinaries(tb testing.TB) (string, error) {
 	return bin, nil
 }
 
+// goIn runs the go command in the build module src, as every build of the
+// cache does: no cgo, modules resolved by the module, the local toolchain.
+func goIn(src string, args ...string) error {
+	gobin := "go"
+	if _, err := exec.LookPath("go"); err != nil {
+		gobin = "/usr/local/go/bin/go"
+	}
+	cmd := exec.Command(gobin, args...)
+	cmd.Dir = src
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=mod -buildvcs=false", "GOWORK=off", "GOTOOLCHAIN=local")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("kubeenv: go %s: %v\n%s", strings.Join(args, " "), err, tail(string(out), 40))
+	}
+	return nil
+}
+
 func tail(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// extraDir is where ExtraBinary keeps command name: a sibling of the main
+// build's bin, with a stamp of its own, so adding an extra command never
+// invalidates the Commands.
+func extraDir(name string) string { return filepath.Join(CacheDir(), "extra", name) }
+
+// extraKey is the recipe of an extra command: the main recipe and its name.
+func extraKey(name string) string {
+	h := sha256.Sum256([]byte(recipeKey() + "\x00" + name))
+	return hex.EncodeToString(h[:])[:16]
+}
+
+func extraCached(bin, name string) bool {
+	stamp, err := os.ReadFile(filepath.Join(bin, ".stamp"))
+	if err != nil || strings.TrimSpace(string(stamp)) != extraKey(name) {
+		return false
+	}
+	fi, err := os.Stat(filepath.Join(bin, name))
+	return err == nil && fi.Size() > 0
+}
+
+var (
+	extraMu   sync.Mutex
+	extraBins = map[string]string{}
+)
+
+// ExtraBinary returns the path of the Kubernetes command name
+// (k8s.io/kubernetes/cmd/NAME) outside Commands, built from the same module,
+// flags and toolchain as Binaries into a directory of its own with its own
+// stamp, under the same build lock; a warm run builds nothing. Under -short it
+// skips tb, as Binaries does.
+func ExtraBinary(tb testing.TB, name string) string {
+	tb.Helper()
+	testenv.SkipIfShort(tb, "needs a Kubernetes build")
+	extraMu.Lock()
+	defer extraMu.Unlock()
+	if p, ok := extraBins[name]; ok {
+		return p
+	}
+	p, err := ensureExtra(tb, name)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	extraBins[name] = p
+	return p
+}
+
+func ensureExtra(tb testing.TB, name string) (string, error) {
+	dir := extraDir(name)
+	bin := filepath.Join(dir, "bin")
+	if extraCached(bin, name) {
+		return filepath.Join(bin, name), nil
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", err
+	}
+	lock, err := os.OpenFile(filepath.Join(CacheDir(), ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return "", err
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return "", err
+	}
+	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+	if extraCached(bin, name) {
+		return filepath.Join(bin, name), nil
+	}
+	t0 := time.Now()
+	tb.Logf("kubeenv: building %s %s into %s", name, Version, bin)
+	src := filepath.Join(dir, "src")
+	if err := os.MkdirAll(src, 0o755); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(src, "go.mod"), []byte(goMod()), 0o644); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(src, "doc.go"), []byte("// Package kubebuild only pins the modules the Kubernetes commands are built from.\npackage kubebuild\n"), 0o644); err != nil {
+		return "", err
+	}
+	tmp := filepath.Join(dir, "bin.tmp")
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		return "", err
+	}
+	pkg := "k8s.io/kubernetes/cmd/" + name
+	if err := goIn(src, "get", pkg+"@"+Version); err != nil {
+		return "", err
+	}
+	if err := goIn(src, "build", "-trimpath", "-ldflags", ldflags(), "-o", filepath.Join(tmp, name), pkg); err != nil {
+		return "", err
+	}
+	if err := os.WriteFile(filepath.Join(tmp, ".stamp"), []byte(extraKey(name)+"\n"), 0o644); err != nil {
+		return "", err
+	}
+	if err := os.RemoveAll(bin); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp, bin); err != nil {
+		return "", err
+	}
+	tb.Logf("kubeenv: built %s in %v", name, time.Since(t0).Round(time.Second))
+	if !extraCached(bin, name) {
+		return "", fmt.Errorf("kubeenv: %s built but its cache does not validate", name)
+	}
+	return filepath.Join(bin, name), nil
 }

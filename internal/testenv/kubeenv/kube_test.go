@@ -2,6 +2,7 @@ package kubeenv_test
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -90,5 +91,22 @@ func TestAPIServerOnlyRestartsByPIDAndKeepsItsData(t *testing.T) {
 	}
 	if out, err := a.Kubectl("get", "namespace", "kept", "-o", "name"); err != nil || strings.TrimSpace(out) != "namespace/kept" {
 		t.Fatalf("namespace after kill and start: %q, %v", out, err)
+	}
+}
+
+// TestExtraBinaryKubeProxy: kube-proxy is built apart from the Commands (their
+// stamp unchanged) and reports the pinned version.
+func TestExtraBinaryKubeProxy(t *testing.T) {
+	stamp := filepath.Join(kubeenv.CacheDir(), "bin", ".stamp")
+	before, _ := os.ReadFile(stamp)
+	t0 := time.Now()
+	p := kubeenv.ExtraBinary(t, "kube-proxy")
+	t.Logf("kube-proxy at %s in %v", p, time.Since(t0).Round(time.Millisecond))
+	out, err := exec.Command(p, "--version").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), kubeenv.Version) {
+		t.Fatalf("%s --version: %v: %s", p, err, out)
+	}
+	if after, _ := os.ReadFile(stamp); string(after) != string(before) {
+		t.Errorf("the Commands' stamp changed: %q -> %q", before, after)
 	}
 }
