@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -461,7 +462,7 @@ func (n *Node) Log(component string, lines int) string {
 }
 
 func (n *Node) dumpLogs(tb testing.TB) {
-	for _, comp := range []string{"holder", "containerd", "kubelet"} {
+	for _, comp := range []string{"holder", "containerd", "kubelet", "kube-proxy"} {
 		if s := n.Log(comp, 30); s != "" {
 			tb.Logf("---- %s %s log, last lines:\n%s", n.Name, comp, s)
 		}
@@ -477,6 +478,7 @@ func (n *Node) cleanup(tb testing.TB) {
 	if tb.Failed() {
 		n.dumpLogs(tb)
 	}
+	n.c.stopProc(n.Name + "-kube-proxy")
 	n.c.stopProc(n.Name + "-kubelet")
 	if n.c.procErr(n.Name+"-containerd") == nil {
 		removeSandboxes(tb, n.Endpoint())
@@ -574,4 +576,70 @@ func removeSandboxes(tb testing.TB, endpoint string) {
 			tb.Logf("kubeenv cleanup: %v", err)
 		}
 	}
+}
+
+// relayProxyName labels the kubernetes Service as served by another proxy
+// (service.kubernetes.io/service-proxy-name): kube-proxy then leaves it alone.
+// The apiserver keeps no endpoints for it (--endpoint-reconciler-type none),
+// and kube-proxy would reject new connections to a Service without endpoints,
+// the relay's on APIServiceIP among them.
+const relayProxyName = "kubeenv-relay"
+
+// kubeProxyHealthz is where each node's kube-proxy serves healthz, on the
+// node's own loopback.
+const kubeProxyHealthz = "127.0.0.1:10256"
+
+// StartKubeProxy runs kube-proxy (ExtraBinary) on the node in iptables mode,
+// reaching the apiserver through the node's relay, and waits until it reports
+// healthy (its first sync done). Its rules live in the node's network
+// namespace and go with it; the process is stopped by PID at node cleanup.
+// It touches no conntrack sysctl (nf_conntrack_max is the host's, read-only in
+// a node's namespace): the conntrack flags are 0.
+func (n *Node) StartKubeProxy(tb testing.TB) {
+	tb.Helper()
+	bin := ExtraBinary(tb, "kube-proxy")
+	if _, err := n.c.Kubectl("label", "--overwrite", "service", "kubernetes", "-n", "default",
+		"service.kubernetes.io/service-proxy-name="+relayProxyName); err != nil {
+		tb.Fatalf("kubeenv: node %s: %v", n.Name, err)
+	}
+	client := n.Name + "-kube-proxy"
+	if err := n.c.pki.issue(client, "system:kube-proxy", nil, false, nil, nil); err != nil {
+		tb.Fatal(err)
+	}
+	kc := filepath.Join(n.Dir, "kube-proxy.kubeconfig")
+	if err := n.c.pki.kubeconfig(kc, "https://"+net.JoinHostPort(APIServiceIP, "443"), client); err != nil {
+		tb.Fatal(err)
+	}
+	name := n.Name + "-kube-proxy"
+	if err := n.c.spawnPath(name, "nsenter", n.nsenter(bin,
+		"--kubeconfig", kc, "--proxy-mode", "iptables", "--hostname-override", n.Name,
+		"--cluster-cidr", n.c.opts.ClusterCIDR, "--nodeport-addresses", "primary",
+		"--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", kubeProxyHealthz,
+		"--conntrack-max-per-core", "0", "--conntrack-min", "0",
+		"--conntrack-tcp-timeout-established", "0", "--conntrack-tcp-timeout-close-wait", "0",
+		"--v", "1")...); err != nil {
+		tb.Fatal(err)
+	}
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return n.Host.Dial(network, addr, 2*time.Second)
+		}}}
+	var last error
+	deadline := time.Now().Add(n.c.opts.StartTimeout)
+	for time.Now().Before(deadline) {
+		if err := n.c.procErr(name); err != nil {
+			tb.Fatalf("kubeenv: node %s: %v", n.Name, err)
+		}
+		resp, err := hc.Get("http://" + kubeProxyHealthz + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+			err = fmt.Errorf("healthz: %s", resp.Status)
+		}
+		last = err
+		time.Sleep(200 * time.Millisecond)
+	}
+	tb.Fatalf("kubeenv: node %s: kube-proxy not healthy after %v: %v\n%s", n.Name, n.c.opts.StartTimeout, last, n.Log("kube-proxy", 30))
 }
