@@ -281,7 +281,11 @@ func (n *Node) startRelay(tb testing.TB) error {
 	if err != nil {
 		return err
 	}
-	if err := n.Host.Netlink.AddrAdd(lo, &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(APIServiceIP), Mask: net.CIDRMask(32, 32)}}); err != nil {
+	// Scope host: the node still answers it from anywhere, but never picks it
+	// as the source of what it sends out of another link (its own connections
+	// to pods, kube-proxy's masquerade), which keep the node's address.
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP(APIServiceIP), Mask: net.CIDRMask(32, 32)}, Scope: int(netlink.SCOPE_HOST)}
+	if err := n.Host.Netlink.AddrAdd(lo, addr); err != nil {
 		return fmt.Errorf("%s on lo: %w", APIServiceIP, err)
 	}
 	ln, err := n.Host.Listen("tcp", net.JoinHostPort(APIServiceIP, "443"))
