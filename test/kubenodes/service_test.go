@@ -197,6 +197,18 @@ func TestClusterIPService(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), self+":80 echo-node1 ") {
 		t.Errorf("pod echo-node1 did not reach itself through service %s: %v", self, err)
 	}
+	// The hairpin is masqueraded to the node's address, not to the relay's
+	// APIServiceIP on its loopback.
+	if ct, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/nf_conntrack", node1.NSPID())); err == nil {
+		for _, l := range strings.Split(string(ct), "\n") {
+			if strings.Contains(l, "dst="+self+" ") {
+				t.Logf("node1 conntrack: %s", l)
+				if !strings.Contains(l, "dst="+node1.IP+" ") {
+					t.Errorf("hairpin not masqueraded to node1's address %s: %s", node1.IP, l)
+				}
+			}
+		}
+	}
 	var errs []string
 	for _, l := range strings.Split(cl.nodes[0].Log("kube-proxy", 400), "\n") {
 		if strings.HasPrefix(l, "E") || strings.HasPrefix(l, "W") {
