@@ -69,13 +69,13 @@ func TestRelistReports(t *testing.T) {
 	var failing atomic.Bool
 	errDown := errors.New("the API server does not answer")
 	lw := &cache.ListWatch{
-		ListFunc: func(o metav1.ListOptions) (runtime.Object, error) {
+		ListWithContextFunc: func(_ context.Context, o metav1.ListOptions) (runtime.Object, error) {
 			if failing.Load() {
 				return nil, errDown
 			}
 			return src.List(o)
 		},
-		WatchFunc: func(o metav1.ListOptions) (watch.Interface, error) {
+		WatchFuncWithContext: func(_ context.Context, o metav1.ListOptions) (watch.Interface, error) {
 			if failing.Load() {
 				return nil, errDown
 			}
