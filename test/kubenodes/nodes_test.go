@@ -17,6 +17,7 @@ import (
 	"github.com/ipledger/ipledger/internal/image"
 	"github.com/ipledger/ipledger/internal/testenv"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+	"github.com/ipledger/ipledger/internal/testenv/debpkg"
 	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 	"github.com/ipledger/ipledger/internal/testenv/netnodes"
 )
@@ -41,9 +42,10 @@ func images(t *testing.T, dir string) []string {
 	if err := image.WriteFile(spec, ipl); err != nil {
 		t.Fatal(err)
 	}
+	debpkg.Need(t, debpkg.BusyBox) // the pods' image
 	bb, err := os.ReadFile("/bin/busybox")
 	if err != nil {
-		t.Skipf("busybox-static not installed: %v", err)
+		t.Fatal(err)
 	}
 	box := filepath.Join(dir, "busybox.tar")
 	if err := image.WriteFile(image.Spec{Tag: podImage, Files: []image.File{{Path: "bin/busybox", Mode: 0o755, Data: bb}},

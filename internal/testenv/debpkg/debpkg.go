@@ -50,6 +50,7 @@ var (
 	Containerd = Package{Name: "containerd", Files: []string{"containerd", "ctr", "containerd-shim-runc-v2"}}
 	Runc       = Package{Name: "runc", Files: []string{"runc"}}
 	Chromium   = Package{Name: "chromium", Files: []string{"chromium"}}
+	BusyBox    = Package{Name: "busybox-static", Files: []string{"/bin/busybox"}}
 )
 
 // present reports whether every file of p exists.
