@@ -2,7 +2,6 @@ package nodenet_test
 
 import (
 	"errors"
-	"io"
 	"net/netip"
 	"syscall"
 	"testing"
@@ -17,44 +16,15 @@ import (
 func ip(s string) netip.Addr    { return netip.MustParseAddr(s) }
 func pfx(s string) netip.Prefix { return netip.MustParsePrefix(s) }
 
-// serveSource answers each connection on ln with the source address it came
-// from, until ln is closed (by t.Cleanup).
-func serveSource(t *testing.T, ns *netnodes.NS, address string) {
-	t.Helper()
-	ln, err := ns.Listen("tcp", address)
-	if err != nil {
-		t.Fatalf("listen in %s: %v", ns.Netns, err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-			ap, _ := netip.ParseAddrPort(c.RemoteAddr().String())
-			_, _ = io.WriteString(c, ap.Addr().Unmap().String())
-			c.Close()
-		}
-	}()
-}
-
-// sourceSeen connects from ns to addr and returns the source address the
-// listener there saw.
+// sourceSeen connects from ns to addr's ServeSource on port 8080 and returns the
+// source address the listener there saw.
 func sourceSeen(t *testing.T, from *netnodes.NS, addr netip.Addr) string {
 	t.Helper()
-	c, err := from.Dial("tcp", netip.AddrPortFrom(addr, 8080).String(), 3*time.Second)
+	src, err := from.SourceSeen(netip.AddrPortFrom(addr, 8080))
 	if err != nil {
-		t.Fatalf("connect %s -> %s: %v", from.Netns, addr, err)
+		t.Fatal(err)
 	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	b, err := io.ReadAll(c)
-	if err != nil {
-		t.Fatalf("read from %s: %v", addr, err)
-	}
-	return string(b)
+	return src.String()
 }
 
 // apply installs, on every node, the routes Desired plans for it and the
@@ -102,10 +72,10 @@ func TestTraffic(t *testing.T) {
 			}
 		}
 	}()
-	serveSource(t, podA.NS, ":8080")
-	serveSource(t, podB.NS, ":8080")
-	serveSource(t, env.Outside.NS, ":8080")
-	serveSource(t, b.NS, ":8080")
+	netnodes.ServeSource(t, podA.NS, ":8080")
+	netnodes.ServeSource(t, podB.NS, ":8080")
+	netnodes.ServeSource(t, env.Outside.NS, ":8080")
+	netnodes.ServeSource(t, b.NS, ":8080")
 
 	// Before any route: the pods cannot reach each other.
 	if c, err := podA.Dial("tcp", "10.244.1.5:8080", 300*time.Millisecond); err == nil {

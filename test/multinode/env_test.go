@@ -461,39 +461,13 @@ const servePort = 8080
 // both families) with the source address it came from, until cleanup.
 func serveSource(t *testing.T, ns *netnodes.NS) {
 	t.Helper()
-	ln, err := ns.Listen("tcp", fmt.Sprintf(":%d", servePort))
-	if err != nil {
-		t.Fatalf("listen in %s: %v", ns.Netns, err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-			ap, _ := netip.ParseAddrPort(c.RemoteAddr().String())
-			_, _ = io.WriteString(c, ap.Addr().Unmap().String())
-			c.Close()
-		}
-	}()
+	netnodes.ServeSource(t, ns, fmt.Sprintf(":%d", servePort))
 }
 
 // sourceSeen connects from ns to addr's serveSource and returns the source address
 // the listener saw.
 func sourceSeen(from *netnodes.NS, addr netip.Addr) (netip.Addr, error) {
-	c, err := from.Dial("tcp", netip.AddrPortFrom(addr, servePort).String(), 3*time.Second)
-	if err != nil {
-		return netip.Addr{}, fmt.Errorf("connect %s -> %s: %w", from.Netns, addr, err)
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	b, err := io.ReadAll(c)
-	if err != nil {
-		return netip.Addr{}, fmt.Errorf("read from %s: %w", addr, err)
-	}
-	return netip.ParseAddr(string(b))
+	return from.SourceSeen(netip.AddrPortFrom(addr, servePort))
 }
 
 // ping sends one echo request from ns to addr (busybox ping, when the machine has

@@ -1,8 +1,6 @@
 package netnodes_test
 
 import (
-	"io"
-	"net"
 	"net/netip"
 	"os"
 	"strings"
@@ -12,38 +10,15 @@ import (
 	"github.com/ipledger/ipledger/internal/testenv/netnodes"
 )
 
-// serveSource answers each connection on ln with the source address it came
-// from, until ln is closed.
-func serveSource(t *testing.T, ln net.Listener) {
-	t.Helper()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-			ap, _ := netip.ParseAddrPort(c.RemoteAddr().String())
-			_, _ = io.WriteString(c, ap.Addr().Unmap().String())
-			c.Close()
-		}
-	}()
-}
-
-// sourceSeen dials addr from ns and returns the source address the listener saw.
+// sourceSeen connects from ns to addr's ServeSource and returns the source
+// address the listener saw.
 func sourceSeen(t *testing.T, from *netnodes.NS, addr string) string {
 	t.Helper()
-	c, err := from.Dial("tcp", addr, 3*time.Second)
+	src, err := from.SourceSeen(netip.MustParseAddrPort(addr))
 	if err != nil {
-		t.Fatalf("dial %s from %s: %v", addr, from.Netns, err)
+		t.Fatal(err)
 	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	b, err := io.ReadAll(c)
-	if err != nil {
-		t.Fatalf("read from %s: %v", addr, err)
-	}
-	return string(b)
+	return src.String()
 }
 
 func TestEnv(t *testing.T) {
@@ -61,12 +36,7 @@ func TestEnv(t *testing.T) {
 		if got := n1.Addrs(); got[0] != netip.MustParseAddr("10.250.0.12") || got[1] != netip.MustParseAddr("fd00:250::12") {
 			t.Errorf("node1 addresses %v", got)
 		}
-		ln, err := env.Outside.Listen("tcp", ":7000")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
-		serveSource(t, ln)
+		netnodes.ServeSource(t, env.Outside.NS, ":7000")
 		// Nodes reach the outside over the L2 network, both families.
 		if got := sourceSeen(t, n1.NS, "10.250.0.254:7000"); got != "10.250.0.12" {
 			t.Errorf("outside saw %s, want node1's 10.250.0.12", got)
@@ -75,12 +45,7 @@ func TestEnv(t *testing.T) {
 			t.Errorf("outside saw %s, want node0's fd00:250::11", got)
 		}
 		// The pod reaches its node through its veth, both families.
-		nl, err := n0.Listen("tcp", ":7001")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer nl.Close()
-		serveSource(t, nl)
+		netnodes.ServeSource(t, n0.NS, ":7001")
 		if got := sourceSeen(t, pod.NS, "10.250.0.11:7001"); got != "10.244.0.5" {
 			t.Errorf("node0 saw %s, want the pod's 10.244.0.5", got)
 		}
