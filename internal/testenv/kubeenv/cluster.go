@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -61,6 +62,12 @@ type Cluster struct {
 
 	apiPort int
 	pki     *pki
+	// egress is the apiserver's egress selector configuration (nodes in
+	// namespaces of their own only; see egress.go).
+	egress string
+
+	nodesMu sync.Mutex
+	nodes   []*Node
 
 	host *hostState
 	*runner
@@ -177,6 +184,9 @@ func StartControlPlane(tb testing.TB, opts Options) *Cluster {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(c.cleanup)
+	if c.egress, err = c.startEgress(); err != nil {
+		tb.Fatal(err)
+	}
 	if err := c.startControlPlane(); err != nil {
 		c.dumpLogs()
 		tb.Fatal(err)
@@ -307,7 +317,11 @@ func (c *Cluster) startControlPlane() error {
 	if err != nil {
 		return err
 	}
-	if err := c.spawn("kube-apiserver", append(apiserverArgs(p, etcdURL, c.NodeIP, apiPort),
+	args := apiserverArgs(p, etcdURL, c.NodeIP, apiPort)
+	if c.egress != "" {
+		args = append(args, "--egress-selector-config-file", c.egress)
+	}
+	if err := c.spawn("kube-apiserver", append(args,
 		"--kubelet-client-certificate", p.path("apiserver-kubelet-client.crt"), "--kubelet-client-key", p.path("apiserver-kubelet-client.key"),
 		"--kubelet-certificate-authority", p.path("ca.crt"), "--kubelet-preferred-address-types", "InternalIP",
 		"--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction")...); err != nil {

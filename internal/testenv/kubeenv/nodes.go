@@ -83,6 +83,9 @@ func (c *Cluster) AddNode(tb testing.TB, name string, h *netnodes.Host, images .
 	tb.Helper()
 	n := &Node{Name: name, IP: h.Addr4.String(), Host: h, c: c, Dir: filepath.Join(c.Dir, "nodes", name), cgroupRoot: "/ipl-" + name}
 	tb.Cleanup(func() { n.cleanup(tb) })
+	c.nodesMu.Lock()
+	c.nodes = append(c.nodes, n)
+	c.nodesMu.Unlock()
 	if err := n.start(tb, images); err != nil {
 		n.dumpLogs(tb)
 		tb.Fatalf("kubeenv: node %s: %v", name, err)
