@@ -6,6 +6,8 @@ package kubenodes_test
 
 import (
 	"fmt"
+	"io"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -27,6 +29,7 @@ const podImage = "ipledger.local/busybox:test"
 type cluster struct {
 	t     *testing.T
 	c     *kubeenv.Cluster
+	env   *netnodes.Env
 	nodes []*kubeenv.Node
 }
 
@@ -65,7 +68,7 @@ func start(t *testing.T, n int) *cluster {
 	c := kubeenv.StartControlPlane(t, kubeenv.Options{StartTimeout: 2 * time.Minute})
 	t.Logf("control plane up in %v", time.Since(t0).Round(time.Millisecond))
 	env := netnodes.New(t, n)
-	cl := &cluster{t: t, c: c}
+	cl := &cluster{t: t, c: c, env: env}
 	for i := range n {
 		t1 := time.Now()
 		cl.nodes = append(cl.nodes, c.AddNode(t, fmt.Sprintf("node%d", i), env.Node(i), imgs...))
@@ -129,8 +132,8 @@ func (cl *cluster) podCIDR(node string) netip.Prefix {
 	return p
 }
 
-// server starts a busybox httpd pod on node answering "ok" on port 8080 and
-// returns its address once it runs.
+// server starts a busybox httpd pod on node answering "ok" on port 8080 (its
+// log names each client's address) and returns its address once it runs.
 func (cl *cluster) server(node string) netip.Addr {
 	cl.t.Helper()
 	name := "srv-" + node
@@ -145,7 +148,7 @@ spec:
     - name: srv
       image: %s
       imagePullPolicy: Never
-      command: ["/bin/busybox", "sh", "-c", "echo ok > /tmp/index.html && exec /bin/busybox httpd -f -p 8080 -h /tmp"]
+      command: ["/bin/busybox", "sh", "-c", "echo ok > /tmp/index.html && exec /bin/busybox httpd -f -vv -p 8080 -h /tmp"]
 `, name, node, podImage))
 	var ip netip.Addr
 	if err := kubeenv.WaitFor(2*time.Minute, 500*time.Millisecond, func() (bool, error) {
@@ -168,11 +171,10 @@ spec:
 }
 
 // fetch runs a pod on node that fetches http://target:8080/ from each target
-// over TCP (5 s each) and reports whether all answered "ok"; the pod's log says which
-// did not.
-func (cl *cluster) fetch(node string, targets []netip.Addr) (bool, string) {
+// over TCP (5 s each) and reports whether all answered "ok", with the pod's
+// log (which says which did not) and its address.
+func (cl *cluster) fetch(node string, targets []netip.Addr) (bool, string, netip.Addr) {
 	cl.t.Helper()
-	name := "client-" + node
 	var script strings.Builder
 	script.WriteString("rc=0; ")
 	for _, a := range targets {
@@ -180,28 +182,36 @@ func (cl *cluster) fetch(node string, targets []netip.Addr) (bool, string) {
 		fmt.Fprintf(&script, "if [ \"$(printf 'GET /index.html HTTP/1.0\\r\\n\\r\\n' | /bin/busybox nc -w 5 %[1]s 8080 | /bin/busybox tail -n 1)\" = ok ]; then echo %[1]s ok; else echo %[1]s FAIL; rc=1; fi; ", a)
 	}
 	script.WriteString("exit $rc")
+	return cl.runPod(node, "client-"+node, script.String())
+}
+
+// runPod runs a pod named name on node with script to completion and reports
+// whether it succeeded, with its log as `kubectl logs` reads it (through the
+// apiserver's egress to the node's kubelet) and its address.
+func (cl *cluster) runPod(node, name, script string) (bool, string, netip.Addr) {
+	cl.t.Helper()
 	cl.c.Apply(cl.t, fmt.Sprintf(`apiVersion: v1
 kind: Pod
-metadata: {name: %s, namespace: default, labels: {app: client}}
+metadata: {name: %s, namespace: default, labels: {app: probe}}
 spec:
   nodeName: %s
   restartPolicy: Never
   automountServiceAccountToken: false
   containers:
-    - name: client
+    - name: probe
       image: %s
       imagePullPolicy: Never
       command: ["/bin/busybox", "sh", "-c", %q]
-`, name, node, podImage, script.String()))
-	var phase string
-	if err := kubeenv.WaitFor(2*time.Minute, 500*time.Millisecond, func() (bool, error) {
-		pods, err := cl.c.Pods("default", "app=client")
+`, name, node, podImage, script))
+	var phase, ip string
+	if err := kubeenv.WaitFor(3*time.Minute, 500*time.Millisecond, func() (bool, error) {
+		pods, err := cl.c.Pods("default", "app=probe")
 		if err != nil {
 			return false, err
 		}
 		for _, p := range pods {
 			if p.Metadata.Name == name {
-				phase = p.Status.Phase
+				phase, ip = p.Status.Phase, p.Status.PodIP
 			}
 		}
 		return phase == "Succeeded" || phase == "Failed", fmt.Errorf("pod %s phase %q", name, phase)
@@ -209,25 +219,19 @@ spec:
 		out, _ := cl.c.Kubectl("describe", "pod", name)
 		cl.t.Fatalf("%v\n%s", err, out)
 	}
-	return phase == "Succeeded", cl.podLog(node, name)
+	addr, _ := netip.ParseAddr(ip)
+	return phase == "Succeeded", cl.logs(name), addr
 }
 
-// podLog reads a pod's container log from the node's /var/log/pods (the
-// apiserver cannot reach a kubelet inside a node namespace for kubectl logs).
-func (cl *cluster) podLog(node, pod string) string {
-	for _, n := range cl.nodes {
-		if n.Name != node {
-			continue
-		}
-		files, _ := filepath.Glob(filepath.Join(n.HostPath("/var/log/pods"), "default_"+pod+"_*", "*", "*.log"))
-		var b strings.Builder
-		for _, f := range files {
-			data, _ := os.ReadFile(f)
-			b.Write(data)
-		}
-		return b.String()
+// logs is `kubectl logs pod`: the apiserver reaches the pod's kubelet inside
+// its node's namespace through the egress proxy (kubeenv's egress.go).
+func (cl *cluster) logs(pod string) string {
+	cl.t.Helper()
+	out, err := cl.c.Kubectl("logs", pod)
+	if err != nil {
+		cl.t.Fatalf("kubectl logs %s: %v\n%s", pod, err, out)
 	}
-	return ""
+	return out
 }
 
 // TestOneNode: the Node becomes Ready once ipledger is installed, and a pod on
@@ -240,14 +244,62 @@ func TestOneNode(t *testing.T) {
 		t.Fatalf("pod address %s not in node0's podCIDR %s", ip, cidr)
 	}
 	t.Logf("node0 podCIDR %s, pod address %s", cidr, ip)
-	ok, log := cl.fetch("node0", []netip.Addr{ip})
+	ok, log, _ := cl.fetch("node0", []netip.Addr{ip})
 	if !ok {
 		t.Fatalf("a pod on node0 did not reach the pod on node0:\n%s", log)
 	}
 }
 
-// TestThreeNodes: a pod on each node reaches a pod on every other node over
-// TCP, through the routes the agents program.
+// hostPortPod starts a busybox httpd pod on node answering "ok" on container
+// port 8080, published on the node as hostPort, and waits until it runs.
+func (cl *cluster) hostPortPod(node string, hostPort int) {
+	cl.t.Helper()
+	name := "hostport-" + node
+	cl.c.Apply(cl.t, fmt.Sprintf(`apiVersion: v1
+kind: Pod
+metadata: {name: %s, namespace: default, labels: {app: hostport}}
+spec:
+  nodeName: %s
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 0
+  containers:
+    - name: srv
+      image: %s
+      imagePullPolicy: Never
+      command: ["/bin/busybox", "sh", "-c", "echo ok > /tmp/index.html && exec /bin/busybox httpd -f -p 8080 -h /tmp"]
+      ports: [{containerPort: 8080, hostPort: %d, protocol: TCP}]
+`, name, node, podImage, hostPort))
+	if err := kubeenv.WaitFor(2*time.Minute, 500*time.Millisecond, func() (bool, error) {
+		phase, err := cl.c.Kubectl("get", "pod", name, "-o", "jsonpath={.status.phase}")
+		return phase == "Running", fmt.Errorf("pod %s phase %q: %v", name, phase, err)
+	}); err != nil {
+		out, _ := cl.c.Kubectl("describe", "pod", name)
+		cl.t.Fatalf("%v\n%s", err, out)
+	}
+}
+
+// httpGet sends GET /index.html over c and returns the body's last line.
+func httpGet(c net.Conn) (string, error) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, "GET /index.html HTTP/1.0\r\n\r\n"); err != nil {
+		return "", err
+	}
+	b, err := io.ReadAll(c)
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	return strings.TrimSpace(lines[len(lines)-1]), err
+}
+
+// TestThreeNodes (issue 25): on three kubelet nodes with deploy/ipledger.yaml
+// applied unchanged,
+//   - a pod on each node reaches a pod on every other node over TCP, through
+//     the routes the agents program, and the server sees the client pod's own
+//     address (no NAT between pods);
+//   - a pod reaches the outside namespace, which sees its node's address
+//     (masquerade);
+//   - a hostPort pod answers on its node's address, from outside and from
+//     another node;
+//   - kubectl logs and exec reach every node's kubelet.
 func TestThreeNodes(t *testing.T) {
 	const n = 3
 	cl := start(t, n)
@@ -264,6 +316,7 @@ func TestThreeNodes(t *testing.T) {
 		out, err := exec.Command("ip", "-n", nd.Host.Netns, "route", "show", "proto", "201").CombinedOutput()
 		t.Logf("%s (%s): ip route show proto 201: %v\n%s", nd.Name, nd.IP, err, out)
 	}
+	clients := map[string]netip.Addr{}
 	for _, nd := range cl.nodes {
 		var targets []netip.Addr
 		for name, ip := range servers {
@@ -271,15 +324,65 @@ func TestThreeNodes(t *testing.T) {
 				targets = append(targets, ip)
 			}
 		}
-		ok, log := cl.fetch(nd.Name, targets)
-		t.Logf("from %s:\n%s", nd.Name, log)
+		ok, log, ip := cl.fetch(nd.Name, targets)
+		clients[nd.Name] = ip
+		t.Logf("from %s (pod %s):\n%s", nd.Name, ip, log)
 		if !ok {
 			t.Errorf("a pod on %s did not reach every other node's pod", nd.Name)
 		}
 	}
+	// Pod to pod keeps the pod's address: each server logged every other
+	// node's client by its pod address.
+	for _, srv := range cl.nodes {
+		log := cl.logs("srv-" + srv.Name)
+		for node, ip := range clients {
+			// busybox httpd names IPv4 clients as [::ffff:A]:PORT.
+			if node != srv.Name && !strings.Contains(log, "[::ffff:"+ip.String()+"]:") {
+				t.Errorf("srv-%s did not see client-%s by its pod address %s:\n%s", srv.Name, node, ip, log)
+			}
+		}
+	}
+	// kubectl exec, through the apiserver's egress to each kubelet.
+	for _, nd := range cl.nodes {
+		out, err := cl.c.Kubectl("exec", "srv-"+nd.Name, "--", "/bin/busybox", "cat", "/tmp/index.html")
+		if err != nil || strings.TrimSpace(out) != "ok" {
+			t.Errorf("kubectl exec srv-%s: %q, %v", nd.Name, out, err)
+		}
+	}
+	// Masquerade: the outside sees each node's address, never a pod's.
+	netnodes.ServeSource(t, cl.env.Outside.NS, ":8081")
+	for _, nd := range cl.nodes {
+		ok, log, ip := cl.runPod(nd.Name, "outside-"+nd.Name,
+			fmt.Sprintf("/bin/busybox nc -w 5 %s 8081 </dev/null", netnodes.OutsideV4))
+		t.Logf("pod %s on %s reached the outside as %q", ip, nd.Name, strings.TrimSpace(log))
+		if !ok || strings.TrimSpace(log) != nd.IP {
+			t.Errorf("a pod on %s reached the outside as %q (ok %v), want its node's address %s", nd.Name, log, ok, nd.IP)
+		}
+	}
+	// hostPort on node1: answered on node1's address from the outside and from
+	// node0.
+	const hostPort = 18080
+	cl.hostPortPod("node1", hostPort)
+	at := net.JoinHostPort(cl.nodes[1].IP, fmt.Sprint(hostPort))
+	for _, from := range []*netnodes.NS{cl.env.Outside.NS, cl.nodes[0].Host.NS} {
+		var got string
+		err := kubeenv.WaitFor(30*time.Second, 500*time.Millisecond, func() (bool, error) {
+			c, err := from.Dial("tcp", at, 3*time.Second)
+			if err != nil {
+				return false, err
+			}
+			got, err = httpGet(c)
+			return got == "ok", fmt.Errorf("answer %q: %v", got, err)
+		})
+		t.Logf("hostPort %s from %s: %q", at, from.Netns, got)
+		if err != nil {
+			t.Errorf("hostPort %s from %s: %v", at, from.Netns, err)
+		}
+	}
 	if t.Failed() {
 		for _, nd := range cl.nodes {
-			t.Logf("%s:\n%s", nd.Name, nd.Host.Dump())
+			d, _ := exec.Command("nsenter", "-t", fmt.Sprint(nd.NSPID()), "--net", "--", "iptables-save", "-t", "nat").CombinedOutput()
+			t.Logf("%s:\n%s\n%s", nd.Name, nd.Host.Dump(), d)
 		}
 	}
 }

@@ -84,42 +84,6 @@ spec:
 	return ip
 }
 
-// probePod runs a pod named name on node with script and reports whether it
-// succeeded, with its log.
-func (cl *cluster) probePod(node, name, script string) (bool, string) {
-	cl.t.Helper()
-	cl.c.Apply(cl.t, fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {name: %s, namespace: default, labels: {app: probe}}
-spec:
-  nodeName: %s
-  restartPolicy: Never
-  automountServiceAccountToken: false
-  containers:
-    - name: probe
-      image: %s
-      imagePullPolicy: Never
-      command: ["/bin/busybox", "sh", "-c", %q]
-`, name, node, podImage, script))
-	var phase string
-	if err := kubeenv.WaitFor(3*time.Minute, 500*time.Millisecond, func() (bool, error) {
-		pods, err := cl.c.Pods("default", "app=probe")
-		if err != nil {
-			return false, err
-		}
-		for _, p := range pods {
-			if p.Metadata.Name == name {
-				phase = p.Status.Phase
-			}
-		}
-		return phase == "Succeeded" || phase == "Failed", fmt.Errorf("pod %s phase %q", name, phase)
-	}); err != nil {
-		out, _ := cl.c.Kubectl("describe", "pod", name)
-		cl.t.Fatalf("%v\n%s", err, out)
-	}
-	return phase == "Succeeded", cl.podLog(node, name)
-}
-
 // podNetns is the name (in the node's /run/netns) of the network namespace
 // holding addr, found by asking each of the node's pod namespaces.
 func podNetns(t *testing.T, nd *kubeenv.Node, addr string) string {
@@ -172,7 +136,7 @@ func TestClusterIPService(t *testing.T) {
 	t.Logf("service echo %s -> echo-node1 %s, echo-node2 %s; echo-node1 %s, echo-node2 %s", svc, podIP["node1"], podIP["node2"], self, remote["node1"])
 	for _, nd := range cl.nodes {
 		t1 := time.Now()
-		ok, log := cl.probePod(nd.Name, "probe-"+nd.Name, probeScript([]string{svc + ":80", remote[nd.Name] + ":80"}, 30))
+		ok, log, _ := cl.runPod(nd.Name, "probe-"+nd.Name, probeScript([]string{svc + ":80", remote[nd.Name] + ":80"}, 30))
 		t.Logf("from a pod on %s (%v):\n%s", nd.Name, time.Since(t1).Round(time.Millisecond), log)
 		if !ok || !strings.Contains(log, remote[nd.Name]+":80 "+want[nd.Name]+" ") {
 			t.Errorf("a pod on %s did not reach every service (%s through %s)", nd.Name, want[nd.Name], remote[nd.Name])
