@@ -60,7 +60,11 @@ func images(t *testing.T, dir string) []string {
 
 // start brings up the control plane and n nodes, applies deploy/ipledger.yaml
 // unchanged and waits until every node is Ready with its agent Ready.
-func start(t *testing.T, n int) *cluster {
+func start(t *testing.T, n int) *cluster { return startMode(t, n, false) }
+
+// startMode is start, with `kubectl apply -k deploy/cluster` (cluster mode on
+// the Kubernetes datastore, the overlay unchanged) when clusterMode is set.
+func startMode(t *testing.T, n int, clusterMode bool) *cluster {
 	t.Helper()
 	testenv.SkipIfShort(t, "needs a Kubernetes build")
 	imgs := images(t, t.TempDir())
@@ -74,12 +78,18 @@ func start(t *testing.T, n int) *cluster {
 		cl.nodes = append(cl.nodes, c.AddNode(t, fmt.Sprintf("node%d", i), env.Node(i), imgs...))
 		t.Logf("node%d registered in %v", i, time.Since(t1).Round(time.Millisecond))
 	}
-	manifest, err := os.ReadFile(filepath.Join(agentenv.RepoRoot(), "deploy", "ipledger.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	t2 := time.Now()
-	c.Apply(t, string(manifest))
+	what := "deploy/ipledger.yaml applied"
+	if clusterMode {
+		what = "deploy/cluster applied (kubectl apply -k)"
+		c.MustKubectl(t, "apply", "-k", filepath.Join(agentenv.RepoRoot(), "deploy", "cluster"))
+	} else {
+		manifest, err := os.ReadFile(filepath.Join(agentenv.RepoRoot(), "deploy", "ipledger.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Apply(t, string(manifest))
+	}
 	if err := kubeenv.WaitFor(3*time.Minute, time.Second, func() (bool, error) {
 		pods, err := c.Pods("ipledger", "app=ipledgerd")
 		if err != nil {
@@ -105,7 +115,7 @@ func start(t *testing.T, n int) *cluster {
 		out, _ := c.Kubectl("describe", "pods", "-n", "ipledger")
 		t.Fatalf("ipledger not installed: %v\n%s", err, out)
 	}
-	t.Logf("deploy/ipledger.yaml applied unchanged: %d agents and nodes Ready in %v", n, time.Since(t2).Round(time.Millisecond))
+	t.Logf("%s unchanged: %d agents and nodes Ready in %v", what, n, time.Since(t2).Round(time.Millisecond))
 	return cl
 }
 
@@ -301,13 +311,19 @@ func httpGet(c net.Conn) (string, error) {
 //     another node;
 //   - kubectl logs and exec reach every node's kubelet.
 func TestThreeNodes(t *testing.T) {
-	const n = 3
-	cl := start(t, n)
+	cl := start(t, 3)
+	cl.checkNetwork(func(node string) netip.Prefix { return cl.podCIDR(node) })
+}
+
+// checkNetwork runs TestThreeNodes' checks; each node's pods must get
+// addresses in pods(node).
+func (cl *cluster) checkNetwork(pods func(node string) netip.Prefix) {
+	t := cl.t
 	servers := map[string]netip.Addr{}
 	for _, nd := range cl.nodes {
 		ip := cl.server(nd.Name)
-		if cidr := cl.podCIDR(nd.Name); !cidr.Contains(ip) {
-			t.Fatalf("pod address %s not in %s's podCIDR %s", ip, nd.Name, cidr)
+		if cidr := pods(nd.Name); !cidr.Contains(ip) {
+			t.Fatalf("pod address %s on %s not in %s", ip, nd.Name, cidr)
 		}
 		servers[nd.Name] = ip
 	}
@@ -384,5 +400,74 @@ func TestThreeNodes(t *testing.T) {
 			d, _ := exec.Command("nsenter", "-t", fmt.Sprint(nd.NSPID()), "--net", "--", "iptables-save", "-t", "nat").CombinedOutput()
 			t.Logf("%s:\n%s\n%s", nd.Name, nd.Host.Dump(), d)
 		}
+	}
+}
+
+// clusterPool is deploy/cluster's cluster-wide pool.
+var clusterPool = netip.MustParsePrefix("10.244.0.0/16")
+
+type ipBlocks struct {
+	Items []struct {
+		Spec struct {
+			CIDR  string `json:"cidr"`
+			Owner string `json:"owner"`
+		} `json:"spec"`
+	} `json:"items"`
+}
+
+// TestThreeNodesClusterMode (issue 25): `kubectl apply -k deploy/cluster`
+// unchanged on three kubelet nodes: pods get addresses from blocks of the
+// cluster-wide pool, each node routes every block another node owns (as the
+// IPBlocks on the API say) via that node's address and makes its own
+// unreachable (never out of the default route),
+// TestThreeNodes' checks pass, and the cluster audit balances (no address
+// held on two nodes).
+func TestThreeNodesClusterMode(t *testing.T) {
+	cl := startMode(t, 3, true)
+	cl.checkNetwork(func(string) netip.Prefix { return clusterPool })
+	var blocks ipBlocks
+	if err := cl.c.GetJSON(&blocks, "ipblocks"); err != nil {
+		t.Fatal(err)
+	}
+	ipOf := map[string]string{}
+	for _, nd := range cl.nodes {
+		ipOf[nd.Name] = nd.IP
+	}
+	for _, nd := range cl.nodes {
+		var want []string
+		for _, b := range blocks.Items {
+			switch b.Spec.Owner {
+			case "":
+			case nd.Name:
+				want = append(want, "unreachable "+b.Spec.CIDR)
+			default:
+				want = append(want, b.Spec.CIDR+" via "+ipOf[b.Spec.Owner])
+			}
+		}
+		var got string
+		err := kubeenv.WaitFor(30*time.Second, 200*time.Millisecond, func() (bool, error) {
+			out, err := exec.Command("ip", "-n", nd.Host.Netns, "route", "show", "proto", "201").CombinedOutput()
+			got = string(out)
+			for _, w := range want {
+				if !strings.Contains(got, w+" ") {
+					return false, fmt.Errorf("no route %q: %v", w, err)
+				}
+			}
+			return true, nil
+		})
+		t.Logf("%s (%s): ip route show proto 201:\n%s", nd.Name, nd.IP, got)
+		if err != nil {
+			t.Errorf("%s: %v", nd.Name, err)
+		}
+	}
+	// Every node's leases against each other and against the API's blocks.
+	args := []string{"cluster-audit"}
+	for _, nd := range cl.nodes {
+		args = append(args, "--socket", nd.HostPath("/run/ipledger/ipledger.sock"))
+	}
+	out, err := exec.Command(filepath.Join(agentenv.Bin(t), "ipledgerctl"), args...).CombinedOutput()
+	t.Logf("ipledgerctl cluster-audit over %d nodes:\n%s", len(cl.nodes), out)
+	if err != nil || !strings.Contains(string(out), fmt.Sprintf(": %d nodes,", len(cl.nodes))) {
+		t.Errorf("cluster-audit: %v", err)
 	}
 }
