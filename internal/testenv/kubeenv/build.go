@@ -248,13 +248,52 @@ var (
 // skips tb, as Binaries does.
 func ExtraBinary(tb testing.TB, name string) string {
 	tb.Helper()
+	pkg := "k8s.io/kubernetes/cmd/" + name
+	return extra(tb, name, pkg+"@"+Version, func(src, out string) error {
+		return goIn(src, "build", "-trimpath", "-ldflags", ldflags(), "-o", out, pkg)
+	})
+}
+
+// E2ETest returns the path of e2e.test, Kubernetes' end-to-end suite
+// (k8s.io/kubernetes/test/e2e compiled with go test -c), and of the ginkgo
+// command of the version the suite requires, both built from the same module
+// as Binaries and cached the same way.
+func E2ETest(tb testing.TB) (e2eTest, ginkgo string) {
+	tb.Helper()
+	const pkg = "k8s.io/kubernetes/test/e2e"
+	e2eTest = extra(tb, "e2e.test", "-t "+pkg+"@"+Version, func(src, out string) error {
+		return goIn(src, "test", "-c", "-vet=off", "-trimpath", "-ldflags", ldflags(), "-o", out, pkg)
+	})
+	ginkgo = extra(tb, "ginkgo", "-t "+pkg+"@"+Version, func(src, out string) error {
+		return goIn(src, "build", "-trimpath", "-ldflags", "-s -w", "-o", out, "github.com/onsi/ginkgo/v2/ginkgo")
+	})
+	return e2eTest, ginkgo
+}
+
+// Agnhost returns the path of agnhost, the e2e suite's all-purpose test
+// server and client (k8s.io/kubernetes/test/images/agnhost, part of the same
+// module), built and cached as ExtraBinary builds.
+func Agnhost(tb testing.TB) string {
+	tb.Helper()
+	const pkg = "k8s.io/kubernetes/test/images/agnhost"
+	return extra(tb, "agnhost", pkg+"@"+Version, func(src, out string) error {
+		return goIn(src, "build", "-trimpath", "-ldflags", "-s -w", "-o", out, pkg)
+	})
+}
+
+// extra builds (once per process, and once per recipe on the machine) the
+// binary name: `go get get` (its arguments, space-separated) in a module of its
+// own pinned as the main build is, then build(src, out) writing it to out.
+// Under -short it skips tb.
+func extra(tb testing.TB, name, get string, build func(src, out string) error) string {
+	tb.Helper()
 	testenv.SkipIfShort(tb, "needs a Kubernetes build")
 	extraMu.Lock()
 	defer extraMu.Unlock()
 	if p, ok := extraBins[name]; ok {
 		return p
 	}
-	p, err := ensureExtra(tb, name)
+	p, err := ensureExtra(tb, name, get, build)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -262,7 +301,7 @@ func ExtraBinary(tb testing.TB, name string) string {
 	return p
 }
 
-func ensureExtra(tb testing.TB, name string) (string, error) {
+func ensureExtra(tb testing.TB, name, get string, build func(src, out string) error) (string, error) {
 	dir := extraDir(name)
 	bin := filepath.Join(dir, "bin")
 	if extraCached(bin, name) {
@@ -299,11 +338,10 @@ func ensureExtra(tb testing.TB, name string) (string, error) {
 	if err := os.MkdirAll(tmp, 0o755); err != nil {
 		return "", err
 	}
-	pkg := "k8s.io/kubernetes/cmd/" + name
-	if err := goIn(src, "get", pkg+"@"+Version); err != nil {
+	if err := goIn(src, append([]string{"get"}, strings.Fields(get)...)...); err != nil {
 		return "", err
 	}
-	if err := goIn(src, "build", "-trimpath", "-ldflags", ldflags(), "-o", filepath.Join(tmp, name), pkg); err != nil {
+	if err := build(src, filepath.Join(tmp, name)); err != nil {
 		return "", err
 	}
 	if err := os.WriteFile(filepath.Join(tmp, ".stamp"), []byte(extraKey(name)+"\n"), 0o644); err != nil {
