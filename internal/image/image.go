@@ -37,6 +37,9 @@ type File struct {
 	Path string
 	Mode int64
 	Data []byte
+	// Link, when set, makes the entry a symbolic link to Link (Mode and Data
+	// unused), e.g. "usr/bin" for "bin" on a merged-/usr system.
+	Link string
 }
 
 // Spec describes an image.
@@ -199,6 +202,12 @@ func layer(spec Spec) ([]byte, error) {
 	for _, p := range sortedKeys(files) {
 		f := files[p]
 		h := &tar.Header{Typeflag: tar.TypeReg, Name: p, Mode: f.Mode, Size: int64(len(f.Data)), ModTime: Epoch, Format: tar.FormatPAX}
+		if f.Link != "" {
+			if len(f.Data) > 0 {
+				return nil, fmt.Errorf("%w: %q is a link to %q and has data too", ErrBadSpec, p, f.Link)
+			}
+			h = &tar.Header{Typeflag: tar.TypeSymlink, Name: p, Linkname: f.Link, Mode: 0o777, ModTime: Epoch, Format: tar.FormatPAX}
+		}
 		if err := tw.WriteHeader(h); err != nil {
 			return nil, err
 		}

@@ -23,7 +23,7 @@ func spec() image.Spec {
 	return image.Spec{
 		Tag:        "ipledger:dev",
 		Dirs:       []string{"tmp", "etc"},
-		Files:      []image.File{{Path: "/usr/local/bin/b", Mode: 0o755, Data: []byte("bee")}, {Path: "usr/local/bin/a", Mode: 0o755, Data: []byte("ay")}},
+		Files:      []image.File{{Path: "/usr/local/bin/b", Mode: 0o755, Data: []byte("bee")}, {Path: "usr/local/bin/a", Mode: 0o755, Data: []byte("ay")}, {Path: "bin", Link: "usr/local/bin"}},
 		Entrypoint: []string{"/usr/local/bin/a"},
 	}
 }
@@ -95,11 +95,14 @@ func TestArchiveHoldsFilesAtEpoch(t *testing.T) {
 		}
 		data, _ := io.ReadAll(tr)
 		got[h.Name] = string(data)
+		if h.Typeflag == tar.TypeSymlink {
+			got[h.Name] = "-> " + h.Linkname
+		}
 		if h.Name == "tmp/" && h.Mode != 0o1777 {
 			t.Errorf("tmp mode %o, want 1777", h.Mode)
 		}
 	}
-	for p, want := range map[string]string{"usr/": "", "usr/local/bin/": "", "usr/local/bin/a": "ay", "usr/local/bin/b": "bee", "etc/": ""} {
+	for p, want := range map[string]string{"usr/": "", "usr/local/bin/": "", "usr/local/bin/a": "ay", "usr/local/bin/b": "bee", "etc/": "", "bin": "-> usr/local/bin"} {
 		if v, ok := got[p]; !ok || v != want {
 			t.Errorf("layer entry %q = %q (present %v), want %q", p, v, ok, want)
 		}
@@ -116,6 +119,7 @@ func TestBadSpecNamesTheField(t *testing.T) {
 		{"root file", func(s *image.Spec) { s.Files[0].Path = "/" }, "file path"},
 		{"duplicate", func(s *image.Spec) { s.Files[1].Path = s.Files[0].Path }, "given twice"},
 		{"file over dir", func(s *image.Spec) { s.Files[0].Path = "etc" }, "both a file and a directory"},
+		{"link with data", func(s *image.Spec) { s.Files[0].Link = "x" }, "is a link"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := spec()
