@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/netip"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -122,12 +123,12 @@ func (l *lagWatch) Err() error                     { return l.w.Err() }
 
 type netLeases struct{ d *netDS }
 
-func (l netLeases) Acquire(ctx context.Context, node, holder string, ttl time.Duration) (datastore.NodeLease, error) {
+func (l netLeases) Acquire(ctx context.Context, node, holder string, ttl time.Duration, addrs ...netip.Addr) (datastore.NodeLease, error) {
 	if err := l.d.down("acquire"); err != nil {
 		return datastore.NodeLease{}, err
 	}
 	l.d.writes.Add(1)
-	return l.d.Store.Leases().Acquire(ctx, node, holder, ttl)
+	return l.d.Store.Leases().Acquire(ctx, node, holder, ttl, addrs...)
 }
 func (l netLeases) Renew(ctx context.Context, nl datastore.NodeLease) (datastore.NodeLease, error) {
 	if err := l.d.down("renew"); err != nil {

@@ -46,7 +46,7 @@ func (m *Manager) Renew(ctx context.Context) error {
 	sent := m.mono()
 	var nl datastore.NodeLease
 	acquire := func(ctx context.Context) (err error) {
-		nl, err = leases.Acquire(ctx, m.opts.Node, m.opts.Holder, m.opts.LeaseTTL)
+		nl, err = leases.Acquire(ctx, m.opts.Node, m.opts.Holder, m.opts.LeaseTTL, m.opts.Addrs...)
 		return err
 	}
 	var err error

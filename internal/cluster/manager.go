@@ -28,6 +28,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"sync"
 	"time"
 
@@ -65,6 +66,9 @@ type Options struct {
 	Node string
 	// Holder identifies this agent process (default Node + "/" + a random id).
 	Holder string
+	// Addrs are the node's addresses, published with its lease: without Kubernetes
+	// Nodes the other nodes route this node's blocks through them (LeaseNodes).
+	Addrs []netip.Addr
 	// Clock gives monotonic time for every deadline; default clock.NewSystem().
 	Clock clock.Clock
 	// LeaseTTL is the node lease's time to live (default 30 s); renewals are sent
@@ -165,6 +169,9 @@ type leaseObs struct {
 func New(ds datastore.Store, l *ledger.Ledger, opts Options) (*Manager, error) {
 	if opts.Node == "" {
 		return nil, errors.New("cluster: node name is empty; give --node-name (the Kubernetes node name)")
+	}
+	if err := datastore.CheckAddrs(opts.Node, opts.Addrs); err != nil {
+		return nil, fmt.Errorf("cluster: the node's addresses: %w", err)
 	}
 	if opts.Holder == "" {
 		var b [6]byte

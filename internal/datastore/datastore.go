@@ -29,7 +29,8 @@
 //   - value: a JSON object of at most MaxValue bytes. A store may re-encode it
 //     (whitespace, key order) but never changes its meaning.
 //   - node (Leases): a name segment; holder: 1 to MaxName bytes of printable
-//     ASCII; ttl: a whole number of seconds, at least one.
+//     ASCII; ttl: a whole number of seconds, at least one; addrs: at most MaxAddrs
+//     valid unicast addresses, no zone.
 package datastore
 
 import (
@@ -37,6 +38,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"strings"
 	"time"
 )
@@ -66,6 +68,7 @@ var (
 const (
 	MaxName  = 253       // bytes of a key's name part (a Kubernetes object name)
 	MaxValue = 64 * 1024 // bytes of a value
+	MaxAddrs = 8         // addresses published with a node lease
 )
 
 // KV is a key's stored value at its last modification.
@@ -151,7 +154,11 @@ type Watch interface {
 //
 // Fencing rests on this contract:
 //   - Acquire creates or takes over node's lease for holder with ttl and returns it
-//     with the revision of that write. Renew rewrites it; it fails with ErrConflict
+//     with the revision of that write. addrs, the node's addresses (cluster mode
+//     without Kubernetes Nodes routes pods to them), are published with it: List
+//     and every later Renew return them (Renew writes the lease's Addrs again:
+//     renew what Acquire or Renew returned). A lease
+//     written without addresses (an older agent) reads with none. Renew rewrites it; it fails with ErrConflict
 //     when anybody else wrote the lease since (another holder took it over), and with
 //     ErrNotFound when the server no longer has it (expired or deleted).
 //   - A holder whose last successful Acquire or Renew was *sent* at monotonic time t
@@ -165,7 +172,7 @@ type Watch interface {
 //     of the same NodeLease at most one succeeds.
 //   - A node, holder or ttl that breaks the package comment's rules: ErrInvalid.
 type Leases interface {
-	Acquire(ctx context.Context, node, holder string, ttl time.Duration) (NodeLease, error)
+	Acquire(ctx context.Context, node, holder string, ttl time.Duration, addrs ...netip.Addr) (NodeLease, error)
 	Renew(ctx context.Context, l NodeLease) (NodeLease, error)
 	// Release deletes the lease if l is still current (a clean shutdown):
 	// ErrConflict if somebody wrote it since, ErrNotFound if it is gone.
@@ -184,6 +191,10 @@ type NodeLease struct {
 	Revision int64 // changes on every Acquire and Renew
 	// ID is the implementation's handle (etcd lease ID, Kubernetes Lease UID).
 	ID string
+	// Addrs are the addresses the holder published with the lease (Acquire): the
+	// node's addresses other nodes route its pods through. None from a holder that
+	// published none.
+	Addrs []netip.Addr
 }
 
 // LeaseKind is the kind reserved for Leases: Store methods refuse keys under it.
@@ -247,6 +258,20 @@ func CheckValue(key string, value []byte) error {
 	trimmed := strings.TrimLeft(string(value), " \t\r\n")
 	if !strings.HasPrefix(trimmed, "{") || !json.Valid(value) {
 		return fmt.Errorf("%w: value of key %q is not a JSON object", ErrInvalid, key)
+	}
+	return nil
+}
+
+// CheckAddrs returns nil if addrs may be published with node's lease (the package
+// comment's rules), else an error wrapping ErrInvalid that names the bad one.
+func CheckAddrs(node string, addrs []netip.Addr) error {
+	if len(addrs) > MaxAddrs {
+		return fmt.Errorf("%w: lease of node %q: %d addresses, at most %d allowed", ErrInvalid, node, len(addrs), MaxAddrs)
+	}
+	for _, a := range addrs {
+		if !a.IsValid() || a.Zone() != "" || a.IsUnspecified() || a.IsMulticast() {
+			return fmt.Errorf("%w: lease of node %q: address %q: want a unicast address without zone", ErrInvalid, node, a)
+		}
 	}
 	return nil
 }

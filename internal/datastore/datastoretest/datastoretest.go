@@ -24,6 +24,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"reflect"
 	"strings"
 	"sync"
@@ -99,6 +100,7 @@ func Run(t *testing.T, open func(t *testing.T) datastore.Store, opts Options) {
 		{"LeaseRacingRenews", s.testLeaseRacingRenews},
 		{"LeaseExpiry", s.testLeaseExpiry},
 		{"LeaseInvalid", s.testLeaseInvalid},
+		{"LeaseAddrs", s.testLeaseAddrs},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, tc.fn)
@@ -1086,14 +1088,15 @@ func leasesOf(t *testing.T, st datastore.Store, node string) []datastore.NodeLea
 	return out
 }
 
-// wantListed checks that node's listed lease is l (holder, TTL, revision, ID).
+// wantListed checks that node's listed lease is l (holder, TTL, revision, ID,
+// addresses).
 func wantListed(t *testing.T, st datastore.Store, l datastore.NodeLease) {
 	t.Helper()
 	ls := leasesOf(t, st, l.Node)
 	if len(ls) != 1 {
 		t.Fatalf("Leases.List has %d leases of node %q, want 1: %+v", len(ls), l.Node, ls)
 	}
-	if ls[0] != l {
+	if !reflect.DeepEqual(ls[0], l) {
 		t.Fatalf("Leases.List: %+v, want %+v", ls[0], l)
 	}
 }
@@ -1288,4 +1291,50 @@ func (s *suite) testLeaseInvalid(t *testing.T) {
 	}
 	_, err := st.Leases().Renew(ctx, datastore.NodeLease{Node: "Bad", Holder: "h", TTL: ttl, Revision: 1, ID: "1"})
 	wantErr(t, "Renew of a lease with a bad node name", err, datastore.ErrInvalid)
+}
+
+// testLeaseAddrs: the addresses published with Acquire are listed and kept by every
+// Renew; a takeover without addresses drops them; bad addresses are refused.
+func (s *suite) testLeaseAddrs(t *testing.T) {
+	st, node := s.leaseStore(t)
+	ctx := ctxT(t)
+	ttl := s.opts.LeaseTTL
+	want := []netip.Addr{netip.MustParseAddr("192.0.2.10"), netip.MustParseAddr("2001:db8::10")}
+	l, err := st.Leases().Acquire(ctx, node, "holder-a", ttl, want...)
+	if err != nil {
+		t.Fatalf("Acquire with addresses: %v", err)
+	}
+	if !reflect.DeepEqual(l.Addrs, want) {
+		t.Fatalf("Acquire returned addresses %v, want %v", l.Addrs, want)
+	}
+	wantListed(t, st, l)
+	for i := range 2 {
+		if l, err = st.Leases().Renew(ctx, l); err != nil {
+			t.Fatalf("Renew %d: %v", i, err)
+		}
+		if !reflect.DeepEqual(l.Addrs, want) {
+			t.Fatalf("Renew %d returned addresses %v, want %v", i, l.Addrs, want)
+		}
+		wantListed(t, st, l)
+	}
+	// another agent of the node that publishes none (an older release)
+	b, err := st.Leases().Acquire(ctx, node, "holder-b", ttl)
+	if err != nil {
+		t.Fatalf("Acquire without addresses: %v", err)
+	}
+	if len(b.Addrs) != 0 {
+		t.Fatalf("Acquire without addresses returned %v", b.Addrs)
+	}
+	wantListed(t, st, b)
+	for _, bad := range [][]netip.Addr{
+		{{}},
+		{netip.IPv4Unspecified()},
+		{netip.MustParseAddr("fe80::1%eth0")},
+		{netip.MustParseAddr("224.0.0.1")},
+		make([]netip.Addr, datastore.MaxAddrs+1),
+	} {
+		_, err := st.Leases().Acquire(ctx, node, "holder-c", ttl, bad...)
+		wantErr(t, fmt.Sprintf("Acquire with addresses %v", bad), err, datastore.ErrInvalid)
+	}
+	wantListed(t, st, b)
 }

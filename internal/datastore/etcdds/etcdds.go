@@ -15,7 +15,7 @@
 //     resumes the stream by itself across a member's restart. Compaction ends it with
 //     ErrCompacted; a stream the client gives up on, with ErrUnavailable.
 //   - Node leases: an etcd lease granted with the TTL and the key
-//     "<root>nodes/<node>" attached to it, holding {holder, ttlSeconds}. Renew keeps
+//     "<root>nodes/<node>" attached to it, holding {holder, ttlSeconds, addrs}. Renew keeps
 //     the etcd lease alive once (ErrNotFound when etcd no longer has it) and then
 //     rewrites the key on its revision, so its revision changes on every renewal
 //     (what observers watch) and a holder that was taken over gets ErrConflict.
@@ -27,6 +27,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -412,20 +414,26 @@ func (s *Store) Leases() datastore.Leases { return leases{s} }
 
 type leases struct{ s *Store }
 
-// leaseValue is what the key nodes/<node> holds.
+// leaseValue is what the key nodes/<node> holds. Addrs is absent from the records
+// of agents that published none (and of older releases): they read with none.
 type leaseValue struct {
-	Holder     string `json:"holder"`
-	TTLSeconds int64  `json:"ttlSeconds"`
+	Holder     string       `json:"holder"`
+	TTLSeconds int64        `json:"ttlSeconds"`
+	Addrs      []netip.Addr `json:"addrs,omitempty"`
 }
 
 func (l leases) key(node string) string { return l.s.root + datastore.LeaseKind + "/" + node }
 
 // Acquire grants an etcd lease with ttl and writes node's key on it, taking over
 // whatever lease the node had.
-func (l leases) Acquire(ctx context.Context, node, holder string, ttl time.Duration) (datastore.NodeLease, error) {
+func (l leases) Acquire(ctx context.Context, node, holder string, ttl time.Duration, addrs ...netip.Addr) (datastore.NodeLease, error) {
 	if err := datastore.CheckNode(node, holder, ttl); err != nil {
 		return datastore.NodeLease{}, err
 	}
+	if err := datastore.CheckAddrs(node, addrs); err != nil {
+		return datastore.NodeLease{}, err
+	}
+	addrs = slices.Clone(addrs)
 	s := l.s
 	what := fmt.Sprintf("acquire lease of node %q for %q", node, holder)
 	if err := ctx.Err(); err != nil {
@@ -438,7 +446,7 @@ func (l leases) Acquire(ctx context.Context, node, holder string, ttl time.Durat
 	if err != nil {
 		return datastore.NodeLease{}, fail(cctx, what, err)
 	}
-	val, _ := json.Marshal(leaseValue{Holder: holder, TTLSeconds: secs})
+	val, _ := json.Marshal(leaseValue{Holder: holder, TTLSeconds: secs, Addrs: addrs})
 	resp, err := s.cli.Put(cctx, l.key(node), string(val), clientv3.WithLease(g.ID))
 	if err != nil {
 		// The lease holds nothing; it would expire anyway.
@@ -447,7 +455,7 @@ func (l leases) Acquire(ctx context.Context, node, holder string, ttl time.Durat
 		rcancel()
 		return datastore.NodeLease{}, fail(cctx, what, err)
 	}
-	return datastore.NodeLease{Node: node, Holder: holder, TTL: ttl, Revision: resp.Header.Revision, ID: leaseID(g.ID)}, nil
+	return datastore.NodeLease{Node: node, Holder: holder, TTL: ttl, Revision: resp.Header.Revision, ID: leaseID(g.ID), Addrs: addrs}, nil
 }
 
 func leaseID(id clientv3.LeaseID) string { return strconv.FormatInt(int64(id), 16) }
@@ -463,6 +471,9 @@ func parseLeaseID(nl datastore.NodeLease) (clientv3.LeaseID, error) {
 // Renew keeps the etcd lease alive and rewrites the node's key on its revision.
 func (l leases) Renew(ctx context.Context, nl datastore.NodeLease) (datastore.NodeLease, error) {
 	if err := datastore.CheckNode(nl.Node, nl.Holder, nl.TTL); err != nil {
+		return datastore.NodeLease{}, err
+	}
+	if err := datastore.CheckAddrs(nl.Node, nl.Addrs); err != nil {
 		return datastore.NodeLease{}, err
 	}
 	id, err := parseLeaseID(nl)
@@ -482,7 +493,7 @@ func (l leases) Renew(ctx context.Context, nl datastore.NodeLease) (datastore.No
 		return datastore.NodeLease{}, fail(cctx, what, err)
 	}
 	k := l.key(nl.Node)
-	val, _ := json.Marshal(leaseValue{Holder: nl.Holder, TTLSeconds: int64(nl.TTL / time.Second)})
+	val, _ := json.Marshal(leaseValue{Holder: nl.Holder, TTLSeconds: int64(nl.TTL / time.Second), Addrs: nl.Addrs})
 	resp, err := s.cli.Txn(cctx).
 		If(clientv3.Compare(clientv3.CreateRevision(k), ">", 0), clientv3.Compare(clientv3.ModRevision(k), "=", nl.Revision)).
 		Then(clientv3.OpPut(k, string(val), clientv3.WithLease(id))).
@@ -548,19 +559,17 @@ func (l leases) List(ctx context.Context) ([]datastore.NodeLease, error) {
 	s := l.s
 	var out []datastore.NodeLease
 	var bad error
-	_, _, err := s.list(ctx, "list node leases", s.root+datastore.LeaseKind+"/", func(kv *mvccpb.KeyValue) {
-		var v leaseValue
-		if err := json.Unmarshal(kv.Value, &v); err != nil && bad == nil {
-			bad = fmt.Errorf("etcdds: lease record %q: %w", kv.Key, err)
+	prefix := s.root + datastore.LeaseKind + "/"
+	_, _, err := s.list(ctx, "list node leases", prefix, func(kv *mvccpb.KeyValue) {
+		nl, err := decodeLease(strings.TrimPrefix(string(kv.Key), prefix), kv.Value)
+		if err != nil {
+			if bad == nil {
+				bad = err
+			}
 			return
 		}
-		out = append(out, datastore.NodeLease{
-			Node:     strings.TrimPrefix(string(kv.Key), s.root+datastore.LeaseKind+"/"),
-			Holder:   v.Holder,
-			TTL:      time.Duration(v.TTLSeconds) * time.Second,
-			Revision: kv.ModRevision,
-			ID:       leaseID(clientv3.LeaseID(kv.Lease)),
-		})
+		nl.Revision, nl.ID = kv.ModRevision, leaseID(clientv3.LeaseID(kv.Lease))
+		out = append(out, nl)
 	})
 	if err != nil {
 		return nil, err
@@ -569,6 +578,16 @@ func (l leases) List(ctx context.Context) ([]datastore.NodeLease, error) {
 		return nil, bad
 	}
 	return out, nil
+}
+
+// decodeLease reads the record of node's lease (without its revision and ID, which
+// etcd keeps beside the value).
+func decodeLease(node string, val []byte) (datastore.NodeLease, error) {
+	var v leaseValue
+	if err := json.Unmarshal(val, &v); err != nil {
+		return datastore.NodeLease{}, fmt.Errorf("etcdds: lease record of node %q: %w", node, err)
+	}
+	return datastore.NodeLease{Node: node, Holder: v.Holder, TTL: time.Duration(v.TTLSeconds) * time.Second, Addrs: v.Addrs}, nil
 }
 
 func check(key string, value []byte) error {

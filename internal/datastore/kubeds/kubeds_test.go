@@ -414,7 +414,7 @@ func TestKubernetesAPI(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(all) != 2 || all[0] != b || all[1] != c {
+		if len(all) != 2 || !reflect.DeepEqual(all[0], b) || !reflect.DeepEqual(all[1], c) {
 			t.Fatalf("list: %+v, want %+v and %+v", all, b, c)
 		}
 		if err := ls.Release(ctx, a2); !errors.Is(err, datastore.ErrConflict) {

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -34,8 +36,11 @@ func ttlSeconds(ttl time.Duration) int64 { return int64(ttl / time.Second) }
 func (l *leases) now() string { return l.s.clock.Now().UTC().Format(metav1.RFC3339Micro) }
 
 // Acquire creates node's Lease for holder, or takes it over (whoever held it).
-func (l *leases) Acquire(ctx context.Context, node, holder string, ttl time.Duration) (datastore.NodeLease, error) {
+func (l *leases) Acquire(ctx context.Context, node, holder string, ttl time.Duration, addrs ...netip.Addr) (datastore.NodeLease, error) {
 	if err := datastore.CheckNode(node, holder, ttl); err != nil {
+		return datastore.NodeLease{}, fmt.Errorf("kubeds: %w", err)
+	}
+	if err := datastore.CheckAddrs(node, addrs); err != nil {
 		return datastore.NodeLease{}, fmt.Errorf("kubeds: %w", err)
 	}
 	secs := ttlSeconds(ttl)
@@ -65,7 +70,7 @@ func (l *leases) Acquire(ctx context.Context, node, holder string, ttl time.Dura
 			spec["renewTime"] = now
 			spec["leaseTransitions"] = transitions
 			cur.Object["spec"] = spec
-			setLeaseMeta(cur, node)
+			setLeaseMeta(cur, node, addrs)
 			out, err := l.res().Update(ctx, cur, metav1.UpdateOptions{})
 			if err == nil {
 				return toNodeLease(out)
@@ -82,7 +87,7 @@ func (l *leases) Acquire(ctx context.Context, node, holder string, ttl time.Dura
 			}}
 			lease.SetName(name)
 			lease.SetNamespace(l.s.ns)
-			setLeaseMeta(lease, node)
+			setLeaseMeta(lease, node, addrs)
 			out, err := l.res().Create(ctx, lease, metav1.CreateOptions{})
 			if err == nil {
 				return toNodeLease(out)
@@ -98,7 +103,7 @@ func (l *leases) Acquire(ctx context.Context, node, holder string, ttl time.Dura
 	return datastore.NodeLease{}, fmt.Errorf("kubeds: %s %s: still racing other writers after 8 attempts: %w", what, obj, last)
 }
 
-func setLeaseMeta(obj *unstructured.Unstructured, node string) {
+func setLeaseMeta(obj *unstructured.Unstructured, node string, addrs []netip.Addr) {
 	labels := obj.GetLabels()
 	if labels == nil {
 		labels = map[string]string{}
@@ -110,6 +115,14 @@ func setLeaseMeta(obj *unstructured.Unstructured, node string) {
 		ann = map[string]string{}
 	}
 	ann[AnnotationNode] = node
+	delete(ann, AnnotationAddrs)
+	if len(addrs) > 0 {
+		s := make([]string, len(addrs))
+		for i, a := range addrs {
+			s[i] = a.String()
+		}
+		ann[AnnotationAddrs] = strings.Join(s, ",")
+	}
 	obj.SetAnnotations(ann)
 }
 
@@ -208,5 +221,15 @@ func toNodeLease(obj *unstructured.Unstructured) (datastore.NodeLease, error) {
 	}
 	holder, _, _ := unstructured.NestedString(obj.Object, "spec", "holderIdentity")
 	secs, _, _ := unstructured.NestedInt64(obj.Object, "spec", "leaseDurationSeconds")
-	return datastore.NodeLease{Node: node, Holder: holder, TTL: time.Duration(secs) * time.Second, Revision: rev, ID: string(obj.GetUID())}, nil
+	var addrs []netip.Addr
+	if v := obj.GetAnnotations()[AnnotationAddrs]; v != "" {
+		for _, f := range strings.Split(v, ",") {
+			a, err := netip.ParseAddr(f)
+			if err != nil {
+				return datastore.NodeLease{}, fmt.Errorf("kubeds: Lease %s/%s: annotation %s: %v", obj.GetNamespace(), obj.GetName(), AnnotationAddrs, err)
+			}
+			addrs = append(addrs, a)
+		}
+	}
+	return datastore.NodeLease{Node: node, Holder: holder, TTL: time.Duration(secs) * time.Second, Revision: rev, ID: string(obj.GetUID()), Addrs: addrs}, nil
 }

@@ -32,6 +32,9 @@ const (
 	// every Update a change (the apiserver keeps the resourceVersion of a PUT that
 	// changes nothing, while the store's contract is a new revision per write).
 	AnnotationSeq = "ipledger.io/seq"
+	// AnnotationAddrs holds the addresses published with a Lease, comma-separated
+	// (absent: none).
+	AnnotationAddrs = "ipledger.io/addresses"
 )
 
 // kind is where records of one datastore kind are stored: pools/ and blocks/ have

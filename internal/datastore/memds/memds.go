@@ -12,6 +12,8 @@ package memds
 import (
 	"context"
 	"fmt"
+	"net/netip"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -56,6 +58,7 @@ type lease struct {
 	rev     int64
 	id      int64
 	expires time.Duration // clk.Mono() after which the lease is gone
+	addrs   []netip.Addr
 }
 
 var (
@@ -378,8 +381,11 @@ func (s *Store) expire() {
 	}
 }
 
-func (l leases) Acquire(ctx context.Context, node, holder string, ttl time.Duration) (datastore.NodeLease, error) {
+func (l leases) Acquire(ctx context.Context, node, holder string, ttl time.Duration, addrs ...netip.Addr) (datastore.NodeLease, error) {
 	if err := datastore.CheckNode(node, holder, ttl); err != nil {
+		return datastore.NodeLease{}, err
+	}
+	if err := datastore.CheckAddrs(node, addrs); err != nil {
 		return datastore.NodeLease{}, err
 	}
 	s := l.s
@@ -390,7 +396,7 @@ func (l leases) Acquire(ctx context.Context, node, holder string, ttl time.Durat
 	s.expire()
 	s.rev++
 	s.leaseID++
-	nl := lease{holder: holder, ttl: ttl, rev: s.rev, id: s.leaseID, expires: s.clk.Mono() + ttl}
+	nl := lease{holder: holder, ttl: ttl, rev: s.rev, id: s.leaseID, expires: s.clk.Mono() + ttl, addrs: slices.Clone(addrs)}
 	s.leases[node] = nl
 	return nl.public(node), nil
 }
@@ -460,7 +466,7 @@ func (l leases) List(ctx context.Context) ([]datastore.NodeLease, error) {
 }
 
 func (l lease) public(node string) datastore.NodeLease {
-	return datastore.NodeLease{Node: node, Holder: l.holder, TTL: l.ttl, Revision: l.rev, ID: strconv.FormatInt(l.id, 10)}
+	return datastore.NodeLease{Node: node, Holder: l.holder, TTL: l.ttl, Revision: l.rev, ID: strconv.FormatInt(l.id, 10), Addrs: slices.Clone(l.addrs)}
 }
 
 func check(key string, value []byte) error {
