@@ -43,6 +43,10 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--node-name", "a", "--non-masquerade-cidrs", "ten"}, `"ten" is not a CIDR`},
 		{[]string{"--node-name", "a", "--masquerade=false", "--non-masquerade-cidrs", "10.0.0.0/8"}, "has no effect with --masquerade=false"},
 		{[]string{"--node-name", "a", "--node-network-resync", "0s"}, "--node-network-resync: must be positive"},
+		{[]string{"--node-name", "a", "--node-ip", "10.0.0.11"}, "--node-ip: published with the node lease of cluster mode"},
+		{with(etcd, "--node-ip", "10.0.0.11,10.0.0.12"), "at most one address per family"},
+		{with(etcd, "--node-ip", "node-a"), `"node-a" is not an IP address`},
+		{with(etcd, "--masquerade=false", "--non-masquerade-cidrs", "10.0.0.0/8"), "has no effect with --masquerade=false"},
 		{[]string{"--datastore", "consul", "--node-name", "a"}, `--datastore "consul": use kubernetes, etcd or none`},
 		// etcd
 		{[]string{"--datastore", "etcd", "--node-name", "a"}, "--datastore etcd: needs --etcd-endpoints"},
@@ -93,6 +97,13 @@ func TestClusterFlags(t *testing.T) {
 	}
 	if c.LeaseTTL+c.Quarantine > 90*time.Second {
 		t.Errorf("a dead node's blocks wait %v (TTL + quarantine), more than the 90s the design promises", c.LeaseTTL+c.Quarantine)
+	}
+	if !c.LeaseNodes() || !o.network.Enabled(true) || o.network.NodeIPs != nil {
+		t.Errorf("etcd: the node network from the node leases, routes %v, masquerade %v, node IPs %v (want the default route's)", o.network.Routes, o.network.Masquerade, o.network.NodeIPs)
+	}
+	o, err = parse([]string{"--datastore", "etcd", "--etcd-endpoints", "http://127.0.0.1:2379", "--node-name", "n1", "--node-ip", "10.0.0.11,fd00::11", "--routes=false", "--masquerade=false"}, noEnv, io.Discard)
+	if err != nil || len(o.network.NodeIPs) != 2 || o.network.NodeIPs[1].String() != "fd00::11" || o.network.Enabled(true) {
+		t.Errorf("etcd with --node-ip, --routes=false, --masquerade=false: %+v %v", o, err)
 	}
 	o, err = parse([]string{"--datastore", "kubernetes", "--node-name", "n1", "--node-lease-ttl", "3s", "--reclaim-quarantine", "3s", "--block-grace", "2s"}, noEnv, io.Discard)
 	if err != nil || o.cluster.NodeName != "n1" || o.cluster.Kubeconfig != "" || o.cluster.LeaseTTL != 3*time.Second {

@@ -83,7 +83,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	if err := o.cluster.Check(fs); err != nil {
 		return nil, err
 	}
-	if err := o.network.Check(fs, o.cluster.Kubernetes()); err != nil {
+	if err := o.network.Check(fs, o.cluster.Kubernetes() || o.cluster.LeaseNodes(), o.cluster.Cluster()); err != nil {
 		return nil, err
 	}
 	for name, d := range map[string]time.Duration{"--reconcile-interval": o.reconcileInterval, "--release-grace": o.releaseGrace, "--stranded-grace": o.strandedGrace} {
@@ -173,13 +173,22 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 		cfg.Guard, cfg.Verdicts, cfg.Runtime = rp.rec, rp.rec, rp.rt
 	}
 	if o.cluster.Cluster() {
-		m, stop, err := startCluster(ctx, &o.cluster, l, log)
+		m, stop, err := startCluster(ctx, &o.cluster, nodeIPs(o, log), l, log)
 		if err != nil {
 			return err
 		}
 		// after Serve has drained (defers run last-in first-out): the ledger closes after
 		defer stop()
 		cfg.Cluster, cfg.Datastore = m, o.cluster.Datastore
+		if o.cluster.LeaseNodes() {
+			nc, err := startLeaseNetwork(ctx, o, m, log)
+			if err != nil {
+				return err
+			}
+			if nc != nil {
+				cfg.NodeNetwork = nc
+			}
+		}
 	}
 	if o.cluster.Kubernetes() {
 		var m *cluster.Manager

@@ -44,6 +44,33 @@ func startNetwork(ctx context.Context, o *options, m *cluster.Manager, log *slog
 	}
 	cfg := controller.Config{Self: o.cluster.NodeName, Nodes: w, NonMasquerade: o.network.NonMasquerade, Resync: o.network.Resync,
 		Ready: w.SetNetworkAvailable, Available: w.NetworkAvailable, Log: log.With("part", "node-network")}
+	c, err := runController(ctx, o, cfg, m, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	return w, c, nil
+}
+
+// startLeaseNetwork starts the node network of cluster mode on the etcd datastore,
+// which has no Kubernetes Nodes: the nodes are those with a live lease, reached
+// through the addresses each published with it (--node-ip), listed every quarter
+// of the lease TTL, so a node whose lease expired loses its routes within that
+// much after. nil when --routes=false and --masquerade=false.
+func startLeaseNetwork(ctx context.Context, o *options, m *cluster.Manager, log *slog.Logger) (*controller.Controller, error) {
+	if !o.network.Enabled(true) {
+		return nil, nil
+	}
+	nodes := m.LeaseNodes(o.cluster.LeaseTTL / 4)
+	go nodes.Run(ctx)
+	cfg := controller.Config{Self: o.cluster.NodeName, Nodes: nodes, NonMasquerade: o.network.NonMasquerade, Resync: o.network.Resync,
+		Log: log.With("part", "node-network")}
+	return runController(ctx, o, cfg, m, log)
+}
+
+// runController completes cfg with cluster mode's blocks (m, nil in node mode) and
+// the routes and masquerade the flags ask for, and runs the controller until ctx
+// ends.
+func runController(ctx context.Context, o *options, cfg controller.Config, m *cluster.Manager, log *slog.Logger) (*controller.Controller, error) {
 	if m != nil {
 		cfg.Blocks, cfg.BlocksChanged = m, m.BlocksChanged()
 		go m.WatchOwners(ctx)
@@ -51,7 +78,7 @@ func startNetwork(ctx context.Context, o *options, m *cluster.Manager, log *slog
 	if o.network.Routes {
 		h, err := netlink.NewHandle()
 		if err != nil {
-			return nil, nil, fmt.Errorf("netlink: %w", err)
+			return nil, fmt.Errorf("netlink: %w", err)
 		}
 		cfg.Routes = routes.New(h)
 	}
@@ -60,9 +87,17 @@ func startNetwork(ctx context.Context, o *options, m *cluster.Manager, log *slog
 	}
 	c, err := controller.New(cfg)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	go c.Run(ctx)
-	log.Info("node network", "node", o.cluster.NodeName, "routes", o.network.Routes, "masquerade", o.network.Masquerade, "nonMasquerade", o.network.NonMasquerade, "resync", o.network.Resync)
-	return w, c, nil
+	log.Info("node network", "node", o.cluster.NodeName, "nodes", nodesSource(o), "routes", o.network.Routes, "masquerade", o.network.Masquerade, "nonMasquerade", o.network.NonMasquerade, "resync", o.network.Resync)
+	return c, nil
+}
+
+// nodesSource names where the node network learns the nodes, for the log.
+func nodesSource(o *options) string {
+	if o.cluster.Kubernetes() {
+		return "kubernetes"
+	}
+	return "node leases"
 }

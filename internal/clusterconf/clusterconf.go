@@ -72,6 +72,11 @@ func (c *Config) Kubernetes() bool {
 	return c.Datastore == Kubernetes || c.Datastore == None && c.set["node-name"]
 }
 
+// LeaseNodes reports whether the agent learns the other nodes, and their addresses,
+// from the node leases in the datastore rather than from Kubernetes Nodes: with
+// --datastore etcd, which has no Node objects.
+func (c *Config) LeaseNodes() bool { return c.Datastore == Etcd }
+
 // Register adds the cluster-mode flags to fs. getenv supplies NODE_NAME, the default
 // of --node-name (the DaemonSet sets it from the pod's spec.nodeName).
 func (c *Config) Register(fs *flag.FlagSet, getenv func(string) string) {

@@ -59,7 +59,7 @@ func del(b *testing.B, a *agentenv.Agent, network, cid string) {
 func BenchmarkAddOwnedBlockRatio(b *testing.B) {
 	e := etcdenv.StartEmbedded(b)
 	cl := agentenv.Start(b, agentenv.Options{Args: []string{"--node-name", "bench-0", "--datastore", "etcd",
-		"--etcd-endpoints", strings.Join(e.Endpoints(), ","), "--reuse-delay", "0s", "--log-level", "info"}})
+		"--etcd-endpoints", strings.Join(e.Endpoints(), ","), "--reuse-delay", "0s", "--log-level", "info", "--routes=false", "--masquerade=false"}})
 	nm := agentenv.Start(b, agentenv.Options{Args: []string{"--reuse-delay", "0s", "--log-level", "info"}})
 	sets := ranges(b)
 	req := func(cid string) api.Request {

@@ -57,7 +57,7 @@ func BenchmarkAddOwnedBlock(b *testing.B) {
 		args []string
 	}{
 		{"node", []string{"--reuse-delay", "0s"}},
-		{"cluster", []string{"--reuse-delay", "0s", "--node-name", "bench-0", "--datastore", "etcd", "--etcd-endpoints", strings.Join(ec.Endpoints(), ",")}},
+		{"cluster", []string{"--reuse-delay", "0s", "--node-name", "bench-0", "--datastore", "etcd", "--etcd-endpoints", strings.Join(ec.Endpoints(), ","), "--routes=false", "--masquerade=false"}},
 	} {
 		b.Run(c.name, func(b *testing.B) {
 			a := agentenv.Start(b, agentenv.Options{Args: c.args})
@@ -79,7 +79,7 @@ func BenchmarkAddOwnedBlock(b *testing.B) {
 // before) and of the others; the goal is claim p99 <= 250 ms.
 func BenchmarkAddClaimsBlock(b *testing.B) {
 	ec := etcdenv.StartCluster(b, 1)
-	a := agentenv.Start(b, agentenv.Options{Args: []string{"--node-name", "bench-0", "--datastore", "etcd", "--etcd-endpoints", strings.Join(ec.Endpoints(), ",")}})
+	a := agentenv.Start(b, agentenv.Options{Args: append([]string{"--node-name", "bench-0", "--datastore", "etcd", "--etcd-endpoints", strings.Join(ec.Endpoints(), ",")}, hostNetworkOff...)})
 	sets := ledgertest.Ranges(b, rangesJSON)
 	seen := map[netip.Prefix]bool{}
 	var claimed, owned []time.Duration

@@ -18,7 +18,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -88,10 +87,11 @@ var testTimings = []string{"--node-lease-ttl", "3s", "--reclaim-quarantine", "3s
 // override testTimings). Each one is
 // stopped and its ledger file audited when the test ends (agentenv); the cluster audit
 // runs before that, while they still answer.
-// hostNetworkOff keeps agents that run in the host's namespace with the Kubernetes
-// datastore from routing and masquerading there: the host's routes and netfilter
-// rules are not the test's network (test/multinode and test/kubenodes test the node
-// network, in namespaces of their own).
+// hostNetworkOff keeps agents that run in the host's namespace in cluster mode (the
+// Kubernetes datastore's Nodes, the etcd datastore's node leases) from routing and
+// masquerading there: the host's routes and netfilter rules are not the test's
+// network (test/multinode and test/kubenodes test the node network, in namespaces
+// of their own).
 var hostNetworkOff = []string{"--routes=false", "--masquerade=false"}
 
 func startNodes(t *testing.T, n int, ds []string) []*node {
@@ -101,9 +101,7 @@ func startNodes(t *testing.T, n int, ds []string) []*node {
 		name := fmt.Sprintf("node-%d", i)
 		addr := netenv.FreeAddr(t)
 		args := append(append([]string{"--node-name", name, "--metrics-addr", addr}, testTimings...), ds...) // ds may override a timing
-		if slices.Contains(ds, "kubernetes") {
-			args = append(args, hostNetworkOff...)
-		}
+		args = append(args, hostNetworkOff...)
 		nodes = append(nodes, &node{name: name, metrics: addr, Agent: agentenv.Start(t, agentenv.Options{Args: args})})
 	}
 	// after the test, while the agents still answer (cleanups run last-in first-out):
