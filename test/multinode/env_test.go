@@ -7,7 +7,8 @@
 // own addresses and the outside with their node's, routes following Node deletions
 // (also those made while an agent was down), a route of another owner left alone and
 // reported, NetworkUnavailable cleared, a Node without podCIDR refused with the fix,
-// and cluster mode's block routes on the Kubernetes datastore.
+// and cluster mode's block routes on the Kubernetes datastore, and on etcd without
+// Kubernetes (the nodes and their addresses from the node leases).
 package multinode_test
 
 import (
