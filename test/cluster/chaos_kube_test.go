@@ -37,7 +37,7 @@ func startKubeNode(t *testing.T, kube *kubeenv.APIServer, name string, ds []stri
 	t.Helper()
 	applyNode(t, kube, name)
 	addr := netenv.FreeAddr(t)
-	args := append(append([]string{"--node-name", name, "--metrics-addr", addr}, testTimings...), ds...)
+	args := append(append(append([]string{"--node-name", name, "--metrics-addr", addr}, testTimings...), ds...), hostNetworkOff...)
 	return &node{name: name, metrics: addr, Agent: agentenv.Start(t, agentenv.Options{Args: args})}
 }
 
