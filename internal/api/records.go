@@ -85,6 +85,15 @@ type PoolStatus struct {
 	Available bool            `json:"available"` // an ADD could be served now
 	Allocs    uint64          `json:"allocations"`
 	Releases  uint64          `json:"releases"`
+	// Retired: range sets the pool's ranges no longer include (the node's podCIDR
+	// changed) that live leases still hold addresses in, each with how many.
+	Retired []RetiredSet `json:"retired,omitempty"`
+}
+
+// RetiredSet is a retired range set of a pool and its live leases.
+type RetiredSet struct {
+	Ranges pool.RangeSet `json:"ranges"`
+	Leases int           `json:"leases"`
 }
 
 // DoubleAssigned is an address held by more than one live attachment.

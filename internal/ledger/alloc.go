@@ -11,11 +11,19 @@ import (
 )
 
 // ensurePool returns the pool of network, creating it (within c) from ranges when it
-// does not exist. ranges may be nil to require an existing pool.
-func (c *change) ensurePool(network string, ranges []pool.RangeSet) (*poolState, error) {
+// does not exist. ranges may be nil to require an existing pool. An existing pool
+// with other ranges is refused, or with replace has its ranges replaced
+// (replaceRanges).
+func (c *change) ensurePool(network string, ranges []pool.RangeSet, replace bool) (*poolState, error) {
 	l := c.l
 	if ps := l.pools[network]; ps != nil {
 		if ranges != nil && !pool.Equal(ps.rec.Ranges, ranges) {
+			if replace && ps.rec.BlockBits == nil {
+				if err := c.replaceRanges(ps, ranges); err != nil {
+					return nil, err
+				}
+				return ps, nil
+			}
 			return nil, fmt.Errorf("%w: network %q already has ranges %v; a config for the same network name must use the same ranges (use another network name for a new pool, or release every lease of %q first)", ErrPoolConflict, network, pool.SetsString(ps.rec.Ranges), network)
 		}
 		return ps, nil
@@ -48,6 +56,13 @@ type AllocateRequest struct {
 	// Ranges of the network's pool; the pool is created on first use and a later
 	// request with other ranges fails with ErrPoolConflict. Nil uses the existing pool.
 	Ranges []pool.RangeSet
+	// ReplaceRanges lets Ranges replace the ranges of an existing node-mode pool
+	// instead of conflicting with them: the ranges stand for something that can
+	// change under live leases (the node's Kubernetes podCIDR). New allocations come
+	// from the new ranges; leases in the old ones are kept, and released as usual
+	// (see PoolRecord.Retired). An attachment that holds a lease gets it back
+	// whatever its ranges (ADD is idempotent).
+	ReplaceRanges bool
 	// Supersede names leases (of the same pod) to release, reason superseded, in the
 	// same transaction before allocating, so the pod may keep its address. Whatever
 	// lease such an attachment holds when the request is applied is released; prefer
@@ -117,13 +132,13 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 	}
 	err = l.doLater(func(c *change) error {
 		if ls, ok := l.leases[req.Key]; ok {
-			if req.Ranges != nil && !pool.Equal(l.pools[req.Key.Network].rec.Ranges, req.Ranges) {
+			if req.Ranges != nil && !req.ReplaceRanges && !pool.Equal(l.pools[req.Key.Network].rec.Ranges, req.Ranges) {
 				return fmt.Errorf("%w: network %q already has ranges %v; a config for the same network name must use the same ranges", ErrPoolConflict, req.Key.Network, pool.SetsString(l.pools[req.Key.Network].rec.Ranges))
 			}
 			lease, existed = cloneLease(ls), true
 			return nil
 		}
-		ps, err := c.ensurePool(req.Key.Network, req.Ranges)
+		ps, err := c.ensurePool(req.Key.Network, req.Ranges, req.ReplaceRanges)
 		if err != nil {
 			return err
 		}
@@ -254,8 +269,8 @@ func (c *change) pick(ps *poolState, i int, uid string, mono time.Duration) (net
 		ErrPoolExhausted, ps.rec.Network, i, s.set.String(), s.usable, s.free.Len(), c.l.opts.ReuseDelay)
 }
 
-// checkDisjoint refuses a new pool for network whose ranges overlap a range of
-// another network's pool: the two pools would hand out one address twice (each
+// checkDisjoint refuses new ranges for network's pool that overlap a range (or a
+// retired range) of another network's pool: the two pools would hand out one address twice (each
 // ledger key is per network). Pools are created rarely, so it sorts every range of
 // every pool, O(n log n), and sweeps once, remembering the furthest end among the
 // existing ranges and among the new ones: an overlapping pair is found when its
@@ -269,9 +284,14 @@ func (l *Ledger) checkDisjoint(network string, ranges []pool.RangeSet) error {
 	}
 	var spans []span
 	for n, ps := range l.pools {
-		for _, set := range ps.rec.Ranges {
-			for _, r := range set {
-				spans = append(spans, span{r.RangeStart, r.RangeEnd, n, false})
+		if n == network { // its own ranges, which new ones replace
+			continue
+		}
+		for _, sets := range [][]pool.RangeSet{ps.rec.Ranges, ps.rec.Retired} {
+			for _, set := range sets {
+				for _, r := range set {
+					spans = append(spans, span{r.RangeStart, r.RangeEnd, n, false})
+				}
 			}
 		}
 	}

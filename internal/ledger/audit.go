@@ -57,7 +57,9 @@ func (l *Ledger) Audit() (AuditReport, error) {
 	pools := map[string]PoolRecord{}
 	liveByPool := map[string]uint64{}
 	storedLeases := map[Key]bool{}
-	accounted := map[poolSet]uint64{} // addresses below the fresh cursor, held or free
+	// addresses below the fresh cursor, held or free; and at set -1-i the held
+	// addresses of retired set i
+	accounted := map[poolSet]uint64{}
 	lastRel := map[addrKey]Release{}
 	blocks := map[blockKey]*blockAudit{}
 	snapshot := make(chan struct{})
@@ -180,6 +182,14 @@ func (l *Ledger) auditScan(tx ReadTx, rep *AuditReport, bad func(string, ...any)
 			}
 			return -1
 		}
+		inRetired := func(network string, ip netip.Addr) int {
+			for i, set := range pools[network].Retired {
+				if set.Contains(ip) {
+					return i
+				}
+			}
+			return -1
+		}
 		if err := tx.ForEachLease(func(ls Lease) error {
 			storedLeases[ls.Key] = true
 			rep.Live++
@@ -190,7 +200,8 @@ func (l *Ledger) auditScan(tx ReadTx, rep *AuditReport, bad func(string, ...any)
 			if err := ls.Key.Validate(); err != nil {
 				bad("lease %s: %v", ls.Key, err)
 			}
-			if len(ls.IPs) != len(pools[ls.Key.Network].Ranges) {
+			// a lease made before the ranges changed may have a set more or fewer
+			if p := pools[ls.Key.Network]; len(ls.IPs) != len(p.Ranges) && p.RangeChanges == 0 {
 				bad("lease %s: %d addresses for %d range sets", ls.Key, len(ls.IPs), len(pools[ls.Key.Network].Ranges))
 			}
 			seen := map[int]bool{}
@@ -200,7 +211,9 @@ func (l *Ledger) auditScan(tx ReadTx, rep *AuditReport, bad func(string, ...any)
 				rep.Addresses++
 				liveByPool[ls.Key.Network]++
 				set := inSet(ls.Key.Network, p.Addr())
-				if set < 0 {
+				if r := inRetired(ls.Key.Network, p.Addr()); set < 0 && r >= 0 {
+					accounted[poolSet{ls.Key.Network, -1 - r}]++ // retired sets count from -1 down
+				} else if set < 0 {
 					bad("lease %s: %s is outside the pool of %q", ls.Key, p.Addr(), ls.Key.Network)
 				} else if seen[set] {
 					bad("lease %s: two addresses from range set %d", ls.Key, set)
@@ -315,6 +328,11 @@ func auditCheck(rep *AuditReport, bad func(string, ...any), mem memIndex, holder
 		rep.Pools = append(rep.Pools, pa)
 		if p.Allocations != p.Releases+liveByPool[n] {
 			bad("pool %q does not balance: %d allocations != %d releases + %d live", n, p.Allocations, p.Releases, liveByPool[n])
+		}
+		for i, set := range p.Retired {
+			if accounted[poolSet{n, -1 - i}] == 0 {
+				bad("pool %q retired range set %s holds no lease, yet is still recorded", n, set.String())
+			}
 		}
 		if p.BlockBits != nil {
 			continue // accounted per block below

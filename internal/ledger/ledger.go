@@ -76,6 +76,8 @@ type poolState struct {
 	// Ledger.leases, not a copy of its key (three strings in every slot of a map
 	// with one slot per held address).
 	held map[netip.Addr]*Lease
+	// retiredHeld counts the held addresses in each range set of rec.Retired.
+	retiredHeld []int
 }
 
 type setState struct {
@@ -210,6 +212,11 @@ func (l *Ledger) load(keep map[freeMark]time.Duration) error {
 		}); err != nil {
 			return err
 		}
+		for _, ps := range pools {
+			if err := ps.countRetired(); err != nil {
+				return err
+			}
+		}
 		return tx.ForEachFree(func(f Free) error {
 			ps := pools[f.Network]
 			if ps == nil || f.Set < 0 || f.Set >= len(ps.sets) {
@@ -251,16 +258,17 @@ func newPoolState(p PoolRecord) (*poolState, error) {
 	if p.BlockBits != nil && len(p.BlockBits) != len(p.Ranges) {
 		return nil, fmt.Errorf("blockBits has %d entries for %d range sets", len(p.BlockBits), len(p.Ranges))
 	}
-	ps := &poolState{rec: p, held: map[netip.Addr]*Lease{}}
-	for i, set := range p.Ranges {
-		size := set.Size()
-		usable := size
-		for _, r := range set {
-			if r.Gateway.IsValid() && set.Contains(r.Gateway) && usable > 0 && usable != math.MaxUint64 {
-				usable--
-			}
+	if len(p.Retired) > 0 {
+		if p.BlockBits != nil {
+			return nil, fmt.Errorf("a cluster-scoped pool has retired range sets")
 		}
-		s := &setState{set: set, size: size, usable: usable, index: map[netip.Addr]*freeItem{}, byUID: map[string][]*freeItem{}}
+		if err := pool.Validate(p.Retired); err != nil {
+			return nil, fmt.Errorf("retired range sets: %w", err)
+		}
+	}
+	ps := &poolState{rec: p, held: map[netip.Addr]*Lease{}, retiredHeld: make([]int, len(p.Retired))}
+	for i, set := range p.Ranges {
+		s := newSetState(set)
 		if p.BlockBits != nil {
 			s.bits = p.BlockBits[i]
 			s.blocks = map[netip.Prefix]*blockState{}
@@ -268,6 +276,57 @@ func newPoolState(p PoolRecord) (*poolState, error) {
 		ps.sets = append(ps.sets, s)
 	}
 	return ps, nil
+}
+
+// newSetState is the empty state of a node-mode range set.
+func newSetState(set pool.RangeSet) *setState {
+	size := set.Size()
+	usable := size
+	for _, r := range set {
+		if r.Gateway.IsValid() && set.Contains(r.Gateway) && usable > 0 && usable != math.MaxUint64 {
+			usable--
+		}
+	}
+	return &setState{set: set, size: size, usable: usable, index: map[netip.Addr]*freeItem{}, byUID: map[string][]*freeItem{}}
+}
+
+// setOf returns the index of the pool's range set holding a, or -1.
+func (ps *poolState) setOf(a netip.Addr) int {
+	for i, s := range ps.sets {
+		if s.set.Contains(a) {
+			return i
+		}
+	}
+	return -1
+}
+
+// retiredOf returns the index of the pool's retired range set holding a, or -1.
+func (ps *poolState) retiredOf(a netip.Addr) int {
+	for i, set := range ps.rec.Retired {
+		if set.Contains(a) {
+			return i
+		}
+	}
+	return -1
+}
+
+// countRetired counts the held addresses of each retired range set (at load): every
+// held address outside the pool's range sets must be in one of them.
+func (ps *poolState) countRetired() error {
+	if len(ps.rec.Retired) == 0 {
+		return nil
+	}
+	for a, ls := range ps.held {
+		if ps.setOf(a) >= 0 {
+			continue
+		}
+		r := ps.retiredOf(a)
+		if r < 0 {
+			return fmt.Errorf("%w: lease %s holds %s outside its pool", ErrCorrupt, ls.Key, a)
+		}
+		ps.retiredHeld[r]++
+	}
+	return nil
 }
 
 // blockOf returns the block of the pool holding a, or nil.

@@ -83,6 +83,16 @@ type PoolStatus struct {
 	Available bool            `json:"available"` // an ADD could be served now
 	Allocs    uint64          `json:"allocations"`
 	Releases  uint64          `json:"releases"`
+	// Retired are range sets the pool's ranges no longer include that still hold
+	// live leases (PoolRecord.Retired), each with how many.
+	Retired []RetiredSet `json:"retired,omitempty"`
+}
+
+// RetiredSet is a retired range set of a pool and the live leases holding an
+// address in it (one address each: a lease has one per range set).
+type RetiredSet struct {
+	Ranges pool.RangeSet `json:"ranges"`
+	Leases int           `json:"leases"`
 }
 
 // Pool returns the status of network's pool.
@@ -110,6 +120,9 @@ func (l *Ledger) Pools() []PoolStatus {
 
 func (l *Ledger) poolStatus(ps *poolState) PoolStatus {
 	st := PoolStatus{Network: ps.rec.Network, Ranges: ps.rec.Ranges, InUse: len(ps.held), Available: true, Allocs: ps.rec.Allocations, Releases: ps.rec.Releases}
+	for i, set := range ps.rec.Retired {
+		st.Retired = append(st.Retired, RetiredSet{Ranges: set, Leases: ps.retiredHeld[i]})
+	}
 	mono := l.opts.Clock.Mono()
 	for i, s := range ps.sets {
 		if s.bits != 0 {

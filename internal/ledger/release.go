@@ -3,6 +3,7 @@ package ledger
 import (
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"time"
 )
 
@@ -18,15 +19,12 @@ func (c *change) release(k Key, reason Reason, detail string, now time.Time, mon
 	c.touchPool(ps)
 	for _, p := range ls.IPs {
 		a := p.Addr()
-		set := -1
-		for i, s := range ps.sets {
-			if s.set.Contains(a) {
-				set = i
-				break
-			}
-		}
+		set := ps.setOf(a)
 		if set < 0 {
-			return fmt.Errorf("%w: lease %s holds %s outside its pool", ErrCorrupt, k, a)
+			if err := c.releaseRetired(ps, ls, a, reason, detail, now); err != nil {
+				return err
+			}
+			continue
 		}
 		ps.rec.Seq++
 		f := Free{Network: k.Network, IP: a, Set: set, ReleasedAt: now, Seq: ps.rec.Seq, LastUID: ls.Pod.UID}
@@ -134,4 +132,37 @@ func (l *Ledger) releaseIf(k Key, reason Reason, detail string, cond func(*Lease
 		return Lease{}, false, err
 	}
 	return released, ok, nil
+}
+
+// releaseRetired releases address a of lease ls, which lies in a retired range set of
+// ps (one the pool's ranges no longer include): the release is recorded in the
+// history and counted, but the address is not kept free, and the retired set goes
+// from the pool record with its last held address. The caller has touched ps.
+func (c *change) releaseRetired(ps *poolState, ls *Lease, a netip.Addr, reason Reason, detail string, now time.Time) error {
+	r := ps.retiredOf(a)
+	if r < 0 {
+		return fmt.Errorf("%w: lease %s holds %s outside its pool", ErrCorrupt, ls.Key, a)
+	}
+	ps.rec.Seq++
+	ps.rec.Releases++
+	delete(ps.held, a)
+	c.onUndo(func() { ps.held[a] = ls })
+	oldHeld := ps.retiredHeld
+	c.onUndo(func() { ps.retiredHeld = oldHeld })
+	held := append([]int(nil), oldHeld...)
+	held[r]--
+	if held[r] == 0 {
+		// new slices: the record's value before this operation, which its undo
+		// restores, shares the old one
+		ps.rec.Retired = append(ps.rec.Retired[:r:r], ps.rec.Retired[r+1:]...)
+		if len(ps.rec.Retired) == 0 {
+			ps.rec.Retired = nil
+		}
+		held = append(held[:r:r], held[r+1:]...)
+	}
+	ps.retiredHeld = held
+	rel := Release{Network: ls.Key.Network, IP: a, Key: ls.Key, Pod: ls.Pod, From: ls.Created, To: now, Reason: reason, Detail: detail, Seq: ps.rec.Seq}
+	keep := c.l.opts.HistoryKeep
+	c.write(func(tx Tx) error { return tx.AppendHistory(rel, keep) })
+	return nil
 }

@@ -188,6 +188,15 @@ type PoolRecord struct {
 	// BlockBits[i] prefix length in range set i. Nil for a node-mode pool (the whole
 	// of its ranges is this node's, NextFresh counts through them).
 	BlockBits []int `json:"blockBits,omitempty"`
+	// Retired are the range sets a node-mode pool had before its ranges were
+	// replaced (AllocateRequest.ReplaceRanges) that still hold live leases: nothing
+	// is allocated from them, a release there is recorded in the history but the
+	// address is not kept free (it is no longer this pool's to hand out), and a
+	// retired set goes with its last lease. Disjoint from Ranges.
+	Retired []pool.RangeSet `json:"retired,omitempty"`
+	// RangeChanges counts the replacements of Ranges. Leases made before one may
+	// hold fewer or more addresses than the pool now has range sets.
+	RangeChanges uint64 `json:"rangeChanges,omitempty"`
 }
 
 // BlockState says whether a block's addresses may be handed out.

@@ -63,8 +63,12 @@ func Releases(h []ledger.Release) []api.Release {
 
 // Pool shows a network's pool status.
 func Pool(ps ledger.PoolStatus) api.PoolStatus {
-	return api.PoolStatus{Network: ps.Network, Ranges: ps.Ranges, Usable: ps.Usable, InUse: ps.InUse, Free: ps.Free,
+	v := api.PoolStatus{Network: ps.Network, Ranges: ps.Ranges, Usable: ps.Usable, InUse: ps.InUse, Free: ps.Free,
 		Available: ps.Available, Allocs: ps.Allocs, Releases: ps.Releases}
+	for _, r := range ps.Retired {
+		v.Retired = append(v.Retired, api.RetiredSet{Ranges: r.Ranges, Leases: r.Leases})
+	}
+	return v
 }
 
 // Doubles shows the addresses an audit found held twice; nil stays nil.

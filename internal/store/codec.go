@@ -325,6 +325,11 @@ func appendPool(b []byte, p *ledger.PoolRecord) ([]byte, bool) {
 		}
 		e.Raw("]")
 	}
+	if len(p.Retired) > 0 { // omitempty
+		e.Field(&first, "retired")
+		pool.AppendRangeSets(&e, p.Retired)
+	}
+	e.UintField(&first, "rangeChanges", p.RangeChanges, true)
 	e.Raw("}")
 	return e.B, e.OK
 }

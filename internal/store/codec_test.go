@@ -70,6 +70,11 @@ func randPool(r *rand.Rand) ledger.PoolRecord {
 		p.Ranges = []pool.RangeSet{{{Subnet: netip.MustParsePrefix("10.20.0.0/16"), RangeStart: netip.MustParseAddr("10.20.0.2"),
 			RangeEnd: netip.MustParseAddr("10.20.255.254"), Gateway: netip.MustParseAddr("10.20.0.1")}}, {{Subnet: netip.MustParsePrefix("fd00::/64")}}, nil}
 		p.NextFresh = []uint64{r.Uint64() >> r.IntN(64), 0}
+		if r.IntN(2) == 1 {
+			p.Retired = []pool.RangeSet{{{Subnet: netip.MustParsePrefix("10.21.0.0/24"), RangeStart: netip.MustParseAddr("10.21.0.1"),
+				RangeEnd: netip.MustParseAddr("10.21.0.254"), Gateway: netip.MustParseAddr("10.21.0.1")}}}
+			p.RangeChanges = r.Uint64() >> r.IntN(64)
+		}
 	}
 	return p
 }

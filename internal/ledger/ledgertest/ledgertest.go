@@ -106,6 +106,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"BadFieldFailsAlone", testBadFieldFailsAlone},
 		{"ReuseDelayIgnoresWallSteps", testReuseDelayIgnoresWallSteps},
 		{"OverlappingNetworks", testOverlappingNetworks},
+		{"ReplaceRanges", testReplaceRanges},
 		{"SupersedeJudgedHolder", testSupersedeJudgedHolder},
 		{"BlocksAllocate", testBlocksAllocate},
 		{"BlocksGatewayAndRanges", testBlocksGatewayAndRanges},
