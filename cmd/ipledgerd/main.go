@@ -200,7 +200,7 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 			return err
 		}
 		if !o.cluster.Cluster() {
-			cfg.PodCIDRs = w
+			cfg.PodCIDRs, cfg.Node = w, o.cluster.NodeName
 		}
 		if nc != nil {
 			cfg.NodeNetwork = nc

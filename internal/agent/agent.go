@@ -43,6 +43,9 @@ type Config struct {
 	// PodCIDRs resolves usePodCidr ranges (ipledgerd --node-name); nil: such a
 	// range is refused.
 	PodCIDRs PodCIDRs
+	// Node is this node's Kubernetes name (--node-name), for doctor's messages;
+	// empty without.
+	Node string
 	// NodeNetwork: with --node-name, the routes and masquerade controller; nil
 	// without.
 	NodeNetwork NodeNetwork

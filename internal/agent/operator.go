@@ -223,6 +223,7 @@ func (s *Server) doctor(ctx context.Context) *api.Response {
 	if s.cfg.NodeNetwork != nil {
 		d.NetworkChecks = s.cfg.NodeNetwork.Checks()
 	}
+	d.NetworkChecks = append(d.NetworkChecks, s.podCIDRChecks()...)
 	return &api.Response{Doctor: d}
 }
 

@@ -129,6 +129,9 @@ func (s *Server) view(ls ledger.Lease) api.LeaseView {
 	var ranges []pool.RangeSet
 	if ps, err := s.cfg.Ledger.Pool(ls.Key.Network); err == nil {
 		ranges = ps.Ranges
+		for _, r := range ps.Retired { // a lease from before a podCIDR change
+			ranges = append(ranges[:len(ranges):len(ranges)], r.Ranges)
+		}
 	}
 	return s.viewIn(ls, ranges)
 }
@@ -155,6 +158,9 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 	if n := api.CountRanges(req.Ranges); n > api.MaxRanges {
 		return errResp(&api.Error{Code: api.CodeInvalid, Msg: fmt.Sprintf("ipam.ranges: %d ranges; at most %d in one network", n, api.MaxRanges)})
 	}
+	// ranges that stand for the node's podCIDR follow it when it changes: new
+	// leases come from the new podCIDR, the old ones stay until their DEL
+	replace := pool.HasPodCIDR(req.Ranges)
 	var aerr *api.Error
 	if req.Ranges, aerr = s.resolveRanges(req.Ranges); aerr != nil {
 		return errResp(aerr)
@@ -166,7 +172,7 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 	if err := s.settleSpooled(k, later); err != nil {
 		return errResp(errorOf(err))
 	}
-	areq := ledger.AllocateRequest{Key: k, Pod: podOf(req.Pod), NetNS: netnsOf(req.NetNS), Ranges: req.Ranges, LogLater: later}
+	areq := ledger.AllocateRequest{Key: k, Pod: podOf(req.Pod), NetNS: netnsOf(req.NetNS), Ranges: req.Ranges, ReplaceRanges: replace, LogLater: later}
 	if req.Pod.UID != "" && s.cfg.Guard != nil {
 		if _, held := s.cfg.Ledger.Lease(k); !held {
 			var olds []ledger.Lease
@@ -200,6 +206,11 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 		return errResp(errorOf(err))
 	}
 	s.countSuperseded(superseding)
+	if existed && replace {
+		// the lease may be from ranges the pool had before the podCIDR changed
+		v := s.view(ls)
+		return &api.Response{Lease: &v, Existed: existed}
+	}
 	v := s.viewIn(ls, req.Ranges)
 	return &api.Response{Lease: &v, Existed: existed}
 }

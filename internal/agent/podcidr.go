@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
+	"strings"
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/nodenet"
@@ -50,4 +52,51 @@ func (s *Server) resolveRanges(sets []pool.RangeSet) ([]pool.RangeSet, *api.Erro
 		return nil, &api.Error{Code: api.CodeInvalid, Msg: err.Error()}
 	}
 	return out, nil
+}
+
+// podCIDRChecks warns, for every pool range set that a podCIDR change retired while
+// leases still hold addresses in it (ledger.PoolStatus.Retired), that those pods'
+// addresses are no longer routed here: every node routes a podCIDR to the Node
+// whose spec names it. They stay leased until their pods go (DEL releases them).
+func (s *Server) podCIDRChecks() []api.Check {
+	if s.cfg.PodCIDRs == nil {
+		return nil
+	}
+	cidrs, _ := s.cfg.PodCIDRs.PodCIDRs()
+	var out []api.Check
+	for _, ps := range s.cfg.Ledger.Pools() {
+		for _, r := range ps.Retired {
+			if len(r.Ranges) == 0 {
+				continue
+			}
+			old := subnets(r.Ranges)
+			is4 := r.Ranges[0].Subnet.Addr().Unmap().Is4()
+			now := "none of its family"
+			for _, p := range cidrs {
+				if p.Addr().Unmap().Is4() == is4 {
+					now = p.Masked().String()
+					break
+				}
+			}
+			leases := "live leases of network %q still hold addresses"
+			if r.Leases == 1 {
+				leases = "live lease of network %q still holds an address"
+			}
+			out = append(out, api.Check{Level: api.CheckWarn, Text: fmt.Sprintf(
+				"node %q: podCIDR changed from %s to %s; %d "+leases+" in %s: other nodes no longer route %s to this node, so their pods are unreachable from other nodes; new pods get addresses in %s; fix: delete those pods (ipledgerctl leases lists them) so that they are re-created: their DEL releases the old addresses",
+				s.cfg.Node, old, now, r.Leases, ps.Network, old, old, now)})
+		}
+	}
+	return out
+}
+
+// subnets names the subnets of a range set.
+func subnets(set pool.RangeSet) string {
+	var out []string
+	for _, r := range set {
+		if s := r.Subnet.Masked().String(); !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return strings.Join(out, ",")
 }
