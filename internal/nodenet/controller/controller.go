@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -51,6 +52,24 @@ type Masquerade interface {
 	Sync(podCIDRs, nonMasq []netip.Prefix) error
 }
 
+// Events records Kubernetes Events on this agent's own Node (kubenode.Events), so
+// that what the controller finds wrong shows in `kubectl describe node` and
+// `kubectl get events`. Warning must not block and has no error: an Event that
+// cannot be sent is the implementation's to log and drop, never a failure of the
+// reconciliation.
+type Events interface {
+	Warning(reason, action, note string)
+}
+
+// Event reasons and actions the controller records.
+const (
+	// ReasonRouteNextHopOffLink: a route to another node's pods was not made
+	// because that node's address is not on a directly connected network.
+	ReasonRouteNextHopOffLink = "RouteNextHopOffLink"
+	// ActionRoute is what the controller was doing: routing to a node's pods.
+	ActionRoute = "RouteToNodePods"
+)
+
 // Config wires a Controller.
 type Config struct {
 	Self  string
@@ -73,7 +92,9 @@ type Config struct {
 	// created again, or another writer set the condition True), Ready runs again at
 	// the next reconciliation that leaves no error. nil: Ready runs once.
 	Available func() bool
-	Log       *slog.Logger
+	// Events: Warning Events on this node's Node; nil: none.
+	Events Events
+	Log    *slog.Logger
 }
 
 // Status is the outcome of the last reconciliation, for doctor and the metrics.
@@ -101,6 +122,15 @@ type Controller struct {
 	ready  bool
 	syncs  int
 	errs   uint64
+	// offLinkSent: the (node, next hop) pairs whose off-link Event was recorded and
+	// whose condition has not cleared since.
+	offLinkSent map[offLinkKey]bool
+}
+
+// offLinkKey is another node and the address its pods would be routed via.
+type offLinkKey struct {
+	node string
+	via  netip.Addr
 }
 
 // New returns a Controller; Run starts it.
@@ -211,6 +241,7 @@ func (c *Controller) Reconcile(ctx context.Context) {
 		for _, o := range rep.OffLink {
 			c.cfg.Log.Warn("node network: next hop not on a directly connected network; no route (nodes must share an L2 network, or use --routes=false with an underlay that routes pod addresses)", "route", o.String())
 		}
+		c.offLinkEvents(rep.OffLink, st.byVia, err == nil)
 	}
 	if c.cfg.Masquerade != nil && len(st.PodCIDRs) > 0 {
 		// no pod range known yet: masquerading nothing is right, and the rules of
@@ -244,4 +275,53 @@ func (c *Controller) Reconcile(ctx context.Context) {
 		c.mu.Unlock()
 		c.cfg.Log.Info("node network ready: NetworkUnavailable=False", "routes", st.Routes)
 	}
+}
+
+// offLinkEvents records one Warning Event per other node and next-hop address whose
+// routes are off-link, once until the condition clears: a pair recorded before and
+// absent from a complete report (complete: the route sync succeeded) may be recorded
+// again when it comes back. Several destinations via one address (a node's podCIDRs)
+// make one Event naming them all.
+func (c *Controller) offLinkEvents(offLink []routes.OffLink, byVia map[netip.Addr]string, complete bool) {
+	if c.cfg.Events == nil {
+		return
+	}
+	dsts := map[offLinkKey][]string{}
+	var order []offLinkKey
+	for _, o := range offLink {
+		k := offLinkKey{byVia[o.Via], o.Via}
+		if _, ok := dsts[k]; !ok {
+			order = append(order, k)
+		}
+		dsts[k] = append(dsts[k], o.Dst.String())
+	}
+	c.mu.Lock()
+	if c.offLinkSent == nil {
+		c.offLinkSent = map[offLinkKey]bool{}
+	}
+	if complete {
+		for k := range c.offLinkSent {
+			if _, still := dsts[k]; !still {
+				delete(c.offLinkSent, k)
+			}
+		}
+	}
+	var send []offLinkKey
+	for _, k := range order {
+		if !c.offLinkSent[k] {
+			c.offLinkSent[k] = true
+			send = append(send, k)
+		}
+	}
+	c.mu.Unlock()
+	for _, k := range send {
+		c.cfg.Events.Warning(ReasonRouteNextHopOffLink, ActionRoute, OffLinkNote(c.cfg.Self, k.node, k.via, dsts[k]))
+	}
+}
+
+// OffLinkNote is the Event's message for routes from node self to node other's pods
+// (dsts) via its address via, which is not on-link.
+func OffLinkNote(self, other string, via netip.Addr, dsts []string) string {
+	return fmt.Sprintf("no route from node %s to node %s's pods (%s): next hop %s is not on a directly connected network of %s, and ipledger never routes pods through a gateway; fix: put the nodes on one L2 network, or run ipledgerd with --routes=false where the underlay routes pod addresses",
+		self, other, strings.Join(dsts, ", "), via, self)
 }

@@ -215,3 +215,84 @@ func TestReadyAgainWhenTheConditionIsGone(t *testing.T) {
 		t.Fatalf("after the condition went: Ready ran %d times, status ready %v; want twice, true", readies, c.Status().Ready)
 	}
 }
+
+// offLinkRoutes stands for the route reconciler: every desired route via an address
+// in off is reported off-link, and err is the sync's error.
+type offLinkRoutes struct {
+	off map[netip.Addr]bool
+	err error
+}
+
+func (r *offLinkRoutes) Sync(desired []nodenet.Route) (routes.Report, error) {
+	var rep routes.Report
+	for _, d := range desired {
+		if r.off[d.Via] {
+			rep.OffLink = append(rep.OffLink, routes.OffLink{Dst: d.Dst, Via: d.Via})
+		} else {
+			rep.Unchanged++
+		}
+	}
+	return rep, r.err
+}
+
+// recorder stands for the Node's event recorder.
+type recorder struct{ notes []string }
+
+func (r *recorder) Warning(reason, action, note string) {
+	r.notes = append(r.notes, reason+" "+action+": "+note)
+}
+
+// TestOffLinkEvents: an off-link next hop is recorded as a Warning Event on this
+// node's Node once per other node and address, naming both nodes, the address, the
+// pod ranges and the fix; again only after the condition cleared and came back; a
+// failed route sync (an incomplete report) clears nothing.
+func TestOffLinkEvents(t *testing.T) {
+	ns := &nodes{ch: make(chan struct{}, 1)}
+	self := node("node0", "10.250.0.11", "10.244.0.0/24")
+	n1 := nodenet.Node{Name: "node1", Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.7")},
+		PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.1.0/24"), netip.MustParsePrefix("10.244.101.0/24")}}
+	n2 := node("node2", "192.0.2.8", "10.244.2.0/24")
+	ns.set(true, self, n1, n2)
+	rt := &offLinkRoutes{off: map[netip.Addr]bool{netip.MustParseAddr("192.0.2.7"): true}}
+	ev := &recorder{}
+	c, err := controller.New(controller.Config{Self: "node0", Nodes: ns, Routes: rt, Resync: time.Hour, Events: ev})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	c.Reconcile(ctx)
+	c.Reconcile(ctx)
+	want := "RouteNextHopOffLink RouteToNodePods: no route from node node0 to node node1's pods (10.244.1.0/24, 10.244.101.0/24): next hop 192.0.2.7 is not on a directly connected network of node0, and ipledger never routes pods through a gateway; fix: put the nodes on one L2 network, or run ipledgerd with --routes=false where the underlay routes pod addresses"
+	if len(ev.notes) != 1 || ev.notes[0] != want {
+		t.Fatalf("events after two reconciliations:\n%q\nwant one:\n%q", ev.notes, want)
+	}
+	if k := c.Counts(); k.OffLink != 2 {
+		t.Fatalf("counts %+v, want 2 off-link routes", k)
+	}
+
+	rt.off[netip.MustParseAddr("192.0.2.8")] = true
+	c.Reconcile(ctx)
+	if len(ev.notes) != 2 || !strings.Contains(ev.notes[1], "node node2's pods (10.244.2.0/24): next hop 192.0.2.8") {
+		t.Fatalf("events after node2 went off-link: %q", ev.notes)
+	}
+
+	// node1 on-link in a failed sync: not taken as cleared
+	delete(rt.off, netip.MustParseAddr("192.0.2.7"))
+	rt.err = errors.New("netlink: busy")
+	c.Reconcile(ctx)
+	rt.off[netip.MustParseAddr("192.0.2.7")] = true
+	rt.err = nil
+	c.Reconcile(ctx)
+	if len(ev.notes) != 2 {
+		t.Fatalf("events after a failed sync: %q, want no new one", ev.notes)
+	}
+
+	// node1 on-link, then off-link again: recorded again
+	delete(rt.off, netip.MustParseAddr("192.0.2.7"))
+	c.Reconcile(ctx)
+	rt.off[netip.MustParseAddr("192.0.2.7")] = true
+	c.Reconcile(ctx)
+	if len(ev.notes) != 3 || ev.notes[2] != want {
+		t.Fatalf("events after node1's condition cleared and came back: %q", ev.notes)
+	}
+}
