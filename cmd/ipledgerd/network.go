@@ -42,8 +42,12 @@ func startNetwork(ctx context.Context, o *options, m *cluster.Manager, log *slog
 	if !o.network.Enabled(true) {
 		return w, nil, nil
 	}
+	ev, err := kubenode.NewEvents(ctx, rc, o.cluster.NodeName, log.With("part", "node-network"))
+	if err != nil {
+		return nil, nil, err
+	}
 	cfg := controller.Config{Self: o.cluster.NodeName, Nodes: w, NonMasquerade: o.network.NonMasquerade, Resync: o.network.Resync,
-		Ready: w.SetNetworkAvailable, Available: w.NetworkAvailable, Log: log.With("part", "node-network")}
+		Ready: w.SetNetworkAvailable, Available: w.NetworkAvailable, Events: ev, Log: log.With("part", "node-network")}
 	c, err := runController(ctx, o, cfg, m, log)
 	if err != nil {
 		return nil, nil, err

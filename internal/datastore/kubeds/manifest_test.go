@@ -20,7 +20,8 @@ import (
 // ServiceAccount's token (it reads the Nodes in node mode too), on the host
 // network, with its install-cni init container and the agent's command given
 // --node-name $(NODE_NAME), NODE_NAME and POD_NAMESPACE from the downward API,
-// NET_ADMIN for routes and masquerade, RBAC for the Nodes and their status, and
+// NET_ADMIN for routes and masquerade, RBAC for the Nodes, their status and
+// Events on them, and
 // a conflist whose range is usePodCidr (one manifest for every node).
 // deploy/cluster/ipledger.yaml, the base of the cluster-mode overlay, is the
 // same file.
@@ -107,13 +108,15 @@ func TestManifestHoldsClusterModeAndKeepsTheNodeDaemonSet(t *testing.T) {
 	for _, r := range rules {
 		rm := r.(map[string]any)
 		for _, res := range rm["resources"].([]any) {
-			if res == "nodes" || res == "nodes/status" {
-				nodeRules = append(nodeRules, fmt.Sprint(res, rm["verbs"]))
+			if res == "nodes" || res == "nodes/status" || res == "events" {
+				nodeRules = append(nodeRules, fmt.Sprint(rm["apiGroups"], res, rm["verbs"]))
 			}
 		}
 	}
-	if want := []string{"nodes[get list watch]", "nodes/status[patch]"}; !reflect.DeepEqual(nodeRules, want) {
-		t.Errorf("ClusterRole rules on Nodes %v, want %v", nodeRules, want)
+	// Events on the Node: client-go's events.k8s.io recorder creates, and patches
+	// an Event that recurs
+	if want := []string{"[]nodes[get list watch]", "[]nodes/status[patch]", "[events.k8s.io]events[create patch]"}; !reflect.DeepEqual(nodeRules, want) {
+		t.Errorf("ClusterRole rules on Nodes and Events %v, want %v", nodeRules, want)
 	}
 	conflist, _, _ := unstructured.NestedString(byKind["ConfigMap/ipledger-cni"].Object, "data", "ipledger.conflist")
 	if !strings.Contains(conflist, `"ranges": [[{"subnet": "usePodCidr"}]]`) {
