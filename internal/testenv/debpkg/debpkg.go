@@ -51,6 +51,12 @@ var (
 	Runc       = Package{Name: "runc", Files: []string{"runc"}}
 	Chromium   = Package{Name: "chromium", Files: []string{"chromium"}}
 	BusyBox    = Package{Name: "busybox-static", Files: []string{"/bin/busybox"}}
+	// The tools the e2e suite runs inside its agnhost image (internal/testenv/e2eenv).
+	Curl    = Package{Name: "curl", Files: []string{"/usr/bin/curl"}}
+	Netcat  = Package{Name: "netcat-openbsd", Files: []string{"/usr/bin/nc.openbsd"}}
+	Dash    = Package{Name: "dash", Files: []string{"/usr/bin/dash"}}
+	Bash    = Package{Name: "bash", Files: []string{"/usr/bin/bash"}}
+	DNSUtil = Package{Name: "bind9-dnsutils", Files: []string{"/usr/bin/dig", "/usr/bin/nslookup"}}
 )
 
 // present reports whether every file of p exists.

@@ -70,6 +70,11 @@ var nodePaths = []string{
 // in-cluster clients of hostNetwork pods reach the apiserver there.
 const APIServiceIP = "10.96.0.1"
 
+// DNSServiceIP is the cluster DNS Service's ClusterIP, which every node's
+// kubelet gives its pods (clusterDNS), as kubeadm does: the tenth address of
+// the Service range.
+const DNSServiceIP = "10.96.0.10"
+
 // nodeSock is containerd's socket inside a node (the default path, which the
 // manifests name).
 const nodeSock = "/run/containerd/containerd.sock"
@@ -295,7 +300,27 @@ func (n *Node) startRelay(tb testing.TB) error {
 	if err != nil {
 		return err
 	}
-	target := fmt.Sprintf("127.0.0.1:%d", n.c.apiPort)
+	serveRelay(tb, ln, fmt.Sprintf("127.0.0.1:%d", n.c.apiPort))
+	return nil
+}
+
+// RelayAPI makes the apiserver answer on 127.0.0.1 at its port inside ns as
+// on the host, so that a process run in ns (the e2e suite, in the namespace
+// standing for the world outside the cluster) uses the admin kubeconfig
+// unchanged. Until tb's cleanup.
+func (c *Cluster) RelayAPI(tb testing.TB, ns *netnodes.NS) error {
+	addr := fmt.Sprintf("127.0.0.1:%d", c.apiPort)
+	ln, err := ns.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	serveRelay(tb, ln, addr)
+	return nil
+}
+
+// serveRelay accepts on ln and splices each connection to a new one to
+// target, dialled from the host's namespace, until tb's cleanup.
+func serveRelay(tb testing.TB, ln net.Listener, target string) {
 	var mu sync.Mutex
 	conns := map[net.Conn]bool{}
 	tb.Cleanup(func() {
@@ -334,7 +359,6 @@ func (n *Node) startRelay(tb testing.TB) error {
 			}()
 		}
 	}()
-	return nil
 }
 
 func (n *Node) startContainerd() error {
@@ -411,6 +435,10 @@ func (n *Node) startKubelet() error {
 	if err := p.kubeconfig(kc, "https://"+net.JoinHostPort(APIServiceIP, "443"), client); err != nil {
 		return err
 	}
+	resolv := filepath.Join(n.Dir, "resolv.conf")
+	if err := os.WriteFile(resolv, []byte("nameserver "+netnodes.OutsideV4.String()+"\n"), 0o644); err != nil {
+		return err
+	}
 	cfg := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: %[1]s
@@ -432,14 +460,17 @@ cgroupRoot: %[4]s
 containerRuntimeEndpoint: unix://%[5]s
 failSwapOn: false
 clusterDomain: cluster.local
-resolvConf: /etc/resolv.conf
+clusterDNS: [%[6]s]
+# The nodes' upstream resolver is the outside namespace, which answers
+# nothing: names outside the cluster fail fast, whatever the host uses.
+resolvConf: %[7]s
 podLogsDir: /var/log/pods
 evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", imagefs.available: "1%%", nodefs.inodesFree: "1%%"}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 maxPods: 110
-`, n.IP, p.path(serving), p.path("ca.crt"), n.cgroupRoot, nodeSock)
+`, n.IP, p.path(serving), p.path("ca.crt"), n.cgroupRoot, nodeSock, DNSServiceIP, resolv)
 	cfgPath := filepath.Join(n.Dir, "kubelet.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return err

@@ -1,0 +1,58 @@
+package e2eenv
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestReadJUnit(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "junit.xml")
+	if err := os.WriteFile(p, []byte(`<?xml version="1.0" encoding="UTF-8"?>
+<testsuites><testsuite name="Kubernetes e2e suite">
+<testcase name="[SynchronizedBeforeSuite]" status="passed" time="0.1"></testcase>
+<testcase name="[It] [sig-network] A should pass" status="passed" time="15.2"></testcase>
+<testcase name="[It] [sig-network] B should fail" status="failed" time="120"><failure message="not reachable">trace</failure></testcase>
+<testcase name="[It] [sig-storage] C" status="skipped" time="0"><skipped message="skipped"></skipped></testcase>
+<testcase name="[ReportAfterSuite] Kubernetes e2e suite report" status="passed" time="0"></testcase>
+</testsuite></testsuites>`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	specs, err := readJUnit(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Report{Specs: specs}
+	if r.Count("passed") != 1 || r.Count("failed") != 1 || r.Count("skipped") != 1 || r.Count("setup") != 2 {
+		t.Fatalf("counts: %+v", specs)
+	}
+	ran := r.Ran()
+	if len(ran) != 2 || ran[0].Name != "[sig-network] A should pass" || ran[1].Failure != "not reachable" {
+		t.Fatalf("ran: %+v", ran)
+	}
+}
+
+func TestSkipListNeedsAReason(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good")
+	os.WriteFile(good, []byte("# comment\n\n\\[Feature: # off here\nLoadBalancer # no cloud\n"), 0o644)
+	res, err := SkipList(good)
+	if err != nil || len(res) != 2 || res[0] != `\[Feature:` {
+		t.Fatalf("SkipList = %q, %v", res, err)
+	}
+	bad := filepath.Join(dir, "bad")
+	os.WriteFile(bad, []byte("LoadBalancer\n"), 0o644)
+	if _, err := SkipList(bad); err == nil || !strings.Contains(err.Error(), "no reason") {
+		t.Fatalf("a line without a reason: %v", err)
+	}
+}
+
+// TestRepoSkipList: the skip list make conformance reads parses, every line
+// with its reason.
+func TestRepoSkipList(t *testing.T) {
+	res, err := SkipList(filepath.Join("..", "..", "..", "test", "kubenodes", "testdata", "upstream-skip.txt"))
+	if err != nil || len(res) == 0 {
+		t.Fatalf("upstream-skip.txt: %d entries, %v", len(res), err)
+	}
+}
