@@ -11,7 +11,7 @@ CNI_PLUGINS_VERSION = $(shell $(GO) list -m -f '{{.Version}}' github.com/contain
 # Tests build the binaries themselves; keep the whole suite well under 30 minutes.
 TESTFLAGS ?= -count=1 -timeout 25m
 
-.PHONY: all build image manifests test deps bench bench-smoke demo lint fuzz clean
+.PHONY: all build image manifests test deps bench bench-smoke demo lint fuzz clean conformance
 
 all: build
 
@@ -51,6 +51,15 @@ bench: deps build
 	$(GO) test -run '^$$' -bench '^BenchmarkPodStartup$$' -benchtime 1x -timeout 30m -v ./test/kube > $(BIN)/kube-bench.log 2>&1 \
 		|| { tail -40 $(BIN)/kube-bench.log; exit 1; }
 	grep -E '^\s+bench_test.go|^\s*\||^BenchmarkPodStartup' $(BIN)/kube-bench.log | sed -E 's/^\s+(bench_test.go:[0-9]+: )?//' | tee -a bench-results.md
+
+# conformance: Kubernetes' own network e2e tests (e2e.test built from the pinned
+# release) on three nodes with ipledger installed from deploy/, in node mode and then
+# in cluster mode; writes each mode's summary to docs/conformance.md. Long (see that
+# file for how long); `make test` runs a small subset of it (TestUpstreamNetworkSubset).
+# CONFORMANCE_ARGS: e.g. -conformance.modes=node, -conformance.focus='REGEXP'.
+CONFORMANCE_ARGS ?=
+conformance: deps build
+	$(GO) test -tags conformance -count=1 -timeout 4h -run '^TestConformance$$' -v ./test/kubenodes -args $(CONFORMANCE_ARGS)
 
 # bench: the whole benchmark in one run (as root, minutes): a Markdown table of
 # ipledger vs host-local/ptp vs the exec floor on stdout and in bench-results.md.

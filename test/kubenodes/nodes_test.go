@@ -66,8 +66,14 @@ func start(t *testing.T, n int) *cluster { return startMode(t, n, false) }
 // the Kubernetes datastore, the overlay unchanged) when clusterMode is set.
 func startMode(t *testing.T, n int, clusterMode bool) *cluster {
 	t.Helper()
+	return startWith(t, n, clusterMode, nil)
+}
+
+// startWith is startMode with more images (docker archives) on every node.
+func startWith(t *testing.T, n int, clusterMode bool, extra []string) *cluster {
+	t.Helper()
 	testenv.SkipIfShort(t, "needs a Kubernetes build")
-	imgs := images(t, t.TempDir())
+	imgs := append(images(t, t.TempDir()), extra...)
 	t0 := time.Now()
 	c := kubeenv.StartControlPlane(t, kubeenv.Options{StartTimeout: 2 * time.Minute})
 	t.Logf("control plane up in %v", time.Since(t0).Round(time.Millisecond))
