@@ -7,11 +7,12 @@ package e2eenv
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"testing"
 
@@ -124,7 +125,7 @@ func (t tree) add(f image.File) { t[strings.Trim(path.Clean("/"+f.Path), "/")] =
 
 func (t tree) files() []image.File {
 	var fs []image.File
-	for _, k := range sortedKeys(t) {
+	for _, k := range slices.Sorted(maps.Keys(t)) {
 		fs = append(fs, t[k])
 	}
 	return fs
@@ -234,13 +235,4 @@ func busyboxApplets() ([]string, error) {
 		return nil, fmt.Errorf("e2eenv: busybox --list-full: %v", err)
 	}
 	return strings.Fields(string(bytes.TrimSpace(out))), nil
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
-	}
-	sort.Strings(ks)
-	return ks
 }
