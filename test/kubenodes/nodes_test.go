@@ -250,22 +250,6 @@ func (cl *cluster) logs(pod string) string {
 	return out
 }
 
-// TestOneNode: the Node becomes Ready once ipledger is installed, and a pod on
-// it gets an address from the Node's podCIDR.
-func TestOneNode(t *testing.T) {
-	cl := start(t, 1)
-	cidr := cl.podCIDR("node0")
-	ip := cl.server("node0")
-	if !cidr.Contains(ip) {
-		t.Fatalf("pod address %s not in node0's podCIDR %s", ip, cidr)
-	}
-	t.Logf("node0 podCIDR %s, pod address %s", cidr, ip)
-	ok, log, _ := cl.fetch("node0", []netip.Addr{ip})
-	if !ok {
-		t.Fatalf("a pod on node0 did not reach the pod on node0:\n%s", log)
-	}
-}
-
 // hostPortPod starts a busybox httpd pod on node answering "ok" on container
 // port 8080, published on the node as hostPort, and waits until it runs.
 func (cl *cluster) hostPortPod(node string, hostPort int) {
@@ -315,10 +299,13 @@ func httpGet(c net.Conn) (string, error) {
 //     (masquerade);
 //   - a hostPort pod answers on its node's address, from outside and from
 //     another node;
-//   - kubectl logs and exec reach every node's kubelet.
+//   - every node reaches every pod;
+//   - kubectl logs and exec reach every node's kubelet;
+//   - ClusterIP Services through kube-proxy (checkServices).
 func TestThreeNodes(t *testing.T) {
 	cl := start(t, 3)
 	cl.checkNetwork(func(node string) netip.Prefix { return cl.podCIDR(node) })
+	cl.checkServices()
 }
 
 // checkNetwork runs TestThreeNodes' checks; each node's pods must get
@@ -337,6 +324,19 @@ func (cl *cluster) checkNetwork(pods func(node string) netip.Prefix) {
 		// 201: the route protocol of ipledger's routes to the other nodes' pods.
 		out, err := exec.Command("ip", "-n", nd.Host.Netns, "route", "show", "proto", "201").CombinedOutput()
 		t.Logf("%s (%s): ip route show proto 201: %v\n%s", nd.Name, nd.IP, err, out)
+	}
+	// Every node reaches every pod, its own and the other nodes'.
+	for _, nd := range cl.nodes {
+		for name, ip := range servers {
+			c, err := nd.Host.Dial("tcp", net.JoinHostPort(ip.String(), "8080"), 5*time.Second)
+			if err != nil {
+				t.Errorf("node %s to pod srv-%s %s: %v", nd.Name, name, ip, err)
+				continue
+			}
+			if got, err := httpGet(c); got != "ok" {
+				t.Errorf("node %s to pod srv-%s %s: %q, %v", nd.Name, name, ip, got, err)
+			}
+		}
 	}
 	clients := map[string]netip.Addr{}
 	for _, nd := range cl.nodes {
@@ -426,11 +426,12 @@ type ipBlocks struct {
 // cluster-wide pool, each node routes every block another node owns (as the
 // IPBlocks on the API say) via that node's address and makes its own
 // unreachable (never out of the default route),
-// TestThreeNodes' checks pass, and the cluster audit balances (no address
+// TestThreeNodes' checks and checkServices pass, and the cluster audit balances (no address
 // held on two nodes).
 func TestThreeNodesClusterMode(t *testing.T) {
 	cl := startMode(t, 3, true)
 	cl.checkNetwork(func(string) netip.Prefix { return clusterPool })
+	cl.checkServices()
 	var blocks ipBlocks
 	if err := cl.c.GetJSON(&blocks, "ipblocks"); err != nil {
 		t.Fatal(err)

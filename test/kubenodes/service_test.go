@@ -100,13 +100,12 @@ func podNetns(t *testing.T, nd *kubeenv.Node, addr string) string {
 	return ""
 }
 
-// TestClusterIPService (issue 25): with kube-proxy on every node, a ClusterIP
+// checkServices (issue 25): with kube-proxy on every node, a ClusterIP
 // Service whose endpoints are on other nodes answers from a pod on each node
 // and from each node itself, and a pod reaches itself through its own Service
 // (hairpin: out of its veth, DNAT back to itself on the node).
-func TestClusterIPService(t *testing.T) {
-	const n = 3
-	cl := start(t, n)
+func (cl *cluster) checkServices() {
+	t, n := cl.t, len(cl.nodes)
 	t0 := time.Now()
 	for _, nd := range cl.nodes {
 		nd.StartKubeProxy(t)
