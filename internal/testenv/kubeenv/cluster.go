@@ -39,6 +39,9 @@ type Options struct {
 	AfterRestore func()
 }
 
+// ClusterCIDR is the pod range the Nodes' podCIDRs are allocated from.
+func (c *Cluster) ClusterCIDR() string { return c.opts.ClusterCIDR }
+
 // APIPort is the kube-apiserver's port on 127.0.0.1.
 func (c *Cluster) APIPort() int { return c.apiPort }
 

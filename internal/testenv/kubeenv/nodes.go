@@ -59,6 +59,9 @@ type Node struct {
 var nodePaths = []string{
 	"/etc/cni/net.d", "/opt/cni/bin",
 	"/var/lib/ipledger", "/run/ipledger",
+	// host-local's default dataDir (/var/lib/cni/networks) and flanneld's
+	// subnet file (/run/flannel/subnet.env): each node's own.
+	"/var/lib/cni", "/run/flannel",
 	"/var/lib/kubelet", "/var/lib/containerd", "/run/containerd",
 	"/var/log/pods", "/var/log/containers",
 	"/run/netns",
@@ -500,7 +503,7 @@ func (n *Node) Log(component string, lines int) string {
 }
 
 func (n *Node) dumpLogs(tb testing.TB) {
-	for _, comp := range []string{"holder", "containerd", "kubelet", "kube-proxy"} {
+	for _, comp := range []string{"holder", "containerd", "kubelet", "kube-proxy", "flanneld"} {
 		if s := n.Log(comp, 30); s != "" {
 			tb.Logf("---- %s %s log, last lines:\n%s", n.Name, comp, s)
 		}
@@ -516,6 +519,7 @@ func (n *Node) cleanup(tb testing.TB) {
 	if tb.Failed() {
 		n.dumpLogs(tb)
 	}
+	n.c.stopProc(n.Name + "-flanneld")
 	n.c.stopProc(n.Name + "-kube-proxy")
 	n.c.stopProc(n.Name + "-kubelet")
 	if n.c.procErr(n.Name+"-containerd") == nil {
