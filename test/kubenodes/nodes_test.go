@@ -27,15 +27,18 @@ import (
 const podImage = "ipledger.local/busybox:test"
 
 type cluster struct {
-	t     *testing.T
+	t     testing.TB
 	c     *kubeenv.Cluster
 	env   *netnodes.Env
 	nodes []*kubeenv.Node
+	// clusterMode: ipledger installed from deploy/cluster (pods get
+	// addresses in clusterPool, not in their Node's podCIDR).
+	clusterMode bool
 }
 
 // images writes the ipledger image (as `make image` builds it) and a busybox
 // image into dir.
-func images(t *testing.T, dir string) []string {
+func images(t testing.TB, dir string) []string {
 	t.Helper()
 	spec, err := image.IpledgerSpec(agentenv.Bin(t), "ipledger:dev")
 	if err != nil {
@@ -60,17 +63,31 @@ func images(t *testing.T, dir string) []string {
 
 // start brings up the control plane and n nodes, applies deploy/ipledger.yaml
 // unchanged and waits until every node is Ready with its agent Ready.
-func start(t *testing.T, n int) *cluster { return startMode(t, n, false) }
+func start(t testing.TB, n int) *cluster { return startMode(t, n, false) }
 
 // startMode is start, with `kubectl apply -k deploy/cluster` (cluster mode on
 // the Kubernetes datastore, the overlay unchanged) when clusterMode is set.
-func startMode(t *testing.T, n int, clusterMode bool) *cluster {
+func startMode(t testing.TB, n int, clusterMode bool) *cluster {
 	t.Helper()
 	return startWith(t, n, clusterMode, nil)
 }
 
 // startWith is startMode with more images (docker archives) on every node.
-func startWith(t *testing.T, n int, clusterMode bool, extra []string) *cluster {
+func startWith(t testing.TB, n int, clusterMode bool, extra []string) *cluster {
+	t.Helper()
+	cl := startNodesWith(t, n, extra)
+	cl.install(clusterMode)
+	return cl
+}
+
+// startNodes brings up the control plane and n nodes, with no pod network:
+// the nodes are NotReady until one is installed.
+func startNodes(t testing.TB, n int) *cluster {
+	t.Helper()
+	return startNodesWith(t, n, nil)
+}
+
+func startNodesWith(t testing.TB, n int, extra []string) *cluster {
 	t.Helper()
 	testenv.SkipIfShort(t, "needs a Kubernetes build")
 	imgs := append(images(t, t.TempDir()), extra...)
@@ -84,6 +101,23 @@ func startWith(t *testing.T, n int, clusterMode bool, extra []string) *cluster {
 		cl.nodes = append(cl.nodes, c.AddNode(t, fmt.Sprintf("node%d", i), env.Node(i), imgs...))
 		t.Logf("node%d registered in %v", i, time.Since(t1).Round(time.Millisecond))
 	}
+	return cl
+}
+
+// installIpledger applies deploy/ipledger.yaml unchanged and waits until
+// every node is Ready with its agent Ready.
+func (cl *cluster) installIpledger() {
+	cl.t.Helper()
+	cl.install(false)
+}
+
+// install applies deploy/ipledger.yaml, or deploy/cluster with kubectl apply
+// -k when clusterMode, unchanged, and waits until every node is Ready with
+// its agent Ready.
+func (cl *cluster) install(clusterMode bool) {
+	t, c, n := cl.t, cl.c, len(cl.nodes)
+	t.Helper()
+	cl.clusterMode = clusterMode
 	t2 := time.Now()
 	what := "deploy/ipledger.yaml applied"
 	if clusterMode {
@@ -110,19 +144,23 @@ func startWith(t *testing.T, n int, clusterMode bool, extra []string) *cluster {
 		if readyPods != n {
 			return false, fmt.Errorf("%d of %d ipledgerd pods ready", readyPods, n)
 		}
-		for _, nd := range cl.nodes {
-			st, err := c.Kubectl("get", "node", nd.Name, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
-			if st != "True" {
-				return false, fmt.Errorf("node %s Ready=%q (%v)", nd.Name, st, err)
-			}
-		}
-		return true, nil
+		return cl.nodesReady()
 	}); err != nil {
 		out, _ := c.Kubectl("describe", "pods", "-n", "ipledger")
 		t.Fatalf("ipledger not installed: %v\n%s", err, out)
 	}
 	t.Logf("%s unchanged: %d agents and nodes Ready in %v", what, n, time.Since(t2).Round(time.Millisecond))
-	return cl
+}
+
+// nodesReady reports whether every node's Node is Ready.
+func (cl *cluster) nodesReady() (bool, error) {
+	for _, nd := range cl.nodes {
+		st, err := cl.c.Kubectl("get", "node", nd.Name, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
+		if st != "True" {
+			return false, fmt.Errorf("node %s Ready=%q (%v)", nd.Name, st, err)
+		}
+	}
+	return true, nil
 }
 
 func ready(p kubeenv.Pod) bool {
@@ -304,26 +342,63 @@ func httpGet(c net.Conn) (string, error) {
 //   - ClusterIP Services through kube-proxy (checkServices).
 func TestThreeNodes(t *testing.T) {
 	cl := start(t, 3)
-	cl.checkNetwork(func(node string) netip.Prefix { return cl.podCIDR(node) })
+	cl.checkNetwork()
 	cl.checkServices()
 }
 
-// checkNetwork runs TestThreeNodes' checks; each node's pods must get
-// addresses in pods(node).
-func (cl *cluster) checkNetwork(pods func(node string) netip.Prefix) {
+// podRange is where node's pods get their addresses: its podCIDR, or the
+// cluster-wide pool in cluster mode.
+func (cl *cluster) podRange(node string) netip.Prefix {
+	if cl.clusterMode {
+		return clusterPool
+	}
+	return cl.podCIDR(node)
+}
+
+// mesh starts a server pod on every node (its address checked against the
+// node's podRange), logs each node's routes (`ip route show` with
+// routeFilter), then runs a client pod on every node fetching from every other
+// node's server over TCP. It returns the servers' and clients' addresses by
+// node and the nodes whose client did not reach every other node's server.
+func (cl *cluster) mesh(routeFilter ...string) (servers, clients map[string]netip.Addr, failed []string) {
 	t := cl.t
-	servers := map[string]netip.Addr{}
+	t.Helper()
+	servers = map[string]netip.Addr{}
 	for _, nd := range cl.nodes {
 		ip := cl.server(nd.Name)
-		if cidr := pods(nd.Name); !cidr.Contains(ip) {
+		if cidr := cl.podRange(nd.Name); !cidr.Contains(ip) {
 			t.Fatalf("pod address %s on %s not in %s", ip, nd.Name, cidr)
 		}
 		servers[nd.Name] = ip
 	}
 	for _, nd := range cl.nodes {
-		// 201: the route protocol of ipledger's routes to the other nodes' pods.
-		out, err := exec.Command("ip", "-n", nd.Host.Netns, "route", "show", "proto", "201").CombinedOutput()
-		t.Logf("%s (%s): ip route show proto 201: %v\n%s", nd.Name, nd.IP, err, out)
+		out, err := exec.Command("ip", append([]string{"-n", nd.Host.Netns, "route", "show"}, routeFilter...)...).CombinedOutput()
+		t.Logf("%s (%s): ip route show %s: %v\n%s", nd.Name, nd.IP, strings.Join(routeFilter, " "), err, out)
+	}
+	clients = map[string]netip.Addr{}
+	for _, nd := range cl.nodes {
+		var targets []netip.Addr
+		for name, ip := range servers {
+			if name != nd.Name {
+				targets = append(targets, ip)
+			}
+		}
+		ok, log, ip := cl.fetch(nd.Name, targets)
+		clients[nd.Name] = ip
+		t.Logf("from %s (pod %s):\n%s", nd.Name, ip, log)
+		if !ok {
+			failed = append(failed, nd.Name)
+		}
+	}
+	return servers, clients, failed
+}
+
+// checkNetwork runs TestThreeNodes' checks.
+func (cl *cluster) checkNetwork() {
+	t := cl.t
+	servers, clients, failed := cl.mesh("proto", "201") // ipledger's route protocol
+	for _, node := range failed {
+		t.Errorf("a pod on %s did not reach every other node's pod", node)
 	}
 	// Every node reaches every pod, its own and the other nodes'.
 	for _, nd := range cl.nodes {
@@ -336,21 +411,6 @@ func (cl *cluster) checkNetwork(pods func(node string) netip.Prefix) {
 			if got, err := httpGet(c); got != "ok" {
 				t.Errorf("node %s to pod srv-%s %s: %q, %v", nd.Name, name, ip, got, err)
 			}
-		}
-	}
-	clients := map[string]netip.Addr{}
-	for _, nd := range cl.nodes {
-		var targets []netip.Addr
-		for name, ip := range servers {
-			if name != nd.Name {
-				targets = append(targets, ip)
-			}
-		}
-		ok, log, ip := cl.fetch(nd.Name, targets)
-		clients[nd.Name] = ip
-		t.Logf("from %s (pod %s):\n%s", nd.Name, ip, log)
-		if !ok {
-			t.Errorf("a pod on %s did not reach every other node's pod", nd.Name)
 		}
 	}
 	// Pod to pod keeps the pod's address: each server logged every other
@@ -430,7 +490,7 @@ type ipBlocks struct {
 // held on two nodes).
 func TestThreeNodesClusterMode(t *testing.T) {
 	cl := startMode(t, 3, true)
-	cl.checkNetwork(func(string) netip.Prefix { return clusterPool })
+	cl.checkNetwork()
 	cl.checkServices()
 	var blocks ipBlocks
 	if err := cl.c.GetJSON(&blocks, "ipblocks"); err != nil {

@@ -86,7 +86,7 @@ spec:
 
 // podNetns is the name (in the node's /run/netns) of the network namespace
 // holding addr, found by asking each of the node's pod namespaces.
-func podNetns(t *testing.T, nd *kubeenv.Node, addr string) string {
+func podNetns(t testing.TB, nd *kubeenv.Node, addr string) string {
 	t.Helper()
 	ents, _ := os.ReadDir(nd.HostPath("/run/netns"))
 	for _, e := range ents {
