@@ -51,6 +51,12 @@ bench: deps build
 	$(GO) test -run '^$$' -bench '^BenchmarkPodStartup$$' -benchtime 1x -timeout 30m -v ./test/kube > $(BIN)/kube-bench.log 2>&1 \
 		|| { tail -40 $(BIN)/kube-bench.log; exit 1; }
 	grep -E '^\s+bench_test.go|^\s*\||^BenchmarkPodStartup' $(BIN)/kube-bench.log | sed -E 's/^\s+(bench_test.go:[0-9]+: )?//' | tee -a bench-results.md
+	@# ipledger vs flannel host-gw on three kubelet nodes (test/kubenodes), one after the
+	@# other in one run: connectivity, 300 pods' startup, routes as Nodes join and leave,
+	@# the agents' CPU and memory at 3 and 100 Nodes: tens of minutes on 2 cores.
+	$(GO) test -run '^$$' -bench '^BenchmarkFlannel$$' -benchtime 1x -timeout 90m -v ./test/kubenodes > $(BIN)/flannel-bench.log 2>&1 \
+		|| { tail -40 $(BIN)/flannel-bench.log; exit 1; }
+	grep -E '^\s*\||^BenchmarkFlannel|bench_test.go:[0-9]+: (cluster of|ipledger measured|flannel measured|benchmark took|(ipledger|flannel): [0-9]+ pods)' $(BIN)/flannel-bench.log | sed -E 's/^\s+(bench_test.go:[0-9]+: )?//' | tee -a bench-results.md
 
 # conformance: Kubernetes' own network e2e tests (e2e.test built from the pinned
 # release) on three nodes with ipledger installed from deploy/, in node mode and then
