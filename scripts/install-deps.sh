@@ -9,7 +9,10 @@ lockfile=/run/lock/ipledger-deps.lock
 # chromium: the pool page tests; iptables: the kubelet of test/kube writes its chains
 # with it; busybox-static: the test pods' image (/bin/busybox) and bounded pings.
 # etcd-server: Debian's etcd for the etcd datastore tests (internal/testenv/etcdenv).
-pkgs=(iproute2 containerd runc containernetworking-plugins chromium iptables busybox-static etcd-server)
+# dash, bash, curl, netcat-openbsd, bind9-dnsutils, wget: the tools (and their shared
+# libraries) the upstream e2e suite runs inside the agnhost image (internal/testenv/e2eenv).
+pkgs=(iproute2 containerd runc containernetworking-plugins chromium iptables busybox-static etcd-server
+  dash bash curl netcat-openbsd bind9-dnsutils wget)
 install() {
   missing=()
   for p in "${pkgs[@]}"; do

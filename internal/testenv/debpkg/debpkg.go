@@ -57,6 +57,7 @@ var (
 	Dash    = Package{Name: "dash", Files: []string{"/usr/bin/dash"}}
 	Bash    = Package{Name: "bash", Files: []string{"/usr/bin/bash"}}
 	DNSUtil = Package{Name: "bind9-dnsutils", Files: []string{"/usr/bin/dig", "/usr/bin/nslookup"}}
+	Wget    = Package{Name: "wget", Files: []string{"/usr/bin/wget"}}
 )
 
 // present reports whether every file of p exists.

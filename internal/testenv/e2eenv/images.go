@@ -32,7 +32,8 @@ const (
 // agnhostTools are what the suite execs inside agnhost (its Dockerfile adds
 // bind-tools, curl, netcat-openbsd, iproute2, bash): host path, path in the
 // image. The shell is dash, not busybox's: busybox sh runs its own nc applet
-// (no -u) before any nc on PATH.
+// (no -u) before any nc on PATH. wget is GNU wget: Debian's static busybox
+// wget segfaults (the suite's Services tests fetch with wget -q -O - -T 1).
 var agnhostTools = [][2]string{
 	{"/usr/bin/dash", "usr/bin/dash"},
 	{"/usr/bin/bash", "usr/bin/bash"},
@@ -41,6 +42,7 @@ var agnhostTools = [][2]string{
 	{"/usr/sbin/ip", "usr/sbin/ip"},
 	{"/usr/bin/dig", "usr/bin/dig"},
 	{"/usr/bin/nslookup", "usr/bin/nslookup"},
+	{"/usr/bin/wget", "usr/bin/wget"},
 }
 
 // mergedUsr are the top-level links of a merged-/usr system, as Debian has
@@ -63,7 +65,7 @@ var etcFiles = []image.File{
 // the Debian packages it takes tools from.
 func Images(tb testing.TB, dir string) []string {
 	tb.Helper()
-	debpkg.Need(tb, debpkg.BusyBox, debpkg.Curl, debpkg.Netcat, debpkg.Dash, debpkg.Bash, debpkg.IPRoute2, debpkg.DNSUtil)
+	debpkg.Need(tb, debpkg.BusyBox, debpkg.Curl, debpkg.Netcat, debpkg.Dash, debpkg.Bash, debpkg.IPRoute2, debpkg.DNSUtil, debpkg.Wget)
 	agnhost, err := os.ReadFile(kubeenv.Agnhost(tb))
 	if err != nil {
 		tb.Fatal(err)
