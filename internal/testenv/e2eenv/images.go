@@ -60,7 +60,8 @@ var etcFiles = []image.File{
 
 // Images writes into dir the docker archives of the images the network
 // tests use, under the references the suite asks for: agnhost (built from
-// the release's source, with the tools above and their shared libraries),
+// the release's source, with CoreDNS, the tools above and their shared
+// libraries),
 // busybox (Debian's busybox-static) and pause (agnhost's pause). It installs
 // the Debian packages it takes tools from.
 func Images(tb testing.TB, dir string) []string {
@@ -78,8 +79,15 @@ func Images(tb testing.TB, dir string) []string {
 	if err != nil {
 		tb.Fatal(err)
 	}
+	// agnhost's image carries CoreDNS too: the DNS tests run /coredns in it
+	// as a pod's own nameserver.
+	coredns, err := os.ReadFile(CoreDNS(tb))
+	if err != nil {
+		tb.Fatal(err)
+	}
 	fs := newTree()
 	fs.add(image.File{Path: "agnhost", Mode: 0o755, Data: agnhost})
+	fs.add(image.File{Path: "coredns", Mode: 0o755, Data: coredns})
 	fs.add(image.File{Path: "usr/bin/busybox", Mode: 0o755, Data: box})
 	for _, t := range agnhostTools {
 		if err := fs.addELF(t[0], t[1]); err != nil {
