@@ -169,6 +169,11 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 			}
 		}
 		ls := &Lease{Key: req.Key, Pod: req.Pod, NetNS: req.NetNS, Created: now, State: StateActive}
+		if l.opts.Boot != nil {
+			if id, since, ok := l.opts.Boot.Boot(); ok {
+				ls.BootID, ls.SinceBoot = id, since
+			}
+		}
 		for i := range ps.sets {
 			a, err := c.pick(ps, i, req.Pod.UID, mono)
 			if err != nil {

@@ -40,7 +40,8 @@ type Options struct {
 	// Boot, when set, is read at every release and stored with the free address;
 	// at Open, an address released earlier on the same boot waits only what is left
 	// of its reuse delay (not a whole one again). Another boot, or no reading, counts
-	// from Open as above.
+	// from Open as above. It is also read at every allocation and stored with the
+	// lease (Lease.BootID, SinceBoot), from which the reconciler counts its age.
 	Boot clock.Boot
 	// HistoryKeep is how many releases are kept per address; default 32.
 	HistoryKeep int

@@ -138,6 +138,14 @@ type Lease struct {
 	IPs     []netip.Prefix `json:"ips"` // one per range set, with the subnet's prefix length
 	Created time.Time      `json:"created"`
 	State   string         `json:"state"`
+	// BootID and SinceBoot are the machine's boot and its CLOCK_BOOTTIME reading at
+	// the allocation, when known (Options.Boot), stored in the allocation's own
+	// transaction. Unlike Created (a wall time) they measure the lease's age: a
+	// process on the same boot, such as the reconciler after an agent restart,
+	// counts it from the allocation rather than from its own first sight. Records
+	// written without them read as unknown.
+	BootID    string        `json:"bootID,omitempty"`
+	SinceBoot time.Duration `json:"sinceBoot,omitempty"`
 }
 
 // Lease states.

@@ -80,6 +80,11 @@ func appendLease(b []byte, l *ledger.Lease) ([]byte, bool) {
 	e.Field(&first, "created")
 	e.Time(l.Created)
 	e.StrField(&first, "state", l.State, false)
+	e.StrField(&first, "bootID", l.BootID, true)
+	if l.SinceBoot < 0 {
+		return nil, false
+	}
+	e.UintField(&first, "sinceBoot", uint64(l.SinceBoot), true)
 	e.Raw("}")
 	return e.B, e.OK
 }
@@ -143,6 +148,15 @@ func decodeLease(d *jsonlite.Decoder, l *ledger.Lease, in *Interner) bool {
 			return d.Time(&l.Created)
 		case "state":
 			return in.set(d, &l.State)
+		case "bootID":
+			return in.set(d, &l.BootID)
+		case "sinceBoot":
+			v, ok := d.Uint()
+			if !ok || v > math.MaxInt64 {
+				return false
+			}
+			l.SinceBoot = time.Duration(v)
+			return true
 		}
 		return false
 	})

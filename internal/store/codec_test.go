@@ -35,6 +35,9 @@ func randLease(r *rand.Rand) ledger.Lease {
 		Pod:     ledger.Pod{Namespace: randStr(r), Name: randStr(r), UID: randStr(r), InfraContainerID: randStr(r)},
 		NetNS:   ledger.NetNS{Path: randStr(r), Dev: uint64(r.IntN(2)) * 64769, Ino: r.Uint64() >> r.IntN(64)},
 		Created: codecTimes[r.IntN(len(codecTimes))], State: randStr(r)}
+	if r.IntN(2) == 0 {
+		l.BootID, l.SinceBoot = randStr(r), time.Duration(r.Int64()>>r.IntN(64))*time.Duration(1-2*r.IntN(2))
+	}
 	switch r.IntN(4) {
 	case 0:
 	case 1:
@@ -208,6 +211,7 @@ func TestRecordCodecMatchesJSON(t *testing.T) {
 
 var codecCorpus = []string{
 	`{"key":{"network":"n","containerID":"c","ifname":"eth0"},"pod":{"namespace":"ns","name":"p","uid":"u"},"netns":{},"ips":["10.20.0.2/16"],"created":"2026-11-23T11:27:43.594468764Z","state":"active"}`,
+	`{"key":{"network":"n","containerID":"c","ifname":"eth0"},"pod":{},"netns":{},"ips":["10.20.0.2/16"],"created":"2026-11-23T11:27:43Z","state":"active","bootID":"9b1c","sinceBoot":3600000000000}`,
 	`{"network":"n","ip":"10.20.0.9","set":0,"releasedAt":"2026-11-23T11:27:43Z","seq":7,"lastUID":"u"}`,
 	`{"key":null}`, `{"ips":null}`, `{"ips":[null]}`, `{"ips":["10.20.0.2"]}`, `{"ips":[""]}`, `{"IPS":[]}`,
 	`{"sinceBoot":-5}`, `{"sinceBoot":9223372036854775808}`, `{"sinceBoot":1.5}`, `{"bootID":"a","sinceBoot":120000000000}`,

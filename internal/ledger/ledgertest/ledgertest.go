@@ -117,6 +117,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"BlocksDualStack", testBlocksDualStack},
 		{"BlocksFailedCommits", testBlocksFailedCommits},
 		{"ReuseDelayAcrossRestart", testReuseDelayAcrossRestart},
+		{"CreationBootReading", testCreationBootReading},
 		{"LogLater", testLogLater},
 	}
 	for _, tt := range tests {
@@ -169,6 +170,42 @@ func testReuseDelayAcrossRestart(t *testing.T, newStore Factory) {
 				t.Fatalf("once the delay is over: %v %v, want 10.9.0.5", ls.IPs, err)
 			}
 		})
+	}
+}
+
+// testCreationBootReading: an allocation stores the boot clock's reading with its
+// lease in the same transaction, and it reads back after a reopen; a lease allocated
+// without a boot clock (or an old record) reads with none, and an idempotent ADD
+// keeps the first reading.
+func testCreationBootReading(t *testing.T, newStore Factory) {
+	st, reopen := newStore(t)
+	boot := clocktest.NewBoot("boot-1", time.Hour)
+	l, err := ledger.Open(st, ledger.Options{Clock: NewClock(), Boot: boot})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Ranges(t, `[[{"subnet":"10.9.0.0/24"}]]`)
+	a, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("a"), Ranges: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.BootID != "boot-1" || a.SinceBoot != time.Hour {
+		t.Fatalf("allocated with reading %q %v, want boot-1 %v", a.BootID, a.SinceBoot, time.Hour)
+	}
+	boot.Advance(time.Minute)
+	if again, existed, err := l.Allocate(ledger.AllocateRequest{Key: Key("a"), Ranges: r}); err != nil || !existed || again.SinceBoot != time.Hour {
+		t.Fatalf("idempotent ADD: %+v existed=%v %v, want the first reading kept", again, existed, err)
+	}
+	boot.Unknown()
+	if b, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("b"), Ranges: r}); err != nil || b.BootID != "" || b.SinceBoot != 0 {
+		t.Fatalf("allocated with the boot clock unknown: %+v %v, want no reading", b, err)
+	}
+	l2 := Open(t, reopen(), ledger.Options{Clock: NewClock()})
+	if got, ok := l2.Lease(Key("a")); !ok || got.BootID != "boot-1" || got.SinceBoot != time.Hour {
+		t.Fatalf("after reopen a = %+v (%v), want reading boot-1 %v", got, ok, time.Hour)
+	}
+	if got, ok := l2.Lease(Key("b")); !ok || got.BootID != "" || got.SinceBoot != 0 {
+		t.Fatalf("after reopen b = %+v (%v), want no reading", got, ok)
 	}
 }
 
