@@ -139,7 +139,10 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	l, err := openLedger(st, ledger.Options{ReuseDelay: o.reuseDelay, Logger: log, Boot: clock.NewSystemBoot()})
+	// one boot clock: the ledger stamps releases and new leases with it, the
+	// reconciler counts lease ages by it
+	boot := clock.NewSystemBoot()
+	l, err := openLedger(st, ledger.Options{ReuseDelay: o.reuseDelay, Logger: log, Boot: boot})
 	if err != nil {
 		st.Close()
 		return err
@@ -165,7 +168,7 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 	defer os.Remove(o.socket)
 	defer ln.Close()
 	cfg := agent.Config{Ledger: l, Socket: o.socket, SpoolDir: o.spoolDir, Logger: log}
-	rp, err := newReconciler(o, l, log)
+	rp, err := newReconciler(o, l, boot, log)
 	if err != nil {
 		return err
 	}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/agent"
+	"github.com/ipledger/ipledger/internal/clock"
 	"github.com/ipledger/ipledger/internal/cri"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/reconcile"
@@ -26,7 +27,7 @@ type runtimeParts struct {
 // newReconciler builds runtime reconciliation when --cri-endpoint is given (nil
 // otherwise); start runs it. The runtime need not answer at start: until it does,
 // every round and every Guard question gets "cannot tell" and nothing is released.
-func newReconciler(o *options, l *ledger.Ledger, log *slog.Logger) (*runtimeParts, error) {
+func newReconciler(o *options, l *ledger.Ledger, boot clock.Boot, log *slog.Logger) (*runtimeParts, error) {
 	if o.criEndpoint == "" {
 		return nil, nil
 	}
@@ -36,7 +37,7 @@ func newReconciler(o *options, l *ledger.Ledger, log *slog.Logger) (*runtimePart
 		Ledger: l, Runtime: rt, Netns: reconcile.NSFS{},
 		Interval: o.reconcileInterval, Grace: o.releaseGrace,
 		ReclaimStranded: o.reclaimStranded, StrandedGrace: o.strandedGrace,
-		Logger: log,
+		Boot: boot, Logger: log,
 	})
 	if err != nil {
 		return nil, err

@@ -30,7 +30,7 @@ func (r *Reconciler) sandboxOf(ctx context.Context, id string) (string, string) 
 
 // guard judges one lease for supersession or GC: whether the runtime and the
 // namespace recorded at ADD together show the holder cannot use its address, and the
-// evidence. A lease first seen by this process less than Grace ago whose sandbox the
+// evidence. A lease younger than Grace (see Reconciler.ageLocked) whose sandbox the
 // runtime does not know may be in creation (its ADD may not have returned yet): kept.
 func (r *Reconciler) guard(ctx context.Context, who string, ls ledger.Lease) bool {
 	age := r.age(ls)
@@ -39,7 +39,7 @@ func (r *Reconciler) guard(ctx context.Context, who string, ls ledger.Lease) boo
 	d := decision{level: slog.LevelInfo, o: o, age: age}
 	switch {
 	case sb == SandboxGone && age < r.o.Grace:
-		d.what = fmt.Sprintf("%s: keep: maybe in creation (first seen %s ago, grace %s)", who, age.Round(time.Millisecond), r.o.Grace)
+		d.what = fmt.Sprintf("%s: keep: maybe in creation (%s old, grace %s)", who, age.Round(time.Millisecond), r.o.Grace)
 	case sb != SandboxGone && sb != SandboxNotReady:
 		d.what = who + ": keep: the runtime does not say the sandbox is gone or NOTREADY"
 	default:

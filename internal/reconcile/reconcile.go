@@ -41,9 +41,13 @@
 // Every "how long" (the grace, the stranded grace, the in-creation window) is
 // measured on Clock.Mono, which wall-clock steps do not move. A lease's Created is
 // a wall time possibly written by an earlier process; it identifies the holder but
-// is never subtracted from. A lease's age is counted from this process's first
-// sight of it (a round, or a Guard question): a lease made before a restart is
-// first seen at the first round, so a restart can delay a release, never hurry it.
+// is never subtracted from. A lease's age is counted from its allocation when the
+// lease carries a boot clock reading (Lease.BootID, SinceBoot: CLOCK_BOOTTIME at
+// Allocate) of the boot Options.Boot reads now, so an agent restart on the same
+// boot does not make old leases young again. Without such a reading (another boot,
+// an old record, no boot clock) it is counted from this process's first sight of
+// the lease (a round, or a Guard question): a lease made before a restart is first
+// seen at the first round, so a restart can delay a release, never hurry it.
 //
 // # When in doubt, keep (invariant 4) — but only what the doubt touches
 //
@@ -67,10 +71,10 @@
 // on its own per-sandbox NotFound confirmations, within Grace plus one Interval of
 // the runtime answering.
 //
-// A lease first seen less than Grace ago whose sandbox the runtime does not know is
-// assumed to be in creation (containerd adds a sandbox to its store only after CNI
-// ADD): it is not shown as suspect and its observations do not count toward the
-// two confirmations, but its clock starts at the first such observation.
+// A lease younger than Grace (its age as above) whose sandbox the runtime does not
+// know is assumed to be in creation (containerd adds a sandbox to its store only
+// after CNI ADD): it is not shown as suspect and its observations do not count
+// toward the two confirmations, but its clock starts at the first such observation.
 //
 // Every round logs one line per lease ("reconcile: decision") with the decision and
 // its evidence: the sandbox verdict and where it came from (the listing,
@@ -177,7 +181,12 @@ type Options struct {
 	StrandedGrace   time.Duration
 	// Clock gives the wall time a round is recorded at and the monotonic time every
 	// how-long decision is taken on; default clock.NewSystem().
-	Clock  clock.Clock
+	Clock clock.Clock
+	// Boot, when set, is the boot clock the ledger stamps new leases with
+	// (ledger.Options.Boot): a lease stamped on the boot it reads now is as old as
+	// CLOCK_BOOTTIME says since its allocation. Nil counts every lease's age from
+	// its first sight.
+	Boot   clock.Boot
 	Logger *slog.Logger
 }
 
@@ -212,14 +221,42 @@ type suspicion struct {
 	detail  string
 }
 
-// sight is when this process first saw one holder of a key (Clock.Mono). A lease's
-// Created is a wall time written by whichever process made it, under whatever the
-// wall clock said then; its age for every decision is counted from the first sight
-// instead, which a clock step cannot move. A lease made before this process started
-// is first seen at the first round, so a restart can only delay a release.
+// sight is when one holder of a key was allocated, on Clock.Mono (before this
+// process started it is negative), taken at this process's first sight of it. A
+// lease's Created is a wall time written by whichever process made it, under
+// whatever the wall clock said then; it is never subtracted from. When the lease's
+// boot clock reading is of this boot, the allocation is placed as long before the
+// sight as CLOCK_BOOTTIME says; otherwise the sight itself stands for it, so a lease
+// made before this process started without such a reading is first seen at the
+// first round, and a restart can only delay its release.
 type sight struct {
 	created time.Time // the holder's Created (identity, not arithmetic)
 	at      time.Duration
+}
+
+// bootReading is one reading of Options.Boot, taken before the Clock.Mono reading it
+// goes with, so that an age it gives is short by the gap between them, never long.
+type bootReading struct {
+	id    string
+	since time.Duration
+	ok    bool
+}
+
+func (r *Reconciler) readBoot() bootReading {
+	if r.o.Boot == nil {
+		return bootReading{}
+	}
+	id, since, ok := r.o.Boot.Boot()
+	return bootReading{id: id, since: since, ok: ok}
+}
+
+// allocatedAgo is how long ago, by CLOCK_BOOTTIME, ls was allocated, when its
+// reading is of the boot b reads.
+func (b bootReading) allocatedAgo(ls ledger.Lease) (time.Duration, bool) {
+	if !b.ok || ls.BootID == "" || ls.BootID != b.id || ls.SinceBoot <= 0 || ls.SinceBoot > b.since {
+		return 0, false
+	}
+	return b.since - ls.SinceBoot, true
 }
 
 // Round is the outcome of one reconciliation round.
@@ -290,23 +327,29 @@ func (r *Reconciler) Run(ctx context.Context) {
 	}
 }
 
-// ageLocked returns how long ago (by Clock.Mono) this process first saw ls's holder,
-// recording the sight now if it never did. r.mu must be held.
-func (r *Reconciler) ageLocked(ls ledger.Lease, now time.Duration) time.Duration {
+// ageLocked returns ls's age on Clock.Mono: since its allocation when its boot
+// clock reading is of boot b, else since this process first saw its holder. The
+// first sight is recorded now if there was none; b is read before now. r.mu must
+// be held.
+func (r *Reconciler) ageLocked(ls ledger.Lease, b bootReading, now time.Duration) time.Duration {
 	s, ok := r.seen[ls.Key]
 	if !ok || !s.created.Equal(ls.Created) {
-		r.seen[ls.Key] = sight{created: ls.Created, at: now}
-		return 0
+		s = sight{created: ls.Created, at: now}
+		if ago, ok := b.allocatedAgo(ls); ok {
+			s.at = now - ago
+		}
+		r.seen[ls.Key] = s
 	}
 	return now - s.at
 }
 
 // age is ageLocked for callers outside a round (the Guard's questions).
 func (r *Reconciler) age(ls ledger.Lease) time.Duration {
+	b := r.readBoot()
 	now := r.o.Clock.Mono()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.ageLocked(ls, now)
+	return r.ageLocked(ls, b, now)
 }
 
 // Last returns the last round.

@@ -39,6 +39,7 @@ type decision struct {
 func (r *Reconciler) Reconcile(ctx context.Context) Round {
 	r.round.Lock()
 	defer r.round.Unlock()
+	boot := r.readBoot()
 	now := r.o.Clock.Mono()
 	rd := Round{At: r.o.Clock.Now()}
 	sbs, err := r.o.Runtime.ListSandboxes(ctx)
@@ -53,7 +54,7 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 	}
 	obs, listed, history := r.observe(ctx, sbs, &rd)
 	r.mu.Lock()
-	decisions, acts := r.judgeLocked(obs, listed, history, now, &rd)
+	decisions, acts := r.judgeLocked(obs, listed, history, boot, now, &rd)
 	r.mu.Unlock()
 	r.apply(ctx, decisions, acts, now, &rd)
 	r.log.Debug("reconcile: round", "sandboxes", len(sbs), "leases", len(obs), "suspect", rd.Suspect, "stranded", rd.Stranded, "unknown", rd.Unknown, "released", len(rd.Released), "doubtful", rd.Doubtful)
@@ -152,7 +153,7 @@ type act struct {
 // history, ages every suspicion by the observations, keeps the views operators see,
 // forgets the keys no longer held, and returns the decisions to log and the acts to
 // carry out. r.mu must be held.
-func (r *Reconciler) judgeLocked(obs []observation, listed map[string]cri.Sandbox, history []string, now time.Duration, rd *Round) ([]decision, []act) {
+func (r *Reconciler) judgeLocked(obs []observation, listed map[string]cri.Sandbox, history []string, boot bootReading, now time.Duration, rd *Round) ([]decision, []act) {
 	r.listed, r.runtimeOK = true, true
 	r.prevListed = make(map[string]bool, len(listed)+len(history))
 	for id := range listed {
@@ -168,7 +169,7 @@ func (r *Reconciler) judgeLocked(obs []observation, listed map[string]cri.Sandbo
 	for _, o := range obs {
 		k := o.ls.Key
 		live[k] = true
-		age := r.ageLocked(o.ls, now)
+		age := r.ageLocked(o.ls, boot, now)
 		// maybe in creation: containerd lists a sandbox only after its CNI ADD
 		young := o.sandbox == SandboxGone && age < r.o.Grace
 		cls, reason, detail := judge(o.sandbox, o.ns)
@@ -192,7 +193,7 @@ func (r *Reconciler) judgeLocked(obs []observation, listed map[string]cri.Sandbo
 				s = &suspicion{class: cls, created: o.ls.Created, first: now, reason: reason, detail: detail}
 				r.sus[k] = s
 			}
-			d.level, d.what = slog.LevelDebug, fmt.Sprintf("keep: maybe in creation (first seen %s ago, grace %s)", age.Round(time.Millisecond), r.o.Grace)
+			d.level, d.what = slog.LevelDebug, fmt.Sprintf("keep: maybe in creation (%s old, grace %s)", age.Round(time.Millisecond), r.o.Grace)
 		case o.sandbox == SandboxUnknown || o.ns == NSUnknown:
 			// no evidence: keep whatever we suspected, unchanged
 			rd.Unknown++
@@ -323,7 +324,7 @@ func (r *Reconciler) apply(ctx context.Context, decisions []decision, acts []act
 
 // logDecision writes one line for one lease's decision with its evidence: the
 // sandbox verdict and where it came from, the namespace probe, the observations that
-// counted and how long the suspicion and the lease (since first seen) have lasted.
+// counted, how long the suspicion has lasted and the lease's age (seenFor).
 func (r *Reconciler) logDecision(ctx context.Context, d decision, now time.Duration, extra ...slog.Attr) {
 	if !r.log.Enabled(ctx, d.level) {
 		return
