@@ -21,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -35,6 +36,19 @@ const (
 	MaxEntries   = 16384
 	MaxEntrySize = 4096
 )
+
+// MaxRejected bounds the entries kept in the rejected/ subdirectory (each with its
+// reason file). They are kept so that an operator can see why a DEL was not
+// applied; a writer that keeps leaving bad entries (a plugin of another version, a
+// damaged disk, a misbehaving root process) would otherwise grow the directory
+// without bound, and an incident repeats one reason, so 256 is far more than it
+// takes to understand one while keeping the directory small to list. When a new
+// entry is moved in beyond the bound, the oldest are removed (Dir.TakeDropped
+// counts them). Entries still in the spool are never touched by this.
+const MaxRejected = 256
+
+// rejectedDir is the subdirectory of a spool where bad entries are moved.
+const rejectedDir = "rejected"
 
 // StaleTemp is how long a temporary file may sit in the spool before the agent
 // removes it. A plugin holds its temporary file for the milliseconds between create
@@ -259,6 +273,9 @@ type Dir struct {
 
 	mu      sync.Mutex
 	tmpSeen map[string]time.Duration
+	dropped int // rejected entries removed to keep MaxRejected, not yet taken
+	// rejecting serializes moves into rejected/ (each takes the next number there)
+	rejecting sync.Mutex
 }
 
 // Open returns the agent's view of the spool at path; mono is its monotonic clock.
@@ -311,7 +328,7 @@ func (d *Dir) Pending() ([]api.Key, error) {
 			continue // taken since the listing
 		}
 		if err != nil {
-			errs = append(errs, reject(d.path, p, err))
+			errs = append(errs, d.reject(p, err))
 			continue
 		}
 		keys = append(keys, e.Key)
@@ -340,10 +357,10 @@ func (d *Dir) Take(k api.Key, release func(Entry) error) (bool, error) {
 		return false, nil
 	}
 	if err != nil {
-		return false, reject(d.path, p, err)
+		return false, d.reject(p, err)
 	}
 	if e.Key != k {
-		return false, reject(d.path, p, fmt.Errorf("entry for %s stored under the name of %s", e.Key, k))
+		return false, d.reject(p, fmt.Errorf("entry for %s stored under the name of %s", e.Key, k))
 	}
 	if err := release(e); err != nil {
 		return false, fmt.Errorf("spooled DEL of %s: %w", k, err)
@@ -415,17 +432,118 @@ func read(p string) (Entry, error) {
 	return e, nil
 }
 
-// reject moves p to dir/rejected with a file giving the reason: a bad entry is never
-// applied and never silently dropped.
-func reject(dir, p string, why error) error {
-	rdir := filepath.Join(dir, "rejected")
+// reject moves p to rejected/ as NUMBER-NAME (NUMBER one more than any there, so the
+// names sort oldest first) with a file NUMBER-NAME.why giving the reason: a bad entry
+// is never applied and never silently dropped. Beyond MaxRejected entries there, the
+// oldest are removed, counted for TakeDropped and named in the error.
+func (d *Dir) reject(p string, why error) error {
+	d.rejecting.Lock()
+	defer d.rejecting.Unlock()
+	base := filepath.Base(p)
+	rdir := filepath.Join(d.path, rejectedDir)
 	if err := os.MkdirAll(rdir, 0o700); err != nil {
-		return fmt.Errorf("%w: %s (%v), and it could not be moved aside: %v", ErrRejected, filepath.Base(p), why, err)
+		return fmt.Errorf("%w: %s (%v), and it could not be moved aside: %v", ErrRejected, base, why, err)
 	}
-	dst := filepath.Join(rdir, filepath.Base(p))
+	kept, err := listRejected(rdir)
+	if err != nil {
+		return fmt.Errorf("%w: %s (%v), and it could not be moved aside: %v", ErrRejected, base, why, err)
+	}
+	seq := uint64(1)
+	if len(kept) > 0 {
+		seq = kept[len(kept)-1].seq + 1
+	}
+	name := fmt.Sprintf("%0*d-%s", seqDigits, seq, base)
+	dst := filepath.Join(rdir, name)
 	if err := os.Rename(p, dst); err != nil {
-		return fmt.Errorf("%w: %s (%v), and it could not be moved aside: %v", ErrRejected, filepath.Base(p), why, err)
+		return fmt.Errorf("%w: %s (%v), and it could not be moved aside: %v", ErrRejected, base, why, err)
 	}
-	os.WriteFile(dst+".why", []byte(why.Error()+"\n"), 0o600)
-	return fmt.Errorf("%w: %s (kept in %s): %v", ErrRejected, filepath.Base(p), rdir, why)
+	os.WriteFile(dst+whySuffix, []byte(why.Error()+"\n"), 0o600)
+	msg := fmt.Sprintf("%s (kept in %s as %s): %v", base, rdir, name, why)
+	if over := len(kept) + 1 - MaxRejected; over > 0 {
+		n, err := dropRejected(rdir, kept[:over])
+		d.mu.Lock()
+		d.dropped += n
+		d.mu.Unlock()
+		msg += fmt.Sprintf("; removed the %d oldest rejected entries to keep at most %d", n, MaxRejected)
+		if err != nil {
+			msg += fmt.Sprintf(" (%v)", err)
+		}
+	}
+	return fmt.Errorf("%w: %s", ErrRejected, msg)
+}
+
+// TakeDropped returns how many rejected entries were removed to keep MaxRejected
+// since the last call.
+func (d *Dir) TakeDropped() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := d.dropped
+	d.dropped = 0
+	return n
+}
+
+const (
+	whySuffix = ".why"
+	seqDigits = 10
+)
+
+// rejected is one entry of rejected/: its name and that of its reason file, either
+// of which may be missing, and its number (0 for a name reject did not make).
+type rejected struct {
+	name string
+	seq  uint64
+}
+
+// listRejected lists the entries of rdir, oldest first: by number, then by name.
+func listRejected(rdir string) ([]rejected, error) {
+	ents, err := os.ReadDir(rdir)
+	if err != nil {
+		return nil, err
+	}
+	seen := map[string]bool{}
+	var out []rejected
+	for _, de := range ents {
+		name := strings.TrimSuffix(de.Name(), whySuffix)
+		if seen[name] {
+			continue
+		}
+		seen[name] = true
+		r := rejected{name: name}
+		if i := strings.IndexByte(name, '-'); i == seqDigits {
+			if n, err := strconv.ParseUint(name[:i], 10, 64); err == nil {
+				r.seq = n
+			}
+		}
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].seq != out[j].seq {
+			return out[i].seq < out[j].seq
+		}
+		return out[i].name < out[j].name
+	})
+	return out, nil
+}
+
+// dropRejected removes the entries rs of rdir with their reason files, and reports
+// how many it removed.
+func dropRejected(rdir string, rs []rejected) (int, error) {
+	n := 0
+	var errs []error
+	for _, r := range rs {
+		p := filepath.Join(rdir, r.name)
+		err := os.RemoveAll(p) // an entry may be a directory or a symlink (not followed)
+		if err == nil {
+			err = os.Remove(p + whySuffix)
+			if errors.Is(err, os.ErrNotExist) {
+				err = nil
+			}
+		}
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
 }

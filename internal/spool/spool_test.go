@@ -137,11 +137,12 @@ func TestPendingRejectsBadEntries(t *testing.T) {
 			if len(keys) != 0 || !errors.Is(err, ErrRejected) || !strings.Contains(err.Error(), c.why) {
 				t.Fatalf("pending = %v, %v; want a rejection saying %q", keys, err, c.why)
 			}
-			why, rerr := os.ReadFile(filepath.Join(dir, "rejected", c.file+".why"))
+			kept := "0000000001-" + c.file // the first rejection in this spool
+			why, rerr := os.ReadFile(filepath.Join(dir, "rejected", kept+".why"))
 			if rerr != nil || !strings.Contains(string(why), c.why) {
 				t.Fatalf("rejected entry's reason %q (%v), want %q", why, rerr, c.why)
 			}
-			if _, err := os.Lstat(filepath.Join(dir, "rejected", c.file)); err != nil {
+			if _, err := os.Lstat(filepath.Join(dir, "rejected", kept)); err != nil {
 				t.Fatalf("rejected entry not kept: %v", err)
 			}
 			if Len(dir) != 0 {
@@ -318,5 +319,68 @@ func TestEntryFieldNames(t *testing.T) {
 	const want = `{"version":1,"key":{"network":"n","containerID":"c","ifname":"eth0"},"spooled":"2026-01-01T00:00:00Z","verb":"DEL","podUID":"u","spooledBy":"s"}`
 	if got, err := json.Marshal(e); err != nil || string(got) != want {
 		t.Errorf("entry:\n got %s (%v)\nwant %s", got, err, want)
+	}
+}
+
+// rejected/ keeps at most MaxRejected entries with their reasons: each rejection
+// beyond it removes the oldest, counted by TakeDropped and named in its error, and
+// the newest stay. An entry still in the spool is never touched.
+func TestRejectedBounded(t *testing.T) {
+	dir := spoolDir(t)
+	d := Open(dir, clocktest.New().Mono)
+	good := api.Key{Network: "n", ContainerID: "good", IfName: "eth0"}
+	if err := Write(dir, Entry{Key: good, Spooled: time.Now()}); err != nil {
+		t.Fatal(err)
+	}
+	const extra = 10
+	var names []string // the bad entries, in the order they were rejected
+	droppedMsgs := 0
+	for i := range MaxRejected + extra {
+		name := fileName(api.Key{Network: "n", ContainerID: fmt.Sprintf("bad%03d", i), IfName: "eth0"})
+		if err := os.WriteFile(filepath.Join(dir, name), []byte("{garbage"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		keys, err := d.Pending()
+		if !errors.Is(err, ErrRejected) || len(keys) != 1 || keys[0] != good {
+			t.Fatalf("rejection %d: pending = %v, %v; want the good entry and a rejection", i, keys, err)
+		}
+		if strings.Contains(err.Error(), "removed the 1 oldest rejected entries") {
+			droppedMsgs++
+		}
+		names = append(names, name)
+	}
+	if n := d.TakeDropped(); n != extra {
+		t.Fatalf("dropped %d rejected entries, want %d", n, extra)
+	}
+	if n := d.TakeDropped(); n != 0 {
+		t.Fatalf("dropped %d on the second take, want 0", n)
+	}
+	if droppedMsgs != extra {
+		t.Fatalf("%d rejections said they removed an old entry, want %d", droppedMsgs, extra)
+	}
+	ents, err := os.ReadDir(filepath.Join(dir, "rejected"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ents) != 2*MaxRejected {
+		t.Fatalf("rejected/ holds %d files, want %d entries and their reasons", len(ents), MaxRejected)
+	}
+	for i, name := range names {
+		kept := fmt.Sprintf("%010d-%s", i+1, name)
+		_, err := os.Lstat(filepath.Join(dir, "rejected", kept))
+		_, werr := os.Lstat(filepath.Join(dir, "rejected", kept+".why"))
+		if i < extra && (err == nil || werr == nil) {
+			t.Fatalf("rejected entry %d (of the oldest %d) kept: %v %v", i, extra, err, werr)
+		}
+		if i >= extra && (err != nil || werr != nil) {
+			t.Fatalf("rejected entry %d (among the newest %d) removed: %v %v", i, MaxRejected, err, werr)
+		}
+	}
+	if Len(dir) != 1 {
+		t.Fatalf("%d entries in the spool, want the good one", Len(dir))
+	}
+	applied, err := d.Take(good, func(e Entry) error { return nil })
+	if !applied || err != nil {
+		t.Fatalf("take of the good entry = %v, %v", applied, err)
 	}
 }
