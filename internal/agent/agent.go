@@ -86,11 +86,12 @@ const (
 
 // Counter names the server adds to its Stats (exposed as metrics).
 const (
-	CounterSpoolApplied   = "spool_applied"   // spooled DELs applied
-	CounterSpoolUnmatched = "spool_unmatched" // spooled DELs applied that matched no lease
-	CounterSpoolRejected  = "spool_rejected"  // spool entries moved aside unapplied
-	CounterAcceptErrors   = "accept_errors"   // failed Accepts (the server retries)
-	CounterConnsEvicted   = "conns_evicted"   // idle connections closed to admit another
+	CounterSpoolApplied         = "spool_applied"          // spooled DELs applied
+	CounterSpoolUnmatched       = "spool_unmatched"        // spooled DELs applied that matched no lease
+	CounterSpoolRejected        = "spool_rejected"         // spool entries moved aside unapplied
+	CounterSpoolRejectedDropped = "spool_rejected_dropped" // rejected entries removed beyond spool.MaxRejected
+	CounterAcceptErrors         = "accept_errors"          // failed Accepts (the server retries)
+	CounterConnsEvicted         = "conns_evicted"          // idle connections closed to admit another
 )
 
 // Server serves the agent API.

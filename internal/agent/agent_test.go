@@ -295,3 +295,28 @@ func TestGCContinuesAfterAFailedRelease(t *testing.T) {
 		t.Fatalf("after GC the ledger holds %v; want the failed one and the valid one", held)
 	}
 }
+
+// Bad spool entries beyond spool.MaxRejected make the agent remove the oldest
+// rejected ones: counted (spool_rejected_dropped) beside the rejections, and a good
+// entry is applied all the same.
+func TestSpoolRejectedDroppedCounted(t *testing.T) {
+	s, l, spoolDir := newServer(t, nil)
+	mustAdd(t, s, "live")
+	spoolDel(t, spoolDir, "live", time.Now())
+	const extra = 3
+	for i := range spool.MaxRejected + extra {
+		if err := os.WriteFile(filepath.Join(spoolDir, fmt.Sprintf("bad%03d.del", i)), []byte("{garbage"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.ApplySpool()
+	if got := s.Stats().Counter(agent.CounterSpoolRejected); got != spool.MaxRejected+extra {
+		t.Errorf("spool_rejected = %d, want %d", got, spool.MaxRejected+extra)
+	}
+	if got := s.Stats().Counter(agent.CounterSpoolRejectedDropped); got != extra {
+		t.Errorf("spool_rejected_dropped = %d, want %d", got, extra)
+	}
+	if _, held := l.Lease(ledgertest.Key("live")); held || spool.Len(spoolDir) != 0 {
+		t.Errorf("after the pass: live held %v, %d entries left", held, spool.Len(spoolDir))
+	}
+}

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/nodenet"
+	"github.com/ipledger/ipledger/internal/spool"
 )
 
 // Label values are bounded: a verb outside this set is counted as "unknown", an error
@@ -84,6 +86,7 @@ func newStats() *Stats {
 		{CounterSpoolApplied, "Spooled DELs applied (each removed from the spool)."},
 		{CounterSpoolUnmatched, "Spooled DELs that matched no lease (already released, or never allocated)."},
 		{CounterSpoolRejected, "Spool entries moved aside unapplied (bad owner, mode or content; see the spool's rejected/ directory)."},
+		{CounterSpoolRejectedDropped, fmt.Sprintf("Oldest entries removed from the spool's rejected/ directory to keep it within its bound (%d entries).", spool.MaxRejected)},
 		{CounterAcceptErrors, "Failed Accepts on the agent's socket (the agent backs off and keeps serving)."},
 		{CounterConnsEvicted, "Idle connections closed to admit another (connection limit reached)."},
 	} {

@@ -60,9 +60,19 @@ func (s *Server) settleSpooled(k ledger.Key, later *ledger.LogLines) error {
 	if errors.Is(err, spool.ErrRejected) {
 		s.log.Error("DEL spool", "err", err)
 		s.stats.add(CounterSpoolRejected, 1)
+		s.countRejectedDropped()
 		return nil
 	}
 	return err
+}
+
+// countRejectedDropped counts and logs the rejected entries the spool removed to keep
+// its rejected/ directory within spool.MaxRejected.
+func (s *Server) countRejectedDropped() {
+	if n := s.spool.TakeDropped(); n > 0 {
+		s.stats.add(CounterSpoolRejectedDropped, n)
+		s.log.Warn("DEL spool: removed the oldest rejected entries", "removed", n, "keep", spool.MaxRejected, "dir", s.spool.Path()+"/rejected")
+	}
 }
 
 // ApplySpool applies every spooled DEL, each under its attachment's lock, and tidies
@@ -76,6 +86,7 @@ func (s *Server) ApplySpool() {
 	if err != nil {
 		s.log.Error("DEL spool", "err", err)
 		s.stats.add(CounterSpoolRejected, countRejected(err))
+		s.countRejectedDropped()
 	}
 	for _, sk := range keys {
 		k := ledgerKey(sk)
