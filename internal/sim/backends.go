@@ -87,13 +87,13 @@ func (b *ipledgerSys) open() error {
 	if err != nil {
 		return err
 	}
-	l, err := ledger.Open(st, ledger.Options{Clock: b.w.clk, ReuseDelay: reuseDelay, Logger: slog.New(releaseLog{b.w})})
+	l, err := ledger.Open(st, ledger.Options{Clock: b.w.clk, Boot: b.w.clk, ReuseDelay: reuseDelay, Logger: slog.New(releaseLog{b.w})})
 	if err != nil {
 		st.Close()
 		return err
 	}
 	r, err := reconcile.New(reconcile.Options{Ledger: l, Runtime: runtime{b.w}, Netns: namespaces{b.w},
-		Interval: reconcileEvery, Grace: releaseGrace, Clock: b.w.clk})
+		Interval: reconcileEvery, Grace: releaseGrace, Clock: b.w.clk, Boot: b.w.clk})
 	if err != nil {
 		l.Close()
 		return err

@@ -73,16 +73,30 @@ type backend interface {
 }
 
 // simClock is the simulated clock: wall time for records, a monotonic reading for
-// durations; Step moves the wall clock only, as NTP or an operator does.
+// durations; Step moves the wall clock only, as NTP or an operator does. It is also
+// the node's boot clock: reboot starts a new boot, an agent restart does not.
 type simClock struct {
-	wall time.Time
-	mono time.Duration
+	wall   time.Time
+	mono   time.Duration
+	boots  int           // boots since the first one
+	bootAt time.Duration // mono at the current boot's start
 }
 
-var _ clock.Clock = (*simClock)(nil)
+var (
+	_ clock.Clock = (*simClock)(nil)
+	_ clock.Boot  = (*simClock)(nil)
+)
 
 func (c *simClock) Now() time.Time      { return c.wall }
 func (c *simClock) Mono() time.Duration { return c.mono }
+
+// Boot names the current boot and the time since it started.
+func (c *simClock) Boot() (string, time.Duration, bool) {
+	return fmt.Sprintf("sim-boot-%d", c.boots), c.mono - c.bootAt, true
+}
+
+// reboot starts a new boot now.
+func (c *simClock) reboot() { c.boots++; c.bootAt = c.mono }
 
 func (c *simClock) advanceTo(m time.Duration) {
 	if m > c.mono {
@@ -198,7 +212,7 @@ type world struct {
 
 func newWorld(ctx context.Context, k knobs, pods int, seed uint64, tmp string) *world {
 	return &world{k: k, pods: pods, seed: seed, ctx: ctx, tmp: tmp,
-		clk:       &simClock{wall: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC)},
+		clk:       &simClock{wall: time.Date(2026, 3, 1, 0, 0, 0, 0, time.UTC), bootAt: -bootTime},
 		sandboxes: map[string]*sandbox{}, listIdx: map[*sandbox]int{}, users: map[netip.Addr]*sandbox{},
 		pidNext: 1000}
 }
@@ -648,6 +662,7 @@ func (w *world) crashLoop(sb *sandbox) {
 // CNI_NETNS is the stale /proc/PID/ns/net path, then re-creates the pods.
 func (w *world) reboot() {
 	w.c.reboots++
+	w.clk.reboot()
 	var old []*sandbox
 	for _, sb := range w.listed {
 		if sb.state == sbReady {
