@@ -27,6 +27,9 @@ const (
 	AgnhostRef = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
 	BusyboxRef = "registry.k8s.io/e2e-test-images/busybox:1.37.0-1"
 	PauseRef   = "registry.k8s.io/pause:3.10.2"
+	// GlibcDNSRef is the DNS tests' second prober ("jessie"): glibc's
+	// resolver through dig and getent, under sh -c.
+	GlibcDNSRef = "registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0"
 )
 
 // agnhostTools are what the suite execs inside agnhost (its Dockerfile adds
@@ -43,6 +46,7 @@ var agnhostTools = [][2]string{
 	{"/usr/bin/dig", "usr/bin/dig"},
 	{"/usr/bin/nslookup", "usr/bin/nslookup"},
 	{"/usr/bin/wget", "usr/bin/wget"},
+	{"/usr/bin/getent", "usr/bin/getent"},
 }
 
 // mergedUsr are the top-level links of a merged-/usr system, as Debian has
@@ -62,7 +66,8 @@ var etcFiles = []image.File{
 // tests use, under the references the suite asks for: agnhost (built from
 // the release's source, with CoreDNS, the tools above and their shared
 // libraries),
-// busybox (Debian's busybox-static) and pause (agnhost's pause). It installs
+// glibc-dns-testing (agnhost's tree), busybox (Debian's busybox-static) and
+// pause (agnhost's pause). It installs
 // the Debian packages it takes tools from.
 func Images(tb testing.TB, dir string) []string {
 	tb.Helper()
@@ -109,8 +114,13 @@ func Images(tb testing.TB, dir string) []string {
 	pause := image.Spec{Tag: PauseRef, Files: []image.File{{Path: "pause", Mode: 0o755, Data: agnhost}},
 		Entrypoint: []string{"/pause", "pause"}}
 
+	// The glibc DNS prober: the same tree (dash, dig, getent, glibc), no
+	// entrypoint; the layer is agnhost's, so each node stores it once.
+	glibc := agn
+	glibc.Tag, glibc.Entrypoint = GlibcDNSRef, nil
+
 	var out []string
-	for _, s := range []image.Spec{agn, bb, pause} {
+	for _, s := range []image.Spec{agn, glibc, bb, pause} {
 		p := filepath.Join(dir, strings.NewReplacer("/", "_", ":", "_").Replace(s.Tag)+".tar")
 		if err := image.WriteFile(s, p); err != nil {
 			tb.Fatalf("e2eenv: image %s: %v", s.Tag, err)
