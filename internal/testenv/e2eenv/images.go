@@ -101,8 +101,10 @@ func Images(tb testing.TB, dir string) []string {
 	}
 	fs.add(image.File{Path: "usr/bin/sh", Link: "dash"})
 	fs.addApplets(applets)
+	// Entrypoint and Cmd as upstream's: a container given no args pauses
+	// (the HostPort test's exec pod is one).
 	agn := image.Spec{Tag: AgnhostRef, Files: fs.files(), Dirs: []string{"tmp", "proc", "sys", "dev", "root"},
-		Entrypoint: []string{"/agnhost"}, Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}}
+		Entrypoint: []string{"/agnhost"}, Cmd: []string{"pause"}, Env: []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}}
 
 	bfs := newTree()
 	bfs.add(image.File{Path: "usr/bin/busybox", Mode: 0o755, Data: box})
@@ -117,7 +119,7 @@ func Images(tb testing.TB, dir string) []string {
 	// The glibc DNS prober: the same tree (dash, dig, getent, glibc), no
 	// entrypoint; the layer is agnhost's, so each node stores it once.
 	glibc := agn
-	glibc.Tag, glibc.Entrypoint = GlibcDNSRef, nil
+	glibc.Tag, glibc.Entrypoint, glibc.Cmd = GlibcDNSRef, nil, nil
 
 	var out []string
 	for _, s := range []image.Spec{agn, glibc, bb, pause} {
