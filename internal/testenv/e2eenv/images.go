@@ -92,6 +92,15 @@ func Images(tb testing.TB, dir string) []string {
 	}
 	fs := newTree()
 	fs.add(image.File{Path: "agnhost", Mode: 0o755, Data: agnhost})
+	// porter's TLS ports serve the release's test certificate from the
+	// working directory, as upstream's image adds it.
+	for _, f := range []string{"localhost.crt", "localhost.key"} {
+		data, err := os.ReadFile(filepath.Join(kubeenv.SourceDir(tb), "test", "images", "agnhost", "porter", f))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		fs.add(image.File{Path: f, Mode: 0o644, Data: data})
+	}
 	fs.add(image.File{Path: "coredns", Mode: 0o755, Data: coredns})
 	fs.add(image.File{Path: "usr/bin/busybox", Mode: 0o755, Data: box})
 	for _, t := range agnhostTools {

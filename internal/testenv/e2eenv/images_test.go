@@ -35,6 +35,7 @@ func TestAgnhostToolsRun(t *testing.T) {
 		`seq 1 2 | tail -1; hostname >/dev/null && echo applets-ok`,
 		`/agnhost --help | head -1`,
 		`/coredns -version | head -1`,
+		`test -s /localhost.crt && test -s /localhost.key && echo porter-cert-ok`,
 	} {
 		out, err := exec.Command("chroot", root, "/usr/bin/sh", "-c", c).CombinedOutput()
 		t.Logf("%s: %s", c, strings.TrimSpace(string(out)))

@@ -359,3 +359,24 @@ func ensureExtra(tb testing.TB, name, get string, build func(src, out string) er
 	}
 	return filepath.Join(bin, name), nil
 }
+
+// SourceDir returns the directory of the k8s.io/kubernetes module at Version
+// in the module cache (after Agnhost, whose build downloads it): where the
+// files the release's test images add beside their binaries live.
+func SourceDir(tb testing.TB) string {
+	tb.Helper()
+	Agnhost(tb)
+	gobin := "go"
+	if _, err := exec.LookPath("go"); err != nil {
+		gobin = "/usr/local/go/bin/go"
+	}
+	cmd := exec.Command(gobin, "list", "-m", "-f", "{{.Dir}}", "k8s.io/kubernetes")
+	cmd.Dir = filepath.Join(extraDir("agnhost"), "src")
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off", "GOTOOLCHAIN=local")
+	out, err := cmd.Output()
+	dir := strings.TrimSpace(string(out))
+	if err != nil || dir == "" {
+		tb.Fatalf("kubeenv: go list -m k8s.io/kubernetes: %v %s", err, out)
+	}
+	return dir
+}
