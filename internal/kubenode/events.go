@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -20,14 +22,37 @@ const EventsController = "ipledger.io/ipledgerd"
 
 // Events records Kubernetes Events (events.k8s.io/v1, through client-go's event
 // broadcaster) on this node's Node object, where `kubectl describe node` shows
-// them. Recording never blocks: the broadcaster queues the Event and sends it in
-// the background, retrying a few times; one it cannot send is logged and dropped.
+// them, and on the pods of this node (PodEvent), where `kubectl describe pod` does.
+// Recording never blocks: the broadcaster queues the Event and sends it in the
+// background, retrying a few times; one it cannot send is logged and dropped.
 type Events struct {
 	bc   events.EventBroadcaster
 	rec  events.EventRecorder
 	node *corev1.ObjectReference
 	log  *slog.Logger
+
+	mu sync.Mutex
+	// sent: when each Pod Event (pod, reason, note) was last recorded, for the
+	// dedupe; window and budget: the Pod Events recorded in the current minute.
+	sent   map[podEventKey]time.Time
+	window time.Time
+	budget int
+	now    func() time.Time
 }
+
+// podEventKey is what makes two Pod Events the same.
+type podEventKey struct{ pod, reason, note string }
+
+// Bounds on Pod Events: the same Event (pod, reason, note) is recorded once in
+// PodEventDedupe; at most PodEventsPerMinute are recorded a minute (a node
+// releasing hundreds of leases at once, as after a runtime restart, does not flood
+// the API server; the agent's log has every one).
+const (
+	PodEventDedupe     = 10 * time.Minute
+	PodEventsPerMinute = 120
+	// maxPodEventKeys bounds the dedupe's memory.
+	maxPodEventKeys = 4096
+)
 
 // NewEvents returns the Events of the node named self, sent through cfg until ctx
 // ends.
@@ -47,7 +72,11 @@ func NewEvents(ctx context.Context, cfg *rest.Config, self string, log *slog.Log
 	// The kubelet's reference to its Node, UID and all: `kubectl describe node`
 	// looks for Events by it.
 	node := &corev1.ObjectReference{Kind: "Node", Name: self, UID: types.UID(self)}
-	return &Events{bc: bc, rec: bc.NewRecorder(scheme.Scheme, EventsController), node: node, log: log}, nil
+	return newEvents(bc, bc.NewRecorder(scheme.Scheme, EventsController), node, log), nil
+}
+
+func newEvents(bc events.EventBroadcaster, rec events.EventRecorder, node *corev1.ObjectReference, log *slog.Logger) *Events {
+	return &Events{bc: bc, rec: rec, node: node, log: log, sent: map[podEventKey]time.Time{}, now: time.Now}
 }
 
 // maxNote is the Event API's limit on a note (message), in bytes.
@@ -57,8 +86,61 @@ const maxNote = 1024
 // (the agent's log has it whole).
 func (e *Events) Warning(reason, action, note string) {
 	e.log.Info("Event on this Node", "type", corev1.EventTypeWarning, "reason", reason, "note", note)
-	if len(note) > maxNote {
-		note = strings.ToValidUTF8(note[:maxNote-3], "") + "..."
+	e.rec.Eventf(e.node, nil, corev1.EventTypeWarning, reason, action, "%s", cut(note))
+}
+
+// PodEvent records an Event of eventType (corev1.EventTypeNormal or
+// EventTypeWarning) regarding the Pod namespace/name (uid when known, as
+// `kubectl describe pod` matches Events by it). An Event recorded in the last
+// PodEventDedupe for the same pod, reason and note, or over PodEventsPerMinute, is
+// logged only. It never blocks and never fails.
+func (e *Events) PodEvent(namespace, name, uid, eventType, reason, action, note string) {
+	if namespace == "" || name == "" {
+		return // no pod to speak of (a runtime that is not Kubernetes)
 	}
-	e.rec.Eventf(e.node, nil, corev1.EventTypeWarning, reason, action, "%s", note)
+	pod := namespace + "/" + name
+	if !e.admit(podEventKey{pod: pod + "/" + uid, reason: reason, note: note}) {
+		e.log.Debug("Event on a pod not sent (repeated, or over the budget)", "pod", pod, "type", eventType, "reason", reason, "note", note)
+		return
+	}
+	e.log.Info("Event on a pod", "pod", pod, "uid", uid, "type", eventType, "reason", reason, "note", note)
+	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: namespace, Name: name, UID: types.UID(uid)}
+	e.rec.Eventf(ref, nil, eventType, reason, action, "%s", cut(note))
+}
+
+// admit reports whether a Pod Event of key k is recorded now, and notes it.
+func (e *Events) admit(k podEventKey) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	now := e.now()
+	if t, ok := e.sent[k]; ok && now.Sub(t) < PodEventDedupe {
+		return false
+	}
+	if now.Sub(e.window) >= time.Minute {
+		e.window, e.budget = now, PodEventsPerMinute
+	}
+	if e.budget <= 0 {
+		return false
+	}
+	e.budget--
+	if len(e.sent) >= maxPodEventKeys {
+		for k, t := range e.sent {
+			if now.Sub(t) >= PodEventDedupe {
+				delete(e.sent, k)
+			}
+		}
+		if len(e.sent) >= maxPodEventKeys {
+			clear(e.sent)
+		}
+	}
+	e.sent[k] = now
+	return true
+}
+
+// cut shortens a note over the API's limit (the agent's log has it whole).
+func cut(note string) string {
+	if len(note) > maxNote {
+		return strings.ToValidUTF8(note[:maxNote-3], "") + "..."
+	}
+	return note
 }
