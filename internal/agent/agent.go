@@ -49,6 +49,12 @@ type Config struct {
 	// NodeNetwork: with --node-name, the routes and masquerade controller; nil
 	// without.
 	NodeNetwork NodeNetwork
+	// Pods tells what the Kubernetes API says of this node's pods, shown with each
+	// lease (ipledgerd --node-name); nil without.
+	Pods Pods
+	// Events records Kubernetes Events on the pods whose leases are released by
+	// reconciliation, superseded or found stranded (--node-name); nil without.
+	Events Events
 	// Runtime answers the operator's questions about the container runtime (doctor,
 	// release, readiness); nil when no runtime is configured.
 	Runtime RuntimeInfo
@@ -109,6 +115,8 @@ type Server struct {
 	// in receive takes it); idleN counts the parked workers.
 	idle  chan *trackedConn
 	idleN atomic.Int32
+	// stranded: the leases a stranded Event was recorded for (Reconciled)
+	stranded strandedSeen
 }
 
 // New checks cfg and returns a server.

@@ -144,6 +144,7 @@ func (s *Server) viewIn(ls ledger.Lease, ranges []pool.RangeSet) api.LeaseView {
 	v := ledgerview.Lease(ls, ranges)
 	s.annotateBlock(&v, ls)
 	s.annotateVerdict(&v)
+	s.annotatePod(&v)
 	return v
 }
 
@@ -173,6 +174,7 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 		return errResp(errorOf(err))
 	}
 	areq := ledger.AllocateRequest{Key: k, Pod: podOf(req.Pod), NetNS: netnsOf(req.NetNS), Ranges: req.Ranges, ReplaceRanges: replace, LogLater: later}
+	var supersededLeases []ledger.Lease // the holders judged, for their Events
 	if req.Pod.UID != "" && s.cfg.Guard != nil {
 		if _, held := s.cfg.Ledger.Lease(k); !held {
 			var olds []ledger.Lease
@@ -191,6 +193,7 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 				for _, ok := range s.cfg.Guard.Supersedable(ctx, olds) {
 					if ls, found := judged[ok]; found {
 						areq.SupersedeHolders = append(areq.SupersedeHolders, ledger.HolderOf(ls))
+						supersededLeases = append(supersededLeases, ls)
 					}
 				}
 			}
@@ -206,6 +209,7 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 		return errResp(errorOf(err))
 	}
 	s.countSuperseded(superseding)
+	s.supersededEvents(supersededLeases, k)
 	if existed && replace {
 		// the lease may be from ranges the pool had before the podCIDR changed
 		v := s.view(ls)

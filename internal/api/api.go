@@ -180,7 +180,20 @@ type LeaseView struct {
 	// its lease): such a lease is released locally only.
 	Block string `json:"block,omitempty"`
 	Lost  bool   `json:"lost,omitempty"`
+	// With --node-name, the lease's pod as the Kubernetes API shows it (the agent's
+	// watch of this node's pods): PodPhase is its status.phase, PodInAPI is PodInAPIYes
+	// or PodInAPINo (deleted). Both are empty when the agent cannot tell (no watch,
+	// not listed yet, no pod recorded with the lease). Shown only: nothing is
+	// released because of them.
+	PodPhase string `json:"podPhase,omitempty"`
+	PodInAPI string `json:"podInAPI,omitempty"`
 }
+
+// LeaseView.PodInAPI values.
+const (
+	PodInAPIYes = "yes"
+	PodInAPINo  = "no"
+)
 
 // Block states in BlockView.State, as the answering node sees them.
 const (

@@ -200,6 +200,8 @@ func appendResponse(b []byte, r *Response) ([]byte, bool) {
 		if v.Lost {
 			e.Raw(`,"lost":true`)
 		}
+		e.StrField(&f, "podPhase", v.PodPhase, true)
+		e.StrField(&f, "podInAPI", v.PodInAPI, true)
 		e.Raw("}")
 	}
 	e.Field(&first, "released")
@@ -423,6 +425,10 @@ func decodeResponse(d *jsonlite.Decoder, r *Response) bool {
 					ok = d.SetStr(&v.Block)
 				case "lost":
 					v.Lost, ok = d.Bool()
+				case "podPhase":
+					ok = d.SetStr(&v.PodPhase)
+				case "podInAPI":
+					ok = d.SetStr(&v.PodInAPI)
 				}
 				return ok
 			})

@@ -37,7 +37,7 @@ func leases(env *Env, socket string, args []string) int {
 	}
 	now := env.now()
 	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NETWORK\tCONTAINER\tIFNAME\tIPS\tPOD\tAGE\tSANDBOX\tVERDICT")
+	fmt.Fprintln(tw, "NETWORK\tCONTAINER\tIFNAME\tIPS\tPOD\tPHASE\tAGE\tSANDBOX\tVERDICT")
 	for _, l := range ls {
 		v := l.Verdict
 		if v == "" {
@@ -50,7 +50,7 @@ func leases(env *Env, socket string, args []string) int {
 			// cluster mode: another node owns the address's block now
 			v += " (block " + l.Block + " lost)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.Network, short(l.ContainerID), l.IfName, strings.Join(l.IPs, ","), podName(l), Age(now.Sub(l.Created)), orDash(l.Sandbox), v)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.Network, short(l.ContainerID), l.IfName, strings.Join(l.IPs, ","), podName(l), podPhase(l), Age(now.Sub(l.Created)), orDash(l.Sandbox), v)
 	}
 	tw.Flush()
 	return ExitOK
@@ -80,6 +80,16 @@ func podName(l api.LeaseView) string {
 		return "-"
 	}
 	return l.Namespace + "/" + l.Name
+}
+
+// podPhase is the pod as the Kubernetes API shows it: its phase, "deleted" when the
+// API has no such pod, "-" when the agent cannot tell (no --node-name, its pod
+// watch has not listed yet, or no pod recorded).
+func podPhase(l api.LeaseView) string {
+	if l.PodInAPI == api.PodInAPINo {
+		return "deleted"
+	}
+	return orDash(l.PodPhase)
 }
 
 func orDash(s string) string {

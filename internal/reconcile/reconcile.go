@@ -266,7 +266,10 @@ type Round struct {
 	Doubtful bool      // releases were withheld
 	Why      string
 	Released []ledger.Lease
+	// Reasons and Details are each release's reason and evidence, in the order of
+	// Released.
 	Reasons  []ledger.Reason
+	Details  []string
 	Stranded int
 	Suspect  int
 	// Unknown counts leases with no evidence this round (a status or probe error

@@ -317,6 +317,7 @@ func (r *Reconciler) apply(ctx context.Context, decisions []decision, acts []act
 		}
 		rd.Released = append(rd.Released, rel)
 		rd.Reasons = append(rd.Reasons, a.reason)
+		rd.Details = append(rd.Details, a.detail)
 		a.what = "release " + string(a.reason) + ": " + a.detail
 		r.logDecision(ctx, a.decision, now, slog.String("ips", fmt.Sprint(rel.IPs)))
 	}
