@@ -198,23 +198,24 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 		if mm, ok := cfg.Cluster.(*cluster.Manager); ok {
 			m = mm
 		}
-		w, nc, err := startNetwork(ctx, o, m, log)
+		kp, err := startNetwork(ctx, o, m, log)
 		if err != nil {
 			return err
 		}
 		if !o.cluster.Cluster() {
-			cfg.PodCIDRs, cfg.Node = w, o.cluster.NodeName
+			cfg.PodCIDRs, cfg.Node = kp.nodes, o.cluster.NodeName
 		}
-		if nc != nil {
-			cfg.NodeNetwork = nc
+		if kp.network != nil {
+			cfg.NodeNetwork = kp.network
 		}
+		cfg.Pods, cfg.Events = kp.pods, kp.events
 	}
 	srv, err := agent.New(cfg)
 	if err != nil {
 		return err
 	}
 	if rp != nil {
-		rp.start(ctx, o.reconcileInterval, srv.Stats())
+		rp.start(ctx, o.reconcileInterval, srv)
 	}
 	go srv.WatchClock(ctx, time.Second)
 	if o.metricsAddr != "" {

@@ -8,6 +8,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
+	"github.com/ipledger/ipledger/internal/agent"
 	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/datastore/kubeds"
 	"github.com/ipledger/ipledger/internal/kubenode"
@@ -26,34 +27,59 @@ import (
 // deleted while no agent watched is caught by the lease's expiry and the
 // quarantine). It subscribes before the watch runs, so that it hears of every
 // change after the first list.
-func startNetwork(ctx context.Context, o *options, m *cluster.Manager, log *slog.Logger) (*kubenode.Watch, *controller.Controller, error) {
+//
+// It also starts the watch of this node's pods (shown with each lease) and the
+// Events recorder the agent reports releases, supersedes and stranded leases with
+// on their pods.
+func startNetwork(ctx context.Context, o *options, m *cluster.Manager, log *slog.Logger) (*kubeParts, error) {
 	rc, err := kubeds.LoadConfig(o.cluster.Kubeconfig)
 	if err != nil {
-		return nil, nil, fmt.Errorf("--kubeconfig: %w", err)
+		return nil, fmt.Errorf("--kubeconfig: %w", err)
 	}
 	w, err := kubenode.New(rc, o.cluster.NodeName, log)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if m != nil {
 		w.Subscribe(m)
 	}
 	w.Run(ctx)
-	if !o.network.Enabled(true) {
-		return w, nil, nil
-	}
-	ev, err := kubenode.NewEvents(ctx, rc, o.cluster.NodeName, log.With("part", "node-network"))
+	pods, err := kubenode.NewPods(rc, o.cluster.NodeName, log.With("part", "pods"))
 	if err != nil {
-		return nil, nil, err
+		return nil, err
+	}
+	pods.Run(ctx)
+	// one recorder for the Node's Events and the pods'
+	ev, err := kubenode.NewEvents(ctx, rc, o.cluster.NodeName, log.With("part", "events"))
+	if err != nil {
+		return nil, err
+	}
+	kp := &kubeParts{nodes: w, pods: pods, events: ev}
+	if !o.network.Enabled(true) {
+		return kp, nil
 	}
 	cfg := controller.Config{Self: o.cluster.NodeName, Nodes: w, NonMasquerade: o.network.NonMasquerade, Resync: o.network.Resync,
 		Ready: w.SetNetworkAvailable, Available: w.NetworkAvailable, Events: ev, Log: log.With("part", "node-network")}
-	c, err := runController(ctx, o, cfg, m, log)
-	if err != nil {
-		return nil, nil, err
+	if kp.network, err = runController(ctx, o, cfg, m, log); err != nil {
+		return nil, err
 	}
-	return w, c, nil
+	return kp, nil
 }
+
+// kubeParts is what startNetwork started: the Node watch, the watch of this node's
+// pods, the pods' Events and the node network's controller (nil with --routes=false
+// and --masquerade=false).
+type kubeParts struct {
+	nodes   *kubenode.Watch
+	pods    *kubenode.Pods
+	events  *kubenode.Events
+	network *controller.Controller
+}
+
+var (
+	_ agent.Pods   = (*kubenode.Pods)(nil)
+	_ agent.Events = (*kubenode.Events)(nil)
+)
 
 // startLeaseNetwork starts the node network of cluster mode on the etcd datastore,
 // which has no Kubernetes Nodes: the nodes are those with a live lease, reached

@@ -47,8 +47,10 @@ func newReconciler(o *options, l *ledger.Ledger, boot clock.Boot, log *slog.Logg
 }
 
 // start reconciles at once and then every interval until ctx is done, counting each
-// round and each failed runtime call in stats.
-func (p *runtimeParts) start(ctx context.Context, interval time.Duration, stats *agent.Stats) {
+// round and each failed runtime call in srv's stats, and handing each round to srv
+// for the pods' Events.
+func (p *runtimeParts) start(ctx context.Context, interval time.Duration, srv *agent.Server) {
+	stats := srv.Stats()
 	p.rt.OnError(stats.RuntimeError)
 	go func() {
 		t := time.NewTicker(interval)
@@ -64,6 +66,7 @@ func (p *runtimeParts) start(ctx context.Context, interval time.Duration, stats 
 				outcome = agent.RoundDoubtful
 			}
 			stats.ObserveRound(outcome, time.Since(began), rd.Reasons)
+			srv.Reconciled(rd)
 			select {
 			case <-ctx.Done():
 				return
