@@ -30,6 +30,9 @@ const (
 	// GlibcDNSRef is the DNS tests' second prober ("jessie"): glibc's
 	// resolver through dig and getent, under sh -c.
 	GlibcDNSRef = "registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0"
+	// Regression74839Ref is the Conntrack test's server that sends an
+	// out-of-window packet (its one binary, built from the release).
+	Regression74839Ref = "registry.k8s.io/e2e-test-images/regression-issue-74839:1.4"
 )
 
 // agnhostTools are what the suite execs inside agnhost (its Dockerfile adds
@@ -66,8 +69,8 @@ var etcFiles = []image.File{
 // tests use, under the references the suite asks for: agnhost (built from
 // the release's source, with CoreDNS, the tools above and their shared
 // libraries),
-// glibc-dns-testing (agnhost's tree), busybox (Debian's busybox-static) and
-// pause (agnhost's pause). It installs
+// glibc-dns-testing (agnhost's tree), busybox (Debian's busybox-static),
+// pause (agnhost's pause) and regression-issue-74839 (built from the release). It installs
 // the Debian packages it takes tools from.
 func Images(tb testing.TB, dir string) []string {
 	tb.Helper()
@@ -130,8 +133,15 @@ func Images(tb testing.TB, dir string) []string {
 	glibc := agn
 	glibc.Tag, glibc.Entrypoint, glibc.Cmd = GlibcDNSRef, nil, nil
 
+	boomBin, err := os.ReadFile(kubeenv.TestImageBinary(tb, "regression-issue-74839"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	boom := image.Spec{Tag: Regression74839Ref, Files: []image.File{{Path: "regression-issue-74839", Mode: 0o755, Data: boomBin}},
+		Entrypoint: []string{"/regression-issue-74839"}}
+
 	var out []string
-	for _, s := range []image.Spec{agn, glibc, bb, pause} {
+	for _, s := range []image.Spec{agn, glibc, bb, pause, boom} {
 		p := filepath.Join(dir, strings.NewReplacer("/", "_", ":", "_").Replace(s.Tag)+".tar")
 		if err := image.WriteFile(s, p); err != nil {
 			tb.Fatalf("e2eenv: image %s: %v", s.Tag, err)

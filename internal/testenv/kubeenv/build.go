@@ -270,6 +270,17 @@ func E2ETest(tb testing.TB) (e2eTest, ginkgo string) {
 	return e2eTest, ginkgo
 }
 
+// TestImageBinary returns the path of the release's test image command name
+// (k8s.io/kubernetes/test/images/NAME, e.g. regression-issue-74839), built
+// and cached as ExtraBinary builds.
+func TestImageBinary(tb testing.TB, name string) string {
+	tb.Helper()
+	pkg := "k8s.io/kubernetes/test/images/" + name
+	return extra(tb, name, pkg+"@"+Version, func(src, out string) error {
+		return goIn(src, "build", "-trimpath", "-ldflags", "-s -w", "-o", out, pkg)
+	})
+}
+
 // Agnhost returns the path of agnhost, the e2e suite's all-purpose test
 // server and client (k8s.io/kubernetes/test/images/agnhost, part of the same
 // module), built and cached as ExtraBinary builds.
