@@ -55,7 +55,7 @@ func TestConformance(t *testing.T) {
 			dir := filepath.Join(os.TempDir(), "ipledger-conformance-"+mode)
 			os.RemoveAll(dir)
 			t0 := time.Now()
-			rep := upstream(t, mode == "cluster", e2eenv.Options{Focus: focus, Skip: skips, Nodes: *conformanceProcs, Timeout: 3 * time.Hour, Dir: dir})
+			rep := upstream(t, mode == "cluster", e2eenv.Options{Focus: focus, Skip: skips, Procs: *conformanceProcs, Timeout: 3 * time.Hour, Dir: dir})
 			for _, s := range rep.Ran() {
 				if s.State == "failed" {
 					t.Errorf("failed: %s\n%s", s.Name, s.Failure)
@@ -76,12 +76,15 @@ func writeSummary(mode string, rep e2eenv.Report, total time.Duration, skipPath 
 	var b strings.Builder
 	begin, end := "<!-- begin "+mode+" -->", "<!-- end "+mode+" -->"
 	fmt.Fprintf(&b, "%s\n### %s mode\n\n", begin, mode)
-	fmt.Fprintf(&b, "Kubernetes %s e2e suite, %s; run %s; %d passed, %d failed, %d not selected or skipped by the list; the suite took %v, the whole run (cluster, images, CoreDNS, suite) %v.\n\n",
-		kubeenv.Version, installOf(mode), time.Now().UTC().Format("2006-01-02"), rep.Count("passed"), rep.Count("failed"), rep.Count("skipped"),
+	fmt.Fprintf(&b, "Kubernetes %s e2e suite, %s; run %s; %d passed, %d failed, %d skipped by the test itself (reason in the table), %d not selected or skipped by the list; the suite took %v, the whole run (cluster, images, CoreDNS, suite) %v.\n\n",
+		kubeenv.Version, installOf(mode), time.Now().UTC().Format("2006-01-02"), rep.Count("passed"), rep.Count("failed"), rep.Count("skipped in run"), rep.Count("skipped"),
 		rep.Duration.Round(time.Second), total.Round(time.Second))
 	b.WriteString("| result | seconds | test |\n|---|---:|---|\n")
 	for _, s := range rep.Ran() {
 		name := strings.ReplaceAll(s.Name, "|", `\|`)
+		if s.State == "skipped in run" {
+			name += " (" + strings.ReplaceAll(s.Failure, "|", `\|`) + ")"
+		}
 		fmt.Fprintf(&b, "| %s | %.0f | %s |\n", s.State, s.Seconds, name)
 	}
 	fmt.Fprintf(&b, "\nSkip list: %s.\n%s\n", filepath.ToSlash(strings.TrimPrefix(skipPath, agentenv.RepoRoot()+"/")), end)

@@ -29,7 +29,7 @@ func upstream(t *testing.T, clusterMode bool, o e2eenv.Options) e2eenv.Report {
 	if err := cl.c.RelayAPI(t, cl.env.Outside.NS); err != nil {
 		t.Fatal(err)
 	}
-	o.Kubeconfig, o.Kubectl, o.Netns = cl.c.Kubeconfig, cl.c.Bin+"/kubectl", cl.env.Outside.Netns
+	o.Kubeconfig, o.Kubectl, o.Netns, o.ClusterNodes = cl.c.Kubeconfig, cl.c.Bin+"/kubectl", cl.env.Outside.Netns, len(cl.nodes)
 	if o.Dir == "" {
 		o.Dir = t.TempDir()
 	}
@@ -47,7 +47,7 @@ func TestUpstreamNetworkSubset(t *testing.T) {
 			`\[sig-network\] Networking Granular Checks: Pods should function for (intra|node)-pod communication: (http|udp) .*\[Conformance\]`,
 			`\[sig-network\] Services should serve a basic endpoint from pods +\[Conformance\]`,
 		},
-		Nodes:   2,
+		Procs:   2,
 		Timeout: 20 * time.Minute,
 	})
 	for _, s := range rep.Ran() {

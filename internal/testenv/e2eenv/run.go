@@ -29,8 +29,12 @@ type Options struct {
 	// Focus and Skip are ginkgo regular expressions; each list is joined
 	// with |.
 	Focus, Skip []string
-	// Nodes is ginkgo's parallelism (default 1).
-	Nodes int
+	// Procs is ginkgo's parallelism (default 1).
+	Procs int
+	// ClusterNodes is the number of nodes (--num-nodes): with the skeleton
+	// provider the suite does not count them, and skips every test that
+	// "requires at least 2 nodes" unless told.
+	ClusterNodes int
 	// Timeout bounds the whole run (default 1h).
 	Timeout time.Duration
 	// Dir receives the JUnit report, the suite's output and its log.
@@ -39,8 +43,11 @@ type Options struct {
 
 // Spec is one test of a report.
 type Spec struct {
-	Name    string
-	State   string // passed, failed, skipped; setup for the suite's own nodes that passed
+	Name string
+	// State is passed, failed, skipped (not selected, or by the skip list),
+	// "skipped in run" (selected; the test skipped itself, Failure says why)
+	// or setup (the suite's own nodes, when they passed).
+	State   string
 	Seconds float64
 	Failure string
 }
@@ -64,12 +71,12 @@ func (r Report) Count(state string) int {
 	return n
 }
 
-// Ran is the tests that ran (passed or failed; the suite's setup only when
-// it failed), by name.
+// Ran is the tests that were selected and ran (passed, failed, or skipped
+// by themselves; the suite's setup only when it failed), by name.
 func (r Report) Ran() []Spec {
 	var out []Spec
 	for _, s := range r.Specs {
-		if s.State == "passed" || s.State == "failed" {
+		if s.State == "passed" || s.State == "failed" || s.State == "skipped in run" {
 			out = append(out, s)
 		}
 	}
@@ -84,8 +91,8 @@ func (r Report) Ran() []Spec {
 func Run(tb testing.TB, o Options) Report {
 	tb.Helper()
 	e2e, ginkgo := kubeenv.E2ETest(tb)
-	if o.Nodes <= 0 {
-		o.Nodes = 1
+	if o.Procs <= 0 {
+		o.Procs = 1
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = time.Hour
@@ -94,7 +101,7 @@ func Run(tb testing.TB, o Options) Report {
 		tb.Fatal(err)
 	}
 	args := []string{"netns", "exec", o.Netns, ginkgo,
-		fmt.Sprintf("--procs=%d", o.Nodes), "--no-color", "--timeout=" + o.Timeout.String(),
+		fmt.Sprintf("--procs=%d", o.Procs), "--no-color", "--timeout=" + o.Timeout.String(),
 		"--output-dir=" + o.Dir, "--junit-report=junit.xml",
 		"--focus=" + strings.Join(o.Focus, "|")}
 	if len(o.Skip) > 0 {
@@ -102,7 +109,8 @@ func Run(tb testing.TB, o Options) Report {
 	}
 	args = append(args, e2e, "--",
 		"--kubeconfig="+o.Kubeconfig, "--kubectl-path="+o.Kubectl, "--provider=skeleton",
-		"--e2e-output-dir="+o.Dir, "--dump-logs-on-failure=false", "--allowed-not-ready-nodes=0")
+		"--e2e-output-dir="+o.Dir, "--dump-logs-on-failure=false", "--allowed-not-ready-nodes=0",
+		fmt.Sprintf("--num-nodes=%d", o.ClusterNodes))
 	logPath := filepath.Join(o.Dir, "e2e.log")
 	lf, err := os.Create(logPath)
 	if err != nil {
@@ -180,6 +188,9 @@ func readJUnit(p string) ([]Spec, error) {
 		for _, c := range s.Cases {
 			sp := Spec{Name: strings.TrimSpace(strings.TrimPrefix(c.Name, "[It]")), Seconds: c.Time, State: "passed"}
 			switch {
+			case c.Skipped != nil && strings.TrimSpace(c.Skipped.Message) != "skipped":
+				// selected, then skipped by the test itself: the reason follows
+				sp.State, sp.Failure = "skipped in run", strings.TrimPrefix(strings.TrimSpace(c.Skipped.Message), "skipped - ")
 			case c.Skipped != nil:
 				sp.State = "skipped"
 			case c.Failure != nil:

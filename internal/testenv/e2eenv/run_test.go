@@ -15,6 +15,7 @@ func TestReadJUnit(t *testing.T) {
 <testcase name="[It] [sig-network] A should pass" status="passed" time="15.2"></testcase>
 <testcase name="[It] [sig-network] B should fail" status="failed" time="120"><failure message="not reachable">trace</failure></testcase>
 <testcase name="[It] [sig-storage] C" status="skipped" time="0"><skipped message="skipped"></skipped></testcase>
+<testcase name="[It] [sig-network] D needs nodes" status="skipped" time="0"><skipped message="skipped - Requires at least 2 nodes (not -1)"></skipped></testcase>
 <testcase name="[ReportAfterSuite] Kubernetes e2e suite report" status="passed" time="0"></testcase>
 </testsuite></testsuites>`), 0o644); err != nil {
 		t.Fatal(err)
@@ -24,11 +25,11 @@ func TestReadJUnit(t *testing.T) {
 		t.Fatal(err)
 	}
 	r := Report{Specs: specs}
-	if r.Count("passed") != 1 || r.Count("failed") != 1 || r.Count("skipped") != 1 || r.Count("setup") != 2 {
+	if r.Count("passed") != 1 || r.Count("failed") != 1 || r.Count("skipped") != 1 || r.Count("setup") != 2 || r.Count("skipped in run") != 1 {
 		t.Fatalf("counts: %+v", specs)
 	}
 	ran := r.Ran()
-	if len(ran) != 2 || ran[0].Name != "[sig-network] A should pass" || ran[1].Failure != "not reachable" {
+	if len(ran) != 3 || ran[0].Name != "[sig-network] A should pass" || ran[1].Failure != "not reachable" || ran[2].Failure != "Requires at least 2 nodes (not -1)" {
 		t.Fatalf("ran: %+v", ran)
 	}
 }
