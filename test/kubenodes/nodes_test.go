@@ -346,6 +346,15 @@ func TestThreeNodes(t *testing.T) {
 	cl.checkServices()
 }
 
+// podNetwork is the range of every pod's address: kube-proxy's
+// --cluster-cidr (the Nodes' podCIDRs, or the cluster-wide pool).
+func (cl *cluster) podNetwork() string {
+	if cl.clusterMode {
+		return clusterPool.String()
+	}
+	return cl.c.ClusterCIDR()
+}
+
 // podRange is where node's pods get their addresses: its podCIDR, or the
 // cluster-wide pool in cluster mode.
 func (cl *cluster) podRange(node string) netip.Prefix {

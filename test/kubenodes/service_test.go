@@ -2,6 +2,7 @@ package kubenodes_test
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
@@ -62,7 +63,7 @@ spec:
     - name: srv
       image: %[3]s
       imagePullPolicy: Never
-      command: ["/bin/busybox", "sh", "-c", "echo %[1]s > /tmp/index.html && exec /bin/busybox httpd -f -p 8080 -h /tmp"]
+      command: ["/bin/busybox", "sh", "-c", "echo %[1]s > /tmp/index.html && exec /bin/busybox httpd -f -vv -p 8080 -h /tmp"]
 `, name, node, podImage))
 	var ip string
 	if err := kubeenv.WaitFor(2*time.Minute, 500*time.Millisecond, func() (bool, error) {
@@ -108,7 +109,7 @@ func (cl *cluster) checkServices() {
 	t, n := cl.t, len(cl.nodes)
 	t0 := time.Now()
 	for _, nd := range cl.nodes {
-		nd.StartKubeProxy(t)
+		nd.StartKubeProxy(t, cl.podNetwork())
 	}
 	t.Logf("kube-proxy healthy on %d nodes in %v", n, time.Since(t0).Round(time.Millisecond))
 	for _, nd := range cl.nodes {
@@ -133,9 +134,11 @@ func (cl *cluster) checkServices() {
 		podIP[node] = cl.echo(node)
 	}
 	t.Logf("service echo %s -> echo-node1 %s, echo-node2 %s; echo-node1 %s, echo-node2 %s", svc, podIP["node1"], podIP["node2"], self, remote["node1"])
+	probeIP := map[string]netip.Addr{}
 	for _, nd := range cl.nodes {
 		t1 := time.Now()
-		ok, log, _ := cl.runPod(nd.Name, "probe-"+nd.Name, probeScript([]string{svc + ":80", remote[nd.Name] + ":80"}, 30))
+		ok, log, ip := cl.runPod(nd.Name, "probe-"+nd.Name, probeScript([]string{svc + ":80", remote[nd.Name] + ":80"}, 30))
+		probeIP[nd.Name] = ip
 		t.Logf("from a pod on %s (%v):\n%s", nd.Name, time.Since(t1).Round(time.Millisecond), log)
 		if !ok || !strings.Contains(log, remote[nd.Name]+":80 "+want[nd.Name]+" ") {
 			t.Errorf("a pod on %s did not reach every service (%s through %s)", nd.Name, want[nd.Name], remote[nd.Name])
@@ -148,6 +151,17 @@ func (cl *cluster) checkServices() {
 		t.Logf("from node %s (%v):\n%s", nd.Name, time.Since(t1).Round(time.Millisecond), out)
 		if err != nil || !strings.Contains(string(out), remote[nd.Name]+":80 "+want[nd.Name]+" ") {
 			t.Errorf("node %s did not reach every service (%s through %s): %v", nd.Name, want[nd.Name], remote[nd.Name], err)
+		}
+	}
+	// A pod's address survives a ClusterIP: echo-node1 (the one endpoint of
+	// Service self) logged probe-node0 and probe-node2 by their pod
+	// addresses. kube-proxy masquerades Service traffic from outside its
+	// --cluster-cidr, so this fails when that does not cover the pods (in
+	// cluster mode: the pool, not the Nodes' podCIDRs).
+	echoLog := cl.logs("echo-node1")
+	for _, node := range []string{"node0", "node2"} {
+		if ip := probeIP[node]; !strings.Contains(echoLog, "[::ffff:"+ip.String()+"]:") {
+			t.Errorf("echo-node1 did not see probe-%s by its pod address %s through service %s (masqueraded?):\n%s", node, ip, self, echoLog)
 		}
 	}
 	// Hairpin: echo-node1 through the Service whose only endpoint it is.

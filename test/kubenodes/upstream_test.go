@@ -17,7 +17,7 @@ func upstream(t *testing.T, clusterMode bool, o e2eenv.Options) e2eenv.Report {
 	imgs := append(e2eenv.Images(t, dir), e2eenv.CoreDNSImage(t, dir))
 	cl := startWith(t, 3, clusterMode, imgs)
 	for _, nd := range cl.nodes {
-		nd.StartKubeProxy(t)
+		nd.StartKubeProxy(t, cl.podNetwork())
 	}
 	t0 := time.Now()
 	cl.c.Apply(t, e2eenv.CoreDNSManifest)

@@ -636,8 +636,15 @@ const kubeProxyHealthz = "127.0.0.1:10256"
 // healthy (its first sync done). Its rules live in the node's network
 // namespace and go with it; the process is stopped by PID at node cleanup.
 // It touches no conntrack sysctl (nf_conntrack_max is the host's, read-only in
-// a node's namespace): the conntrack flags are 0.
-func (n *Node) StartKubeProxy(tb testing.TB) {
+// a node's namespace): the conntrack flags are 0. podCIDR is its
+// --cluster-cidr, the range of the pods' addresses: traffic to a ClusterIP
+// from outside it is masqueraded. Empty means the controller's ClusterCIDR
+// (the Nodes' podCIDRs); a pod network whose pods are elsewhere (ipledger's
+// cluster mode: its pools) must give its own, as its operators must.
+func (n *Node) StartKubeProxy(tb testing.TB, podCIDR string) {
+	if podCIDR == "" {
+		podCIDR = n.c.opts.ClusterCIDR
+	}
 	tb.Helper()
 	bin := ExtraBinary(tb, "kube-proxy")
 	if _, err := n.c.Kubectl("label", "--overwrite", "service", "kubernetes", "-n", "default",
@@ -655,7 +662,7 @@ func (n *Node) StartKubeProxy(tb testing.TB) {
 	name := n.Name + "-kube-proxy"
 	if err := n.c.spawnPath(name, "nsenter", n.nsenter(bin,
 		"--kubeconfig", kc, "--proxy-mode", "iptables", "--hostname-override", n.Name,
-		"--cluster-cidr", n.c.opts.ClusterCIDR, "--nodeport-addresses", "primary",
+		"--cluster-cidr", podCIDR, "--nodeport-addresses", "primary",
 		"--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", kubeProxyHealthz,
 		"--conntrack-max-per-core", "0", "--conntrack-min", "0",
 		"--conntrack-tcp-timeout-established", "0", "--conntrack-tcp-timeout-close-wait", "0",
