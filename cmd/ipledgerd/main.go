@@ -22,8 +22,10 @@ import (
 	"github.com/ipledger/ipledger/internal/clock"
 	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/clusterconf"
+	"github.com/ipledger/ipledger/internal/kubenode"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/netconf"
+	"github.com/ipledger/ipledger/internal/reconcile"
 	"github.com/ipledger/ipledger/internal/spool"
 	"github.com/ipledger/ipledger/internal/store/boltstore"
 	"github.com/ipledger/ipledger/internal/store/walstore"
@@ -45,6 +47,7 @@ type options struct {
 	stateDir, socket, spoolDir, criEndpoint, metricsAddr string
 	reconcileInterval, releaseGrace, reuseDelay          time.Duration
 	strandedGrace                                        time.Duration
+	apiEvidence                                          bool
 	takeoverTimeout                                      time.Duration
 	reclaimStranded                                      bool
 	logLevel                                             string
@@ -67,6 +70,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	fs.DurationVar(&o.reuseDelay, "reuse-delay", 30*time.Second, "least time between an address's release and its allocation to another pod")
 	fs.DurationVar(&o.takeoverTimeout, "takeover-timeout", 90*time.Second, "how long to wait, at start, for another ipledgerd holding the state file or the socket to exit (a DaemonSet rollover starts the new agent while the old one drains); 0: give up at once")
 	fs.BoolVar(&o.reclaimStranded, "reclaim-stranded", false, "remove the interface of a NotReady sandbox that still holds its address (identity-checked) and release it after --stranded-grace; off by default because it changes a pod's namespace, and a stranded lease is reported and kept either way")
+	fs.BoolVar(&o.apiEvidence, "api-evidence", true, "with --node-name: a pod deleted from the Kubernetes API, or Succeeded or Failed, is evidence for the reconciler beside the runtime's (never alone: only for a NOTREADY or gone sandbox, over --release-grace and two observations); it releases a NotReady sandbox's lease whose namespace was not recorded, and removes the interface of a stranded one; false: the runtime is the only witness")
 	fs.DurationVar(&o.strandedGrace, "stranded-grace", 10*time.Minute, "how long a lease must be stranded before --reclaim-stranded acts; at least --release-grace")
 	o.cluster.Register(fs, getenv)
 	o.network.Register(fs)
@@ -168,13 +172,6 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 	defer os.Remove(o.socket)
 	defer ln.Close()
 	cfg := agent.Config{Ledger: l, Socket: o.socket, SpoolDir: o.spoolDir, Logger: log}
-	rp, err := newReconciler(o, l, boot, log)
-	if err != nil {
-		return err
-	}
-	if rp != nil {
-		cfg.Guard, cfg.Verdicts, cfg.Runtime = rp.rec, rp.rec, rp.rt
-	}
 	if o.cluster.Cluster() {
 		m, stop, err := startCluster(ctx, &o.cluster, nodeIPs(o, log), l, log)
 		if err != nil {
@@ -193,6 +190,7 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 			}
 		}
 	}
+	var pods *kubenode.Pods
 	if o.cluster.Kubernetes() {
 		var m *cluster.Manager
 		if mm, ok := cfg.Cluster.(*cluster.Manager); ok {
@@ -209,6 +207,18 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 			cfg.NodeNetwork = kp.network
 		}
 		cfg.Pods, cfg.Events = kp.pods, kp.events
+		pods = kp.pods
+	}
+	var witness reconcile.PodWitness // the API, the reconciler's second witness
+	if pods != nil && o.apiEvidence {
+		witness = pods
+	}
+	rp, err := newReconciler(o, l, boot, witness, log)
+	if err != nil {
+		return err
+	}
+	if rp != nil {
+		cfg.Guard, cfg.Verdicts, cfg.Runtime = rp.rec, rp.rec, rp.rt
 	}
 	srv, err := agent.New(cfg)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"github.com/ipledger/ipledger/internal/agent"
 	"github.com/ipledger/ipledger/internal/clock"
 	"github.com/ipledger/ipledger/internal/cri"
+	"github.com/ipledger/ipledger/internal/kubenode"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/reconcile"
 )
@@ -27,7 +28,10 @@ type runtimeParts struct {
 // newReconciler builds runtime reconciliation when --cri-endpoint is given (nil
 // otherwise); start runs it. The runtime need not answer at start: until it does,
 // every round and every Guard question gets "cannot tell" and nothing is released.
-func newReconciler(o *options, l *ledger.Ledger, boot clock.Boot, log *slog.Logger) (*runtimeParts, error) {
+//
+// api, when not nil, is the Kubernetes API's view of this node's pods, the
+// reconciler's second witness (--api-evidence).
+func newReconciler(o *options, l *ledger.Ledger, boot clock.Boot, api reconcile.PodWitness, log *slog.Logger) (*runtimeParts, error) {
 	if o.criEndpoint == "" {
 		return nil, nil
 	}
@@ -37,12 +41,12 @@ func newReconciler(o *options, l *ledger.Ledger, boot clock.Boot, log *slog.Logg
 		Ledger: l, Runtime: rt, Netns: reconcile.NSFS{},
 		Interval: o.reconcileInterval, Grace: o.releaseGrace,
 		ReclaimStranded: o.reclaimStranded, StrandedGrace: o.strandedGrace,
-		Boot: boot, Logger: log,
+		Boot: boot, API: api, Logger: log,
 	})
 	if err != nil {
 		return nil, err
 	}
-	log.Info("reconciler", "cri", o.criEndpoint, "interval", o.reconcileInterval, "grace", o.releaseGrace, "reclaimStranded", o.reclaimStranded, "strandedGrace", o.strandedGrace, "callTimeout", timeout)
+	log.Info("reconciler", "cri", o.criEndpoint, "interval", o.reconcileInterval, "grace", o.releaseGrace, "reclaimStranded", o.reclaimStranded, "strandedGrace", o.strandedGrace, "apiEvidence", api != nil, "callTimeout", timeout)
 	return &runtimeParts{rec: r, rt: rt}, nil
 }
 
@@ -78,6 +82,7 @@ func (p *runtimeParts) start(ctx context.Context, interval time.Duration, srv *a
 }
 
 var (
-	_ agent.Guard    = (*reconcile.Reconciler)(nil)
-	_ agent.Verdicts = (*reconcile.Reconciler)(nil)
+	_ reconcile.PodWitness = (*kubenode.Pods)(nil)
+	_ agent.Guard          = (*reconcile.Reconciler)(nil)
+	_ agent.Verdicts       = (*reconcile.Reconciler)(nil)
 )

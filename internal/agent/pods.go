@@ -15,7 +15,8 @@ import (
 // watch's cache) and is safe for concurrent use. known is false when nothing can be
 // told (the watch has not listed yet); then inAPI says whether the pod exists and
 // phase is its status.phase. A non-empty uid is matched by UID, else namespace and
-// name. What it says is shown to operators only: no release depends on it.
+// name. The agent shows what it says beside each lease; the reconciler weighs it
+// too, never alone (reconcile.PodWitness).
 type Pods interface {
 	Pod(namespace, name, uid string) (phase string, inAPI, known bool)
 }

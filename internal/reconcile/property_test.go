@@ -18,7 +18,9 @@ import (
 // TestPropertyNeverReleaseReady drives random interleavings of ADD (some
 // superseding an older sandbox of the same pod), DEL, sandbox state changes,
 // namespace changes, listing errors, empty and partial listings, status errors,
-// time and reconciliation rounds, and checks after every step that no lease was
+// time and reconciliation rounds, with an API witness whose answers are random (a
+// pod deleted, finished or running whatever its sandboxes do, a watch not synced),
+// and checks after every step that no lease was
 // released by the reconciler, supersession or GC while its sandbox was READY, and
 // that the books balance.
 func TestPropertyNeverReleaseReady(t *testing.T) {
@@ -37,7 +39,8 @@ func TestPropertyNeverReleaseReady(t *testing.T) {
 		}
 		rt := newFakeRuntime()
 		ns := &fakeNetns{st: map[string]NSState{}}
-		r, err := New(Options{Ledger: l, Runtime: rt, Netns: ns, Interval: interval, Grace: grace,
+		api := newFakeAPI()
+		r, err := New(Options{Ledger: l, Runtime: rt, Netns: ns, API: api, Interval: interval, Grace: grace,
 			ReclaimStranded: rng.IntN(2) == 0, StrandedGrace: 2 * time.Second, Clock: clk, Logger: slog.New(slog.DiscardHandler)})
 		if err != nil {
 			t.Fatal(err)
@@ -123,6 +126,21 @@ func TestPropertyNeverReleaseReady(t *testing.T) {
 					rt.remove(id)
 					op = "remove " + id
 				}
+			case p < 37: // the API says anything of any pod
+				uid := fmt.Sprintf("u%d", rng.IntN(6))
+				api.mu.Lock()
+				switch rng.IntN(5) {
+				case 0:
+					delete(api.pods, uid)
+				case 1:
+					api.pods[uid] = fakePod{phase: []string{"Pending", "Running", "Succeeded", "Failed"}[rng.IntN(4)]}
+				case 2:
+					api.synced = !api.synced
+				default:
+					api.pods[uid] = fakePod{phase: "Succeeded"}
+				}
+				op = fmt.Sprintf("api %s %+v synced=%v", uid, api.pods[uid], api.synced)
+				api.mu.Unlock()
 			case p < 42 && len(ids) > 0: // namespace change (even for READY sandboxes)
 				id := ids[rng.IntN(len(ids))]
 				s := nsStates[rng.IntN(len(nsStates))]

@@ -82,6 +82,35 @@
 // how long it has been suspected and seen. READY and in-creation leases log at
 // Debug, failures to get evidence at Warn, everything else at Info.
 //
+// # The API server, a second witness never heard alone
+//
+// With Options.API (the agent watching its node's pods), what the Kubernetes API
+// says of a lease's pod is evidence too, but only beside the runtime's: it is asked
+// only about a lease whose sandbox this round judged NOTREADY or GONE, in a round
+// the listing made trustworthy, and it only ever turns a lease the runtime alone
+// would keep into one that may go. "Finished" means the pod named by the lease's
+// UID (else its namespace and name) is absent from the watch's synced cache, or
+// its phase is Succeeded or Failed; a watch that has not listed yet says nothing.
+// It decides two cases the runtime cannot:
+//
+//   - a NOTREADY sandbox whose namespace was not recorded at ADD (otherwise kept
+//     as unverifiable) is abandoned when its pod is finished;
+//   - a stranded lease (its address still configured in a NOTREADY sandbox's
+//     namespace) whose pod is finished has that one interface removed
+//     inside the namespace recorded at ADD, after the identity checks below, and
+//     is released once the address is verified absent, whether ReclaimStranded is
+//     set or not. A NOTREADY sandbox never runs again (the kubelet makes a new
+//     one for a pod that goes on); what the runtime cannot tell is whether the
+//     kubelet still means to tear this one down through CNI, and a finished pod
+//     says that nothing waits for the address.
+//
+// Such a suspicion rests on both witnesses: it starts when the API's evidence is
+// first seen with the runtime's, is reset when either goes, and needs Grace and two
+// trustworthy observations like any other. A stale cache, an API server that is
+// down or restored from an old backup, or a pod re-created under the same name
+// (another UID) can make a live pod look finished, but a live pod's sandbox is
+// READY, and a READY sandbox's lease is never released (invariant 2).
+//
 // # Stranded reclaim (off by default)
 //
 // With ReclaimStranded, a lease whose sandbox is listed NOTREADY and whose
@@ -186,8 +215,43 @@ type Options struct {
 	// (ledger.Options.Boot): a lease stamped on the boot it reads now is as old as
 	// CLOCK_BOOTTIME says since its allocation. Nil counts every lease's age from
 	// its first sight.
-	Boot   clock.Boot
+	Boot clock.Boot
+	// API, when set, is the Kubernetes API's view of this node's pods: the second
+	// witness (see the package doc). Nil: the runtime is the only witness.
+	API    PodWitness
 	Logger *slog.Logger
+}
+
+// PodWitness tells what the Kubernetes API says of this node's pods. Implemented
+// by *kubenode.Pods.
+//
+// Contract: Pod never calls the API server (it answers from a watch's cache) and
+// is safe for concurrent use. known is false when nothing can be told (the watch
+// has not listed yet); then inAPI says whether the pod exists and phase is its
+// status.phase ("" when it has none yet). A non-empty uid is matched by UID only, so
+// a pod re-created under the same name is another pod; without one, the pod is
+// matched by namespace and name.
+type PodWitness interface {
+	Pod(namespace, name, uid string) (phase string, inAPI, known bool)
+}
+
+// podFinished is what w says of the pod of lease ls: why it is finished ("pod
+// deleted from the API", "pod Succeeded in the API"), or "" when it is not, or w
+// cannot tell, or the lease names no pod.
+func podFinished(w PodWitness, p ledger.Pod) string {
+	if w == nil || (p.UID == "" && (p.Namespace == "" || p.Name == "")) {
+		return ""
+	}
+	phase, in, known := w.Pod(p.Namespace, p.Name, p.UID)
+	switch {
+	case !known:
+		return ""
+	case !in:
+		return "pod deleted from the API"
+	case phase == "Succeeded" || phase == "Failed":
+		return "pod " + phase + " in the API"
+	}
+	return ""
 }
 
 // Sandbox verdicts, as shown to operators (View.Sandbox) and answered to an
@@ -217,8 +281,11 @@ type suspicion struct {
 	created time.Time     // the lease's Created: identity of the holder
 	first   time.Duration // Clock.Mono at the first observation
 	count   int           // observations in trustworthy rounds
-	reason  ledger.Reason
-	detail  string
+	// byAPI: the class rests on the API's evidence too (a doubt or a stranded
+	// lease whose pod is finished); the suspicion restarts when that changes.
+	byAPI  bool
+	reason ledger.Reason
+	detail string
 }
 
 // sight is when one holder of a key was allocated, on Clock.Mono (before this

@@ -18,6 +18,7 @@ type observation struct {
 	status  string // where the verdict came from: the listing, SandboxStatus, its error
 	ns      NSState
 	nsInfo  string
+	api     string // the API's evidence that the pod is finished, "" when none
 }
 
 // statusAnswer is one SandboxStatus answer, asked once per sandbox per round.
@@ -134,6 +135,7 @@ func (r *Reconciler) observe(ctx context.Context, sbs []cri.Sandbox, rd *Round) 
 		}
 		if o.sandbox == SandboxGone || o.sandbox == SandboxNotReady {
 			o.ns, o.nsInfo = r.o.Netns.Probe(ls.NetNS, ls.IPs)
+			o.api = podFinished(r.o.API, ls.Pod)
 		}
 		obs = append(obs, o)
 	}
@@ -172,9 +174,12 @@ func (r *Reconciler) judgeLocked(obs []observation, listed map[string]cri.Sandbo
 		age := r.ageLocked(o.ls, boot, now)
 		// maybe in creation: containerd lists a sandbox only after its CNI ADD
 		young := o.sandbox == SandboxGone && age < r.o.Grace
-		cls, reason, detail := judge(o.sandbox, o.ns)
+		cls, reason, detail, byAPI := judgeWith(o.sandbox, o.ns, o.api)
 		if o.nsInfo != "" {
 			detail += " (" + o.nsInfo + ")"
+		}
+		if o.api != "" {
+			detail += "; " + o.api
 		}
 		evidence := false
 		s := r.sus[k]
@@ -203,8 +208,8 @@ func (r *Reconciler) judgeLocked(obs []observation, listed map[string]cri.Sandbo
 			s = nil
 			d.what = "keep: nothing suspicious"
 		default:
-			if s == nil || s.class != cls {
-				s = &suspicion{class: cls, created: o.ls.Created, first: now}
+			if s == nil || s.class != cls || s.byAPI != byAPI {
+				s = &suspicion{class: cls, created: o.ls.Created, first: now, byAPI: byAPI}
 				r.sus[k] = s
 			}
 			s.reason, s.detail = reason, detail
@@ -249,6 +254,14 @@ func (r *Reconciler) judgeLocked(obs []observation, listed map[string]cri.Sandbo
 			continue
 		case s.class == ClassAbandoned:
 			d.what = fmt.Sprintf("suspect: within grace (%s of %s)", held.Round(time.Millisecond), r.o.Grace)
+		case s.class == ClassStranded && s.byAPI && o.ls.NetNS.Ino == 0:
+			d.what = "keep: stranded; its pod is finished but the namespace's identity was not recorded at ADD, so its interface is not removed"
+		case s.class == ClassStranded && s.byAPI && held >= r.o.Grace:
+			d.what = "reclaim stranded interface of a finished pod, then release"
+			acts = append(acts, act{decision: d, reason: ledger.ReasonReconcileNotReady, reclaim: true})
+			continue
+		case s.class == ClassStranded && s.byAPI:
+			d.what = fmt.Sprintf("suspect: stranded, its pod finished; within grace (%s of %s)", held.Round(time.Millisecond), r.o.Grace)
 		case s.class == ClassStranded && r.o.ReclaimStranded && o.sandbox == SandboxNotReady && o.ls.NetNS.Ino == 0:
 			d.what = "keep: stranded; not reclaimable, the namespace's identity was not recorded at ADD"
 		case s.class == ClassStranded && r.o.ReclaimStranded && o.sandbox == SandboxNotReady && held >= r.o.StrandedGrace:
@@ -299,6 +312,9 @@ func (r *Reconciler) apply(ctx context.Context, decisions []decision, acts []act
 				continue
 			}
 			a.detail = "stranded for " + (now - r.firstOf(a.o.ls.Key)).Round(time.Millisecond).String() + "; " + what
+			if a.o.api != "" {
+				a.detail += "; " + a.o.api
+			}
 		}
 		rel, ok, err := r.o.Ledger.ReleaseIfCreated(a.o.ls.Key, a.o.ls.Created, a.reason, a.detail)
 		if err != nil {
@@ -359,6 +375,26 @@ func (r *Reconciler) firstOf(k ledger.Key) time.Duration {
 		return s.first
 	}
 	return r.o.Clock.Mono()
+}
+
+// judgeWith classifies one observation with the API's evidence that the pod is
+// finished (api, "" for none): judge's class, except that a finished pod makes an
+// unverifiable NOTREADY lease abandoned and a stranded lease reclaimable; byAPI
+// reports that the class rests on api.
+func judgeWith(sandbox string, ns NSState, api string) (Class, ledger.Reason, string, bool) {
+	cls, reason, detail := judge(sandbox, ns)
+	if api == "" {
+		return cls, reason, detail, false
+	}
+	switch cls {
+	case ClassDoubt:
+		return ClassAbandoned, ledger.ReasonReconcileNotReady, "sandbox NOTREADY, " + ns.String(), true
+	case ClassStranded:
+		// only a NOTREADY sandbox's: for a gone one, nothing vouches that the
+		// namespace at the recorded path is still that sandbox's
+		return cls, reason, detail, sandbox == SandboxNotReady
+	}
+	return cls, reason, detail, false
 }
 
 // judge classifies one observation. Only GONE and NOTREADY can be suspected.
