@@ -1,6 +1,7 @@
 package agent_test
 
 import (
+	"net/http/httptest"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -108,6 +109,35 @@ func TestLeaseViewPodPhase(t *testing.T) {
 	want := map[string][2]string{"run": {"Running", api.PodInAPIYes}, "gone": {"", api.PodInAPINo}, "bare": {}}
 	if got := leases(); !equalViews(got, want) {
 		t.Errorf("leases: %v, want %v", got, want)
+	}
+	// the pool page: the address's detail and its cell's hover text
+	resp := s.Handle(t.Context(), api.Request{Version: api.Version, Op: api.OpLeases})
+	h := s.HTTPHandler()
+	for _, v := range resp.Leases {
+		ip := strings.Split(v.IPs[0], "/")[0]
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", "/?network="+v.Network+"&ip="+ip, nil))
+		page := rec.Body.String()
+		var wantText string
+		switch v.ContainerID {
+		case "run":
+			wantText = "pod Running in the API"
+		case "gone":
+			wantText = "pod deleted from the API"
+		}
+		i, j := strings.Index(page, `<div id="detail"`), strings.Index(page, "<h3>history")
+		if i < 0 || j < i {
+			t.Fatalf("pool page for %s has no detail", v.ContainerID)
+		}
+		detail := page[i:j]
+		switch {
+		case wantText == "" && strings.Contains(detail, "in the API"):
+			t.Errorf("pool page for %s claims what the API says of a lease without a pod: %s", v.ContainerID, detail)
+		case wantText != "" && !strings.Contains(detail, wantText):
+			t.Errorf("pool page's detail for %s (%s) lacks %q: %s", v.ContainerID, ip, wantText, detail)
+		case wantText != "" && strings.Count(page, wantText) < 2:
+			t.Errorf("pool page's hover text for %s lacks %q", ip, wantText)
+		}
 	}
 }
 

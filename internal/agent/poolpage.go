@@ -38,7 +38,7 @@ func severity(state string) int {
 //go:embed poolpage.html
 var poolPageHTML string
 
-var poolTmpl = template.Must(template.New("pool").Parse(poolPageHTML))
+var poolTmpl = template.Must(template.New("pool").Funcs(template.FuncMap{"podInAPI": podInAPI}).Parse(poolPageHTML))
 
 type pageData struct {
 	Now        string
@@ -294,6 +294,9 @@ func (s *Server) cellTitle(network string, a netip.Addr, ai addrInfo) string {
 			pod = "pod " + v.Namespace + "/" + v.Name
 		}
 		fmt.Fprintf(&b, "\n%s\nsandbox %s (%s)\nnetns %s\nsince %s", pod, v.ContainerID, orDash(v.Sandbox), orDash(v.NetNS), v.Created.Format(time.RFC3339))
+		if a := podInAPI(*v); a != "" {
+			fmt.Fprintf(&b, "\n%s", a)
+		}
 		if v.Suspect != "" {
 			fmt.Fprintf(&b, "\nsuspect: %s", v.Suspect)
 		}
@@ -316,6 +319,20 @@ func holderName(r ledger.Release) string {
 		return r.Pod.Namespace + "/" + r.Pod.Name
 	}
 	return "-"
+}
+
+// podInAPI is what the Kubernetes API says of a lease's pod, for the page: "pod
+// Running in the API", "pod deleted from the API", or "" when the agent cannot tell.
+func podInAPI(v api.LeaseView) string {
+	switch {
+	case v.PodInAPI == api.PodInAPINo:
+		return "pod deleted from the API"
+	case v.PodInAPI == api.PodInAPIYes && v.PodPhase != "":
+		return "pod " + v.PodPhase + " in the API"
+	case v.PodInAPI == api.PodInAPIYes:
+		return "pod in the API, no phase yet"
+	}
+	return ""
 }
 
 func orDash(s string) string {

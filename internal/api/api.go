@@ -183,8 +183,8 @@ type LeaseView struct {
 	// With --node-name, the lease's pod as the Kubernetes API shows it (the agent's
 	// watch of this node's pods): PodPhase is its status.phase, PodInAPI is PodInAPIYes
 	// or PodInAPINo (deleted). Both are empty when the agent cannot tell (no watch,
-	// not listed yet, no pod recorded with the lease). Shown only: nothing is
-	// released because of them.
+	// not listed yet, no pod recorded with the lease). The reconciler weighs the
+	// same facts, never alone (see internal/reconcile).
 	PodPhase string `json:"podPhase,omitempty"`
 	PodInAPI string `json:"podInAPI,omitempty"`
 }
