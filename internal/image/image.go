@@ -240,7 +240,7 @@ const BinDir = "/usr/local/bin"
 
 // IpledgerSpec returns the spec of the ipledger image: the static Binaries
 // from binDir (as `make build` writes them) in BinDir, ipledgerd as the
-// entrypoint.
+// entrypoint, and /var/run a link to /run.
 func IpledgerSpec(binDir, tag string) (Spec, error) {
 	spec := Spec{
 		Tag:        tag,
@@ -255,5 +255,9 @@ func IpledgerSpec(binDir, tag string) (Spec, error) {
 		}
 		spec.Files = append(spec.Files, File{Path: BinDir + "/" + b, Mode: 0o755, Data: data})
 	}
+	// /var/run is /run, as on the hosts: containerd records pods' namespaces as
+	// /var/run/netns/..., and the agent, which mounts the host's /run/netns, must
+	// resolve those paths to see them.
+	spec.Files = append(spec.Files, File{Path: "var/run", Link: "../run"})
 	return spec, nil
 }

@@ -142,6 +142,13 @@ func TestIpledgerImageImportsIntoContainerd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	varRun := false // the pods' namespaces are recorded as /var/run/netns/...
+	for _, f := range s.Files {
+		varRun = varRun || (f.Path == "var/run" && f.Link == "../run")
+	}
+	if !varRun {
+		t.Error("the ipledger image has no /var/run -> /run link")
+	}
 	p1, p2 := filepath.Join(dir, "1.tar"), filepath.Join(dir, "2.tar")
 	for _, p := range []string{p1, p2} {
 		if err := image.WriteFile(s, p); err != nil {

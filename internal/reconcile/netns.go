@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"runtime"
 	"strings"
 
@@ -31,6 +32,19 @@ var _ Netns = NSFS{}
 // PID 1's.
 var hostNS = []string{"/proc/self/ns/net", "/proc/thread-self/ns/net", "/proc/1/ns/net"}
 
+// absent judges a recorded namespace path that does not resolve. The namespace is
+// gone only when its directory is there without it: a directory this process
+// cannot see (the runtime's netns directory not mounted into the agent's
+// container, or reached through a symbolic link such as /var/run that the
+// container lacks) says nothing about the namespace, so it is NSUnknown.
+func absent(path string) (*os.File, NSState, string) {
+	dir := filepath.Dir(path)
+	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
+		return nil, NSUnknown, fmt.Sprintf("%s: its directory %s is not visible to the agent (%v); mount the runtime's netns directory there", path, dir, err)
+	}
+	return nil, NSGone, path + " does not exist"
+}
+
 // open opens the namespace recorded in ns with every identity check, or says why not.
 //
 // When the lease recorded a path but no identity (dev:inode; the plugin could not
@@ -51,7 +65,7 @@ func open(ns ledger.NetNS, read bool) (*os.File, NSState, string) {
 	var st unix.Stat_t
 	if err := unix.Stat(ns.Path, &st); err != nil {
 		if errors.Is(err, unix.ENOENT) {
-			return nil, NSGone, ns.Path + " does not exist"
+			return absent(ns.Path)
 		}
 		return nil, NSUnknown, fmt.Sprintf("stat %s: %v", ns.Path, err)
 	}
@@ -65,7 +79,7 @@ func open(ns ledger.NetNS, read bool) (*os.File, NSState, string) {
 	f, err := os.OpenFile(ns.Path, os.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return nil, NSGone, ns.Path + " does not exist"
+			return absent(ns.Path)
 		}
 		return nil, NSUnknown, err.Error()
 	}

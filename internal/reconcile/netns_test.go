@@ -100,6 +100,8 @@ func TestNSFSProbe(t *testing.T) {
 		{"address present", ns, pfx("10.99.0.5/24"), NSAddrPresent, "10.99.0.5 on d0"},
 		{"address absent", ns, pfx("10.99.0.6/24"), NSAddrAbsent, ""},
 		{"path gone", ledger.NetNS{Path: "/run/netns/iplrec-never-made", Dev: 4, Ino: 1}, pfx("10.99.0.5/24"), NSGone, "does not exist"},
+		{"directory not visible", ledger.NetNS{Path: "/run/iplrec-no-such-dir/cni-x", Dev: 4, Ino: 1}, pfx("10.99.0.5/24"), NSUnknown, "not visible"},
+		{"no identity recorded, directory not visible", ledger.NetNS{Path: "/run/iplrec-no-such-dir/cni-x"}, pfx("10.99.0.5/24"), NSUnknown, "not visible"},
 		{"path now another namespace", other, pfx("10.99.0.5/24"), NSGone, "not the namespace"},
 		{"no identity recorded, address present", noID, pfx("10.99.0.5/24"), NSAddrPresent, "no identity recorded"},
 		{"no identity recorded, address absent", noID, pfx("10.99.0.6/24"), NSAddrAbsent, "no identity recorded"},
