@@ -115,7 +115,7 @@ func (cl *cluster) installIpledger() {
 // -k when clusterMode, unchanged, and waits until every node is Ready with
 // its agent Ready.
 func (cl *cluster) install(clusterMode bool) {
-	t, c, n := cl.t, cl.c, len(cl.nodes)
+	t, c := cl.t, cl.c
 	t.Helper()
 	cl.clusterMode = clusterMode
 	t2 := time.Now()
@@ -130,6 +130,14 @@ func (cl *cluster) install(clusterMode bool) {
 		}
 		c.Apply(t, string(manifest))
 	}
+	cl.waitAgents(what+" unchanged", t2)
+}
+
+// waitAgents waits until every node's agent and Node are Ready, what having
+// been applied at t0.
+func (cl *cluster) waitAgents(what string, t0 time.Time) {
+	t, c, n := cl.t, cl.c, len(cl.nodes)
+	t.Helper()
 	if err := kubeenv.WaitFor(3*time.Minute, time.Second, func() (bool, error) {
 		pods, err := c.Pods("ipledger", "app=ipledgerd")
 		if err != nil {
@@ -149,7 +157,7 @@ func (cl *cluster) install(clusterMode bool) {
 		out, _ := c.Kubectl("describe", "pods", "-n", "ipledger")
 		t.Fatalf("ipledger not installed: %v\n%s", err, out)
 	}
-	t.Logf("%s unchanged: %d agents and nodes Ready in %v", what, n, time.Since(t2).Round(time.Millisecond))
+	t.Logf("%s: %d agents and nodes Ready in %v", what, n, time.Since(t0).Round(time.Millisecond))
 }
 
 // nodesReady reports whether every node's Node is Ready.

@@ -64,6 +64,8 @@ type Cluster struct {
 	CNIBinDir, CNIConfDir, NetnsDir string
 
 	apiPort int
+	// apiArgs are the kube-apiserver's arguments (StartAPIServer).
+	apiArgs []string
 	pki     *pki
 	// egress is the apiserver's egress selector configuration (nodes in
 	// namespaces of their own only; see egress.go).
@@ -328,13 +330,11 @@ func (c *Cluster) startControlPlane() error {
 		// (relayProxyName).
 		args = append(args, "--egress-selector-config-file", c.egress, "--endpoint-reconciler-type", "lease")
 	}
-	if err := c.spawn("kube-apiserver", append(args,
+	c.apiArgs = append(args,
 		"--kubelet-client-certificate", p.path("apiserver-kubelet-client.crt"), "--kubelet-client-key", p.path("apiserver-kubelet-client.key"),
 		"--kubelet-certificate-authority", p.path("ca.crt"), "--kubelet-preferred-address-types", "InternalIP",
-		"--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction")...); err != nil {
-		return err
-	}
-	if err := c.waitAPI(); err != nil {
+		"--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction")
+	if err := c.StartAPIServer(); err != nil {
 		return err
 	}
 	if err := c.spawn("kube-controller-manager", "--kubeconfig", c.Kubeconfig,
@@ -412,6 +412,20 @@ kubeAPIBurst: 200
 		time.Sleep(200 * time.Millisecond)
 	}
 	return fmt.Errorf("kubeenv: node %s not registered after %v", c.NodeName, c.opts.StartTimeout)
+}
+
+// StopAPIServer stops the kube-apiserver by PID (SIGTERM); etcd keeps the
+// cluster's state, and every client (kubelets, agents, controllers) sees the API
+// down until StartAPIServer.
+func (c *Cluster) StopAPIServer() { c.stopProc("kube-apiserver") }
+
+// StartAPIServer starts the kube-apiserver with the arguments it was first
+// started with, on the same port and etcd, and waits until it answers.
+func (c *Cluster) StartAPIServer() error {
+	if err := c.spawn("kube-apiserver", c.apiArgs...); err != nil {
+		return err
+	}
+	return c.waitAPI()
 }
 
 func (c *Cluster) waitAPI() error {

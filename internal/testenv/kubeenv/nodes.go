@@ -416,6 +416,14 @@ func (n *Node) startContainerd() error {
 	return fmt.Errorf("containerd not ready after %v: %v", n.c.opts.StartTimeout, last)
 }
 
+// StopContainerd stops the node's containerd by PID (SIGTERM), as `systemctl stop
+// containerd` does: the pods' shims and containers keep running.
+func (n *Node) StopContainerd() { n.c.stopProc(n.Name + "-containerd") }
+
+// StartContainerd starts the node's containerd again, with the same
+// configuration, and waits until its CRI answers.
+func (n *Node) StartContainerd() error { return n.startContainerd() }
+
 // ImportImage imports a docker-archive into the node's containerd.
 func (n *Node) ImportImage(path string) error {
 	out, err := exec.Command("ctr", "--address", n.path(nodeSock), "-n", "k8s.io", "images", "import", "--snapshotter", "overlayfs", path).CombinedOutput()

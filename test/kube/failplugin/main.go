@@ -4,8 +4,8 @@
 // name: each attempt is a new sandbox), otherwise it passes the previous
 // result through; DEL fails for the first failDel attempts of each container
 // ID, then succeeds (while it fails, the plugins before it in the chain are
-// not called: their DEL never runs). Every call is appended to
-// stateDir/attempts.log.
+// not called: their DEL never runs). With failDelWhile set, DEL fails only
+// while that file exists. Every call is appended to stateDir/attempts.log.
 package main
 
 import (
@@ -28,7 +28,9 @@ type conf struct {
 	FailAdd  int      `json:"failAdd"`
 	FailDel  int      `json:"failDel"`
 	FailPods []string `json:"failPods"`
-	StateDir string   `json:"stateDir"`
+	// FailDelWhile, when set, is a file: DEL fails only while it exists.
+	FailDelWhile string `json:"failDelWhile"`
+	StateDir     string `json:"stateDir"`
 }
 
 func parse(stdin []byte) (*conf, error) {
@@ -117,6 +119,11 @@ func del(a *skel.CmdArgs) error {
 		return err
 	}
 	failing := c.targets(pod) && n <= c.FailDel
+	if c.FailDelWhile != "" {
+		if _, err := os.Stat(c.FailDelWhile); err != nil {
+			failing = false
+		}
+	}
 	record(c, "DEL", pod, a.ContainerID, n, failing, a.Netns)
 	if failing {
 		return types.NewError(types.ErrTryAgainLater, "failplugin: teardown failing on purpose", fmt.Sprintf("attempt %d of %d failing", n, c.FailDel))
