@@ -104,3 +104,38 @@ func TestRuntimeInfoAnswers(t *testing.T) {
 		}
 	}
 }
+
+// TestDoctorNetnsNotVisible: doctor warns of a directory of recorded namespaces
+// the agent cannot see, naming it and the mount that fixes it, and says nothing
+// of one it can.
+func TestDoctorNetnsNotVisible(t *testing.T) {
+	dir := t.TempDir()
+	st, err := boltstore.Open(filepath.Join(dir, "ledger.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	l := ledgertest.Open(t, st, ledger.Options{})
+	s, err := agent.New(agent.Config{Ledger: l, Socket: filepath.Join(dir, "s.sock"), Runtime: &setRuntime{}, Logger: ledgertest.TestLogger(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := t.TempDir()
+	for i, p := range []string{"/run/iplrec-no-such-dir/cni-1", "/run/iplrec-no-such-dir/cni-2", filepath.Join(seen, "cni-3")} {
+		r := addReq(t, fmt.Sprint("c", i))
+		r.NetNS = api.NetNS{Path: p}
+		if resp := s.Handle(context.Background(), r); resp.Error != nil {
+			t.Fatal(resp.Error)
+		}
+	}
+	d := s.Handle(context.Background(), api.Request{Version: api.Version, Op: api.OpDoctor}).Doctor
+	var warns []string
+	for _, c := range d.NetworkChecks {
+		if c.Level == api.CheckWarn {
+			warns = append(warns, c.Text)
+		}
+	}
+	if len(warns) != 1 || !strings.Contains(warns[0], "2 leases") || !strings.Contains(warns[0], "/run/iplrec-no-such-dir") || !strings.Contains(warns[0], "fix: mount") {
+		t.Fatalf("doctor warnings %q, want one for /run/iplrec-no-such-dir's 2 leases with the fix", warns)
+	}
+}
