@@ -109,17 +109,7 @@ func TestRuntimeInfoAnswers(t *testing.T) {
 // the agent cannot see, naming it and the mount that fixes it, and says nothing
 // of one it can.
 func TestDoctorNetnsNotVisible(t *testing.T) {
-	dir := t.TempDir()
-	st, err := boltstore.Open(filepath.Join(dir, "ledger.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { st.Close() })
-	l := ledgertest.Open(t, st, ledger.Options{})
-	s, err := agent.New(agent.Config{Ledger: l, Socket: filepath.Join(dir, "s.sock"), Runtime: &setRuntime{}, Logger: ledgertest.TestLogger(t)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, _ := podServer(t, agent.Config{Runtime: &setRuntime{}})
 	seen := t.TempDir()
 	for i, p := range []string{"/run/iplrec-no-such-dir/cni-1", "/run/iplrec-no-such-dir/cni-2", filepath.Join(seen, "cni-3")} {
 		r := addReq(t, fmt.Sprint("c", i))
