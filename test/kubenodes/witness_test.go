@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+
 	"github.com/ipledger/ipledger/internal/agent"
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/cri"
@@ -50,10 +52,14 @@ const (
 // within grace + one interval of the evidence, its interface removed first. A
 // Job pod whose teardown works is released by its DEL either way. The times
 // are logged. Beside them, the never-alone cases on real parts: a pod deleted
-// and re-created under its name on node0 keeps its new address, and the
-// apiserver stopped for longer than grace + two intervals (every agent's
-// watch cache stale) takes no running pod's address; one sentinel pod runs on
-// every node throughout and keeps its lease. The pods' Events are printed as
+// and re-created under its name on node0 keeps its new address; a running
+// pod removed from etcd behind the apiserver (the API restored from a backup
+// that predates it) is released by the DEL of the kubelet's teardown, not by
+// the reconciler; and the apiserver stopped for longer than grace + two
+// intervals (every agent's watch cache stale) takes no running pod's
+// address. One sentinel pod runs on every node throughout and keeps its
+// lease. (A watch cache missing a pod is tested in internal/reconcile, with
+// the other cases against a fake API.) The pods' Events are printed as
 // `kubectl get events` shows them.
 func TestAPIWitness(t *testing.T) {
 	cl := startNodes(t, 3)
@@ -127,6 +133,26 @@ func TestAPIWitness(t *testing.T) {
 	second := w.waitLeaseOf("same", func(s seenLease) bool { return s.UID != first.UID })
 	if second.UID == first.UID {
 		t.Fatalf("pod same re-created with the same UID %s", first.UID)
+	}
+	// Never alone: the API restored from a backup taken before a running pod
+	// existed (its object removed from etcd behind the apiserver). The kubelet
+	// then stops the pod, whose DEL releases the address; the reconciler,
+	// seeing the pod gone from the API while its sandbox is READY, does not.
+	w.sleeper("restored", "node0")
+	restored := w.waitLease("restored")
+	ec, err := clientv3.New(clientv3.Config{Endpoints: []string{cl.c.EtcdURL}, DialTimeout: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	removed := time.Now()
+	if dr, err := ec.Delete(t.Context(), "/registry/pods/default/restored"); err != nil || dr.Deleted != 1 {
+		t.Fatalf("removing pod restored from etcd: %+v %v", dr, err)
+	}
+	ec.Close()
+	if r := w.waitReleased("restored", 2*time.Minute); r.Reason != "DEL" {
+		t.Errorf("pod restored, gone from the API while running: released by %s (%s), want the DEL of the kubelet's teardown", r.Reason, r.Detail)
+	} else {
+		t.Logf("never alone: pod restored removed from etcd while running: released by its DEL %v later, after the kubelet stopped it (sandbox %.12s)", r.To.Sub(removed).Round(time.Second), restored.ContainerID)
 	}
 	// Never alone: the API down for longer than grace + two intervals.
 	cl.c.StopAPIServer()

@@ -54,8 +54,10 @@ type Cluster struct {
 	Dir        string
 	Bin        string
 	Kubeconfig string
-	NodeName   string
-	NodeIP     string
+	// EtcdURL is the control plane's etcd (client URL, loopback).
+	EtcdURL  string
+	NodeName string
+	NodeIP   string
 	// Containerd is the node's runtime.
 	Containerd *containerdenv.Env
 	// CNIBinDir and CNIConfDir are the node's CNI dirs (what a CNI installer
@@ -322,6 +324,7 @@ func (c *Cluster) startControlPlane() error {
 	if err != nil {
 		return err
 	}
+	c.EtcdURL = etcdURL
 	args := apiserverArgs(p, etcdURL, c.NodeIP, apiPort)
 	if c.egress != "" {
 		// Nodes of their own: the kubernetes Service's Endpoints and
