@@ -34,8 +34,15 @@ type Pods struct {
 // podFact is what Pods keeps of one pod.
 type podFact struct {
 	namespace, name, uid string
-	phase                corev1.PodPhase
+	// static is, for a mirror pod, the UID of the static pod it mirrors (its
+	// kubernetes.io/config.mirror annotation): the kubelet runs the static pod,
+	// and the runtime and CNI_ARGS know it by that UID, not the mirror's.
+	static string
+	phase  corev1.PodPhase
 }
+
+// mirrorAnnotation names, on a mirror pod, the UID of the static pod it mirrors.
+const mirrorAnnotation = "kubernetes.io/config.mirror"
 
 // NewPods returns the informer of the pods bound to the node named node, through
 // cfg. Run starts it.
@@ -98,8 +105,9 @@ func (p *Pods) WaitSynced(ctx context.Context) bool {
 // Pod reports what the API says of a pod of this node: known is false before the
 // first list (nothing can be told); then inAPI says whether the pod exists and
 // phase is its status.phase (Pending, Running, Succeeded, Failed; "" when it
-// exists without one yet). A non-empty uid is matched by UID only: a pod deleted
-// and created again under the same name is another pod. Without one, the pod is
+// exists without one yet). A non-empty uid is matched by UID only (a static pod's
+// UID finds its mirror pod): a pod deleted and created again under the same name
+// is another pod. Without one, the pod is
 // matched by namespace and name. It never calls the API server.
 func (p *Pods) Pod(namespace, name, uid string) (phase string, inAPI, known bool) {
 	p.mu.Lock()
@@ -122,13 +130,19 @@ func (p *Pods) put(obj any) {
 	if !ok {
 		return
 	}
-	f := podFact{namespace: pod.Namespace, name: pod.Name, uid: string(pod.UID), phase: pod.Status.Phase}
+	f := podFact{namespace: pod.Namespace, name: pod.Name, uid: string(pod.UID), static: pod.Annotations[mirrorAnnotation], phase: pod.Status.Phase}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if old, had := p.byName[f.namespace+"/"+f.name]; had && old.uid != f.uid {
 		delete(p.byUID, old.uid)
+		if old.static != "" {
+			delete(p.byUID, old.static)
+		}
 	}
 	p.byUID[f.uid] = f
+	if f.static != "" {
+		p.byUID[f.static] = f
+	}
 	p.byName[f.namespace+"/"+f.name] = f
 }
 
@@ -143,20 +157,30 @@ func (p *Pods) remove(obj any) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	delete(p.byUID, string(pod.UID))
+	if static := pod.Annotations[mirrorAnnotation]; static != "" {
+		if cur, ok := p.byUID[static]; ok && cur.uid == string(pod.UID) {
+			delete(p.byUID, static)
+		}
+	}
 	if cur, ok := p.byName[pod.Namespace+"/"+pod.Name]; ok && cur.uid == string(pod.UID) {
 		delete(p.byName, pod.Namespace+"/"+pod.Name)
 	}
 }
 
 // trimPod keeps what Pods reads (and what the informer needs: namespace, name,
-// resourceVersion): a pod's spec and container statuses are kilobytes each.
+// resourceVersion), and a mirror pod's annotation naming its static pod: a pod's
+// spec and container statuses are kilobytes each.
 func trimPod(obj any) (any, error) {
 	pod, ok := obj.(*corev1.Pod)
 	if !ok {
 		return obj, nil
 	}
+	var ann map[string]string
+	if static, ok := pod.Annotations[mirrorAnnotation]; ok {
+		ann = map[string]string{mirrorAnnotation: static}
+	}
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID, ResourceVersion: pod.ResourceVersion},
+		ObjectMeta: metav1.ObjectMeta{Namespace: pod.Namespace, Name: pod.Name, UID: pod.UID, ResourceVersion: pod.ResourceVersion, Annotations: ann},
 		Spec:       corev1.PodSpec{NodeName: pod.Spec.NodeName},
 		Status:     corev1.PodStatus{Phase: pod.Status.Phase},
 	}, nil

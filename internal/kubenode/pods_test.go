@@ -118,4 +118,20 @@ func TestPods(t *testing.T) {
 	}
 	check("node-a's pod deleted", "default", "pod-a", string(a.UID), "", false)
 	check("node-a's pod deleted, by name", "default", "pod-a", "", "", false)
+
+	// A static pod: the kubelet (and the runtime, and CNI_ARGS) know it by its own
+	// UID; the API shows a mirror pod under another UID, annotated with it.
+	m, err := c.Pods("kube-system").Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "static-node-a", Annotations: map[string]string{"kubernetes.io/config.mirror": "static-uid-1"}},
+		Spec:       corev1.PodSpec{NodeName: "node-a", Containers: []corev1.Container{{Name: "c", Image: "registry.invalid/none"}}},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	check("a static pod, by its own UID", "kube-system", "static-node-a", "static-uid-1", "Pending", true)
+	check("a static pod, by its mirror's UID", "kube-system", "static-node-a", string(m.UID), "Pending", true)
+	if err := c.Pods("kube-system").Delete(ctx, "static-node-a", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	check("a static pod's mirror deleted", "kube-system", "static-node-a", "static-uid-1", "", false)
 }
