@@ -60,7 +60,7 @@ commands:
                                                    agent asks the runtime first and refuses a
                                                    sandbox that is READY (or that it cannot ask)
   pools    [-o table|json|yaml]                    pool usage
-  doctor   [--netns PATH]                          what is wrong on this node: one line per check,
+  doctor   [--netns PATH] [-o table|json|yaml]     what is wrong on this node: one line per check,
                                                    OK/WARN/FAIL with the fix; exit 0, 1 (WARN), 2 (FAIL)
   blocks   [-o table|json|yaml] [--network NAME]  cluster mode: the datastore's address blocks,
                                                    owner, epoch, and this node's used/free

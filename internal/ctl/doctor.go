@@ -23,8 +23,15 @@ const (
 
 // CheckLine is one line of doctor's output.
 type CheckLine struct {
-	Level string
-	Text  string
+	Level string `json:"level"`
+	Text  string `json:"text"`
+}
+
+// DoctorOutput is `doctor -o json|yaml`: the worst level (the exit status's) and
+// every check in the order the table prints them.
+type DoctorOutput struct {
+	Level  string      `json:"level"`
+	Checks []CheckLine `json:"checks"`
 }
 
 // HostNetns is the namespace doctor checks the loopback of by default: the one of
@@ -58,19 +65,25 @@ func LoopbackUp(path string) (bool, error) {
 func doctor(env *Env, socket string, args []string) int {
 	fs := flag.NewFlagSet("doctor", flag.ContinueOnError)
 	nsPath := fs.String("netns", HostNetns, "network namespace whose loopback must be UP (the host's)")
-	if !parseFlags(env, fs, args, nil) {
+	out := outputFlag(fs)
+	if !parseFlags(env, fs, args, out) {
 		return ExitError
 	}
 	lines := Diagnose(env, socket, *nsPath)
-	worst := ExitOK
+	worst, level := ExitOK, LevelOK
+	for _, l := range lines {
+		switch {
+		case l.Level == LevelWarn && worst < 1:
+			worst, level = 1, LevelWarn
+		case l.Level == LevelFail:
+			worst, level = 2, LevelFail
+		}
+	}
+	if printStructured(env, *out, DoctorOutput{Level: level, Checks: lines}) {
+		return worst
+	}
 	for _, l := range lines {
 		fmt.Fprintf(env.Stdout, "%-4s %s\n", l.Level, l.Text)
-		switch l.Level {
-		case LevelWarn:
-			worst = max(worst, 1)
-		case LevelFail:
-			worst = max(worst, 2)
-		}
 	}
 	return worst
 }

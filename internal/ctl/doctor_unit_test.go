@@ -3,6 +3,8 @@ package ctl_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -52,5 +54,37 @@ func TestDoctorVerdicts(t *testing.T) {
 				t.Fatalf("exit %d, want %d; want a line %q:\n%s", code, tc.want, tc.line, out.String())
 			}
 		})
+	}
+}
+
+// TestDoctorJSON: `doctor -o json` prints the same checks as the table, and the worst
+// level, with the table's exit status.
+func TestDoctorJSON(t *testing.T) {
+	d := &api.Diagnosis{Runtime: "ok", RuntimeVersion: "containerd 1.6.20", BooksBalanced: true, SpoolBacklog: 2}
+	var out, errOut bytes.Buffer
+	env := &ctl.Env{Stdout: &out, Stderr: &errOut,
+		Call: func(context.Context, string, api.Request) (*api.Response, error) {
+			return &api.Response{Doctor: d}, nil
+		},
+		Loopback: func(string) (bool, error) { return true, nil }}
+	code := ctl.Main(env, []string{"doctor", "-o", "json"})
+	var got ctl.DoctorOutput
+	if err := json.Unmarshal(out.Bytes(), &got); err != nil {
+		t.Fatalf("%v:\n%s", err, out.String())
+	}
+	if code != 1 || got.Level != ctl.LevelWarn {
+		t.Fatalf("exit %d level %q, want 1 and WARN:\n%s", code, got.Level, out.String())
+	}
+	var table bytes.Buffer
+	env.Stdout = &table
+	ctl.Main(env, []string{"doctor"})
+	lines := strings.Split(strings.TrimSpace(table.String()), "\n")
+	if len(lines) != len(got.Checks) {
+		t.Fatalf("%d checks in json, %d lines in the table:\n%s", len(got.Checks), len(lines), table.String())
+	}
+	for i, c := range got.Checks {
+		if want := fmt.Sprintf("%-4s %s", c.Level, c.Text); lines[i] != want {
+			t.Errorf("line %d: %q, json %q", i, lines[i], want)
+		}
 	}
 }
