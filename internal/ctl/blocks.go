@@ -49,19 +49,28 @@ func blocks(env *Env, socket string, args []string) int {
 	if printStructured(env, *out, bs) {
 		return ExitOK
 	}
+	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, BlockHeader)
+	for _, b := range bs {
+		fmt.Fprintln(tw, BlockRow(b))
+	}
+	tw.Flush()
+	return ExitOK
+}
+
+// BlockHeader is the blocks table's header, its columns separated by tabs.
+const BlockHeader = "NETWORK\tBLOCK\tOWNER\tEPOCH\tSTATE\tUSED\tFREE"
+
+// BlockRow is b's row of the blocks table (columns separated by tabs, as
+// BlockHeader's).
+func BlockRow(b api.BlockView) string {
 	count := func(p *int) string {
 		if p == nil {
 			return "-"
 		}
 		return strconv.Itoa(*p)
 	}
-	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NETWORK\tBLOCK\tOWNER\tEPOCH\tSTATE\tUSED\tFREE")
-	for _, b := range bs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", b.Network, b.Block, orDash(b.Owner), b.Epoch, b.State, count(b.Used), count(b.Free))
-	}
-	tw.Flush()
-	return ExitOK
+	return fmt.Sprintf("%s\t%s\t%s\t%d\t%s\t%s\t%s", b.Network, b.Block, orDash(b.Owner), b.Epoch, b.State, count(b.Used), count(b.Free))
 }
 
 // sockets is a repeatable --socket flag that also takes comma-separated lists.

@@ -37,23 +37,32 @@ func leases(env *Env, socket string, args []string) int {
 	}
 	now := env.now()
 	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NETWORK\tCONTAINER\tIFNAME\tIPS\tPOD\tPHASE\tAGE\tSANDBOX\tVERDICT")
+	fmt.Fprintln(tw, LeaseHeader)
 	for _, l := range ls {
-		v := l.Verdict
-		if v == "" {
-			v = "-"
-		}
-		if l.Suspect != "" {
-			v += " (" + l.Suspect + ")"
-		}
-		if l.Lost {
-			// cluster mode: another node owns the address's block now
-			v += " (block " + l.Block + " lost)"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", l.Network, short(l.ContainerID), l.IfName, strings.Join(l.IPs, ","), podName(l), podPhase(l), Age(now.Sub(l.Created)), orDash(l.Sandbox), v)
+		fmt.Fprintln(tw, LeaseRow(l, now))
 	}
 	tw.Flush()
 	return ExitOK
+}
+
+// LeaseHeader is the leases table's header, its columns separated by tabs.
+const LeaseHeader = "NETWORK\tCONTAINER\tIFNAME\tIPS\tPOD\tPHASE\tAGE\tSANDBOX\tVERDICT"
+
+// LeaseRow is l's row of the leases table (columns separated by tabs, as
+// LeaseHeader's), its age at now.
+func LeaseRow(l api.LeaseView, now time.Time) string {
+	v := l.Verdict
+	if v == "" {
+		v = "-"
+	}
+	if l.Suspect != "" {
+		v += " (" + l.Suspect + ")"
+	}
+	if l.Lost {
+		// cluster mode: another node owns the address's block now
+		v += " (block " + l.Block + " lost)"
+	}
+	return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", l.Network, short(l.ContainerID), l.IfName, strings.Join(l.IPs, ","), podName(l), podPhase(l), Age(now.Sub(l.Created)), orDash(l.Sandbox), v)
 }
 
 func fetchLeases(env *Env, socket, network string) ([]api.LeaseView, error) {
