@@ -3,7 +3,8 @@
 export PATH := $(PATH):/usr/local/go/bin
 GO      ?= go
 BIN     := bin
-BINS    := ipledger ipledger-veth ipledgerd ipledgerctl portmap
+BINS    := ipledger ipledger-veth ipledgerd ipledgerctl kubectl-ipledger portmap
+# kubectl-ipledger: the kubectl plugin (a client tool; the image does not carry it).
 # portmap: the standard CNI port-mapping plugin (hostPort), built from the source of
 # go.mod's containernetworking/plugins (a tool of the module) and shipped beside ours.
 PORTMAP := github.com/containernetworking/plugins/plugins/meta/portmap
