@@ -83,7 +83,7 @@ func (f *fakeCluster) Exec(_ context.Context, namespace, pod, container string, 
 	f.execs = append(f.execs, fmt.Sprintf("%s/%s/%s: %s", namespace, pod, container, strings.Join(cmd, " ")))
 	f.mu.Unlock()
 	if f.forbid[pod] {
-		return nil, nil, 0, fmt.Errorf("%w: unable to upgrade connection: pods %q is forbidden: User \"viewer\" cannot create resource \"pods/exec\" in API group \"\" in the namespace %q", fleet.ErrForbidden, pod, namespace)
+		return nil, nil, 0, fmt.Errorf("%w (unable to upgrade connection: pods %q is forbidden: User \"viewer\" cannot create resource \"pods/exec\" in API group \"\" in the namespace %q)", fleet.ErrForbidden, pod, namespace)
 	}
 	a, ok := f.agents[pod]
 	if !ok || container != fleet.DefaultContainer {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -105,12 +104,18 @@ func (p *podExec) Exec(ctx context.Context, namespace, pod, container string, cm
 	return stdout.Bytes(), stderr.Bytes(), 0, apiErr(err)
 }
 
-// apiErr wraps an error the API's authorization gave with ErrForbidden. An exec's
+// apiErr marks an error the API's authorization gave as ErrForbidden. An exec's
 // refusal arrives as the failed upgrade's message (SPDY does not keep the API's
 // status), so its text is read too.
 func apiErr(err error) error {
 	if apierrors.IsForbidden(err) || strings.Contains(err.Error(), " is forbidden: ") {
-		return fmt.Errorf("%w: %w", ErrForbidden, err)
+		return forbidden{err}
 	}
 	return err
 }
+
+// forbidden is an error that is ErrForbidden, with the API's message alone.
+type forbidden struct{ err error }
+
+func (f forbidden) Error() string   { return f.err.Error() }
+func (f forbidden) Unwrap() []error { return []error{ErrForbidden, f.err} }
