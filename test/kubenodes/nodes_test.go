@@ -347,10 +347,12 @@ func httpGet(c net.Conn) (string, error) {
 //     another node;
 //   - every node reaches every pod;
 //   - kubectl logs and exec reach every node's kubelet;
-//   - ClusterIP Services through kube-proxy (checkServices).
+//   - ClusterIP Services through kube-proxy (checkServices);
+//   - kubectl ipledger over the three nodes (checkPlugin, issue 27).
 func TestThreeNodes(t *testing.T) {
 	cl := start(t, 3)
 	cl.checkNetwork()
+	cl.checkPlugin()
 	cl.checkServices()
 }
 
@@ -503,11 +505,12 @@ type ipBlocks struct {
 // cluster-wide pool, each node routes every block another node owns (as the
 // IPBlocks on the API say) via that node's address and makes its own
 // unreachable (never out of the default route),
-// TestThreeNodes' checks and checkServices pass, and the cluster audit balances (no address
-// held on two nodes).
+// TestThreeNodes' checks, checkPlugin (with kubectl ipledger blocks) and
+// checkServices pass, and the cluster audit balances (no address held on two nodes).
 func TestThreeNodesClusterMode(t *testing.T) {
 	cl := startMode(t, 3, true)
 	cl.checkNetwork()
+	cl.checkPlugin()
 	cl.checkServices()
 	var blocks ipBlocks
 	if err := cl.c.GetJSON(&blocks, "ipblocks"); err != nil {
