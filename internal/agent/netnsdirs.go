@@ -11,9 +11,11 @@ import (
 
 // netnsChecks warns, when the runtime reconciles (the reconciler reads each
 // lease's namespace recorded at ADD), of every directory holding recorded
-// namespaces that this process cannot see: the reconciler can judge none of
-// those leases (it keeps them, invariant 4), so a pod gone with a lease there
-// is never released. It stats each directory once.
+// namespaces that this process cannot see. Either the runtime removed it with its
+// state (a reboot; it comes back with the next pod), or it is not mounted into the
+// agent's container, and then the reconciler misjudges those namespaces: gone when
+// the directory's parent is visible, unknowable (NotReady sandboxes' leases kept)
+// when not. It stats each directory once.
 func (s *Server) netnsChecks() []api.Check {
 	if s.cfg.Runtime == nil {
 		return nil
@@ -35,7 +37,7 @@ func (s *Server) netnsChecks() []api.Check {
 			continue
 		}
 		out = append(out, api.Check{Level: api.CheckWarn, Text: fmt.Sprintf(
-			"%d leases record their pod's network namespace in %s, which this agent cannot see: the reconciler cannot tell whether those namespaces still hold their addresses, so it keeps those leases however long their sandboxes are gone; fix: mount the runtime's netns directory into the agent's container at %s (hostPath, mountPropagation HostToContainer), as deploy/ipledger.yaml mounts /run/netns",
+			"%d leases record their pod's network namespace in %s, which this agent cannot see: unless the runtime removed it with its state (after a reboot; it comes back with the next pod), the reconciler cannot judge whether those namespaces still hold their addresses; fix: mount the runtime's netns directory into the agent's container at %s (hostPath, mountPropagation HostToContainer), as deploy/ipledger.yaml mounts /run/netns",
 			leases[d], d, d)})
 	}
 	return out

@@ -32,17 +32,22 @@ var _ Netns = NSFS{}
 // PID 1's.
 var hostNS = []string{"/proc/self/ns/net", "/proc/thread-self/ns/net", "/proc/1/ns/net"}
 
-// absent judges a recorded namespace path that does not resolve. The namespace is
-// gone only when its directory is there without it: a directory this process
-// cannot see (the runtime's netns directory not mounted into the agent's
-// container, or reached through a symbolic link such as /var/run that the
-// container lacks) says nothing about the namespace, so it is NSUnknown.
+// absent judges a recorded namespace path that does not resolve. When its
+// directory is there without it, or its directory is gone from a parent that is
+// there (the runtime's state removed with its namespaces, as a reboot empties
+// /run), the namespace is gone. When not even the parent is visible (the
+// runtime's directory not mounted into the agent's container, or reached through
+// a symbolic link such as /var/run that the container lacks), nothing can be told
+// of the namespace: NSNotVisible, judged as a namespace not recorded.
 func absent(path string) (*os.File, NSState, string) {
 	dir := filepath.Dir(path)
-	if fi, err := os.Stat(dir); err != nil || !fi.IsDir() {
-		return nil, NSUnknown, fmt.Sprintf("%s: its directory %s is not visible to the agent (%v); mount the runtime's netns directory there", path, dir, err)
+	if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
+		return nil, NSGone, path + " does not exist"
 	}
-	return nil, NSGone, path + " does not exist"
+	if fi, err := os.Stat(filepath.Dir(dir)); err == nil && fi.IsDir() {
+		return nil, NSGone, path + " does not exist, nor its directory " + dir
+	}
+	return nil, NSNotVisible, fmt.Sprintf("%s: its directory is not visible to the agent, nor that directory's parent; if the runtime keeps its namespaces there, mount that directory into the agent", path)
 }
 
 // open opens the namespace recorded in ns with every identity check, or says why not.

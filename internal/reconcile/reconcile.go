@@ -25,8 +25,9 @@
 //     "stranded" (e.g. a chained plugin failed ADD and DEL, and the interface stays
 //     configured in the NOTREADY sandbox). A stranded lease is reported and kept,
 //     so the address is never handed to another pod while it is configured there;
-//   - no namespace was recorded: GONE is abandoned (the runtime's NotFound is the
-//     evidence), NOTREADY is only suspected (nothing can verify it);
+//   - no namespace was recorded, or its directory is not visible to the agent:
+//     GONE is abandoned (the runtime's NotFound is the evidence), NOTREADY is
+//     only suspected (nothing can verify it);
 //   - the namespace cannot be inspected: no evidence;
 //   - a path whose identity was not recorded at ADD is judged by what is at it
 //     now (see [NSFS]), so such a lease is not kept UNKNOWN forever.
@@ -94,7 +95,8 @@
 // It decides two cases the runtime cannot:
 //
 //   - a NOTREADY sandbox whose namespace was not recorded at ADD (otherwise kept
-//     as unverifiable) is abandoned when its pod is finished;
+//     as unverifiable) is abandoned when its pod is finished (not one whose
+//     namespace is merely invisible here: that one may still hold the address);
 //   - a stranded lease (its address still configured in a NOTREADY sandbox's
 //     namespace) whose pod is finished has that one interface removed
 //     inside the namespace recorded at ADD, after the identity checks below, and
@@ -169,6 +171,11 @@ const (
 	NSAddrAbsent
 	// NSAddrPresent: the recorded namespace still holds one of the addresses.
 	NSAddrPresent
+	// NSNotVisible: the directory of the recorded path is not visible here (not
+	// mounted into the agent's container, or removed with the runtime's state):
+	// nothing can be told of the namespace, as when none was recorded, except
+	// that it may still hold the address.
+	NSNotVisible
 )
 
 func (s NSState) String() string {
@@ -181,6 +188,8 @@ func (s NSState) String() string {
 		return "address absent from netns"
 	case NSAddrPresent:
 		return "address configured in netns"
+	case NSNotVisible:
+		return "netns directory not visible"
 	default:
 		return "netns unknown"
 	}

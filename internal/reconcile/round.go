@@ -378,18 +378,19 @@ func (r *Reconciler) firstOf(k ledger.Key) time.Duration {
 }
 
 // judgeWith classifies one observation with the API's evidence that the pod is
-// finished (api, "" for none): judge's class, except that a finished pod makes an
-// unverifiable NOTREADY lease abandoned and a stranded lease reclaimable; byAPI
+// finished (api, "" for none): judge's class, except that a finished pod makes a
+// NOTREADY lease whose namespace was not recorded abandoned and a stranded lease
+// reclaimable; byAPI
 // reports that the class rests on api.
 func judgeWith(sandbox string, ns NSState, api string) (Class, ledger.Reason, string, bool) {
 	cls, reason, detail := judge(sandbox, ns)
 	if api == "" {
 		return cls, reason, detail, false
 	}
-	switch cls {
-	case ClassDoubt:
+	switch {
+	case cls == ClassDoubt && ns == NSNotRecorded:
 		return ClassAbandoned, ledger.ReasonReconcileNotReady, "sandbox NOTREADY, " + ns.String(), true
-	case ClassStranded:
+	case cls == ClassStranded:
 		// only a NOTREADY sandbox's: for a gone one, nothing vouches that the
 		// namespace at the recorded path is still that sandbox's
 		return cls, reason, detail, sandbox == SandboxNotReady
@@ -402,7 +403,7 @@ func judge(sandbox string, ns NSState) (Class, ledger.Reason, string) {
 	switch sandbox {
 	case SandboxGone:
 		switch ns {
-		case NSGone, NSAddrAbsent, NSNotRecorded:
+		case NSGone, NSAddrAbsent, NSNotRecorded, NSNotVisible:
 			return ClassAbandoned, ledger.ReasonReconcileGone, "sandbox gone from the runtime, " + ns.String()
 		case NSAddrPresent:
 			return ClassStranded, "", "sandbox gone from the runtime but " + ns.String()
@@ -413,7 +414,7 @@ func judge(sandbox string, ns NSState) (Class, ledger.Reason, string) {
 			return ClassAbandoned, ledger.ReasonReconcileNotReady, "sandbox NOTREADY, " + ns.String()
 		case NSAddrPresent:
 			return ClassStranded, "", "sandbox NOTREADY and " + ns.String()
-		case NSNotRecorded:
+		case NSNotRecorded, NSNotVisible:
 			return ClassDoubt, "", "sandbox NOTREADY, " + ns.String() + ": cannot verify, kept"
 		}
 	}

@@ -229,3 +229,30 @@ func TestWitnessEvidenceMustHold(t *testing.T) {
 	api.synced = true
 	f.untilReleased("a", 20)
 }
+
+// TestNetnsNotVisible: a lease whose namespace directory the agent cannot see is
+// judged as one whose namespace was not recorded, except that the API cannot make
+// a NOTREADY one go: its namespace may still hold the address. A GONE sandbox's
+// lease is released on the runtime's NotFound (a runtime's state wiped with its
+// netns directory); a NOTREADY one is kept, its pod finished or not.
+func TestNetnsNotVisible(t *testing.T) {
+	api := newFakeAPI()
+	f := newFixture(t, withAPI(api))
+	gone := f.add("gone", "u1")
+	f.add("nr", "u2")
+	api.set("u2", "Succeeded")
+	f.clk.Advance(time.Hour)
+	f.rt.set("nr", cri.StateNotReady)
+	f.ns.set("/ns/gone", NSNotVisible)
+	f.ns.set("/ns/nr", NSNotVisible)
+	f.untilReleased("gone", 10)
+	if r := lastReason(t, f.l, gone); r != ledger.ReasonReconcileGone {
+		t.Fatalf("reason %s", r)
+	}
+	if f.rounds(30); !f.held("nr") || len(f.ns.reclaimed) != 0 {
+		t.Fatal("a NOTREADY sandbox's lease with its namespace out of sight released on the API's word")
+	}
+	if s := f.r.Summary(); s.Suspect != 1 || s.Leaked != 0 {
+		t.Fatalf("summary %+v, want one suspect, none leaked", s)
+	}
+}
