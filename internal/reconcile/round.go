@@ -254,22 +254,20 @@ func (r *Reconciler) judgeLocked(obs []observation, listed map[string]cri.Sandbo
 			continue
 		case s.class == ClassAbandoned:
 			d.what = fmt.Sprintf("suspect: within grace (%s of %s)", held.Round(time.Millisecond), r.o.Grace)
-		case s.class == ClassStranded && s.byAPI && o.ls.NetNS.Ino == 0:
-			d.what = "keep: stranded; its pod is finished but the namespace's identity was not recorded at ADD, so its interface is not removed"
-		case s.class == ClassStranded && s.byAPI && held >= r.o.Grace:
-			d.what = "reclaim stranded interface of a finished pod, then release"
-			acts = append(acts, act{decision: d, reason: ledger.ReasonReconcileNotReady, reclaim: true})
-			continue
-		case s.class == ClassStranded && s.byAPI:
-			d.what = fmt.Sprintf("suspect: stranded, its pod finished; within grace (%s of %s)", held.Round(time.Millisecond), r.o.Grace)
-		case s.class == ClassStranded && r.o.ReclaimStranded && o.sandbox == SandboxNotReady && o.ls.NetNS.Ino == 0:
-			d.what = "keep: stranded; not reclaimable, the namespace's identity was not recorded at ADD"
-		case s.class == ClassStranded && r.o.ReclaimStranded && o.sandbox == SandboxNotReady && held >= r.o.StrandedGrace:
-			d.what = "reclaim stranded interface, then release"
-			acts = append(acts, act{decision: d, reason: ledger.ReasonReconcileNotReady, reclaim: true})
-			continue
 		case s.class == ClassStranded:
-			d.what = "keep: stranded, the address is still configured"
+			after, why, may := r.reclaimAfter(s, o.sandbox)
+			switch {
+			case !may:
+				d.what = "keep: stranded, the address is still configured"
+			case o.ls.NetNS.Ino == 0:
+				d.what = "keep: stranded; not reclaimable (" + why + "), the namespace's identity was not recorded at ADD"
+			case held >= after:
+				d.what = "reclaim stranded interface (" + why + "), then release"
+				acts = append(acts, act{decision: d, reason: ledger.ReasonReconcileNotReady, reclaim: true})
+				continue
+			default:
+				d.what = fmt.Sprintf("keep: stranded; reclaimable (%s) once held %s (%s so far)", why, after, held.Round(time.Millisecond))
+			}
 		}
 		decisions = append(decisions, d)
 	}
@@ -377,11 +375,24 @@ func (r *Reconciler) firstOf(k ledger.Key) time.Duration {
 	return r.o.Clock.Mono()
 }
 
+// reclaimAfter says whether a stranded lease's interface may be removed, why, and
+// after how long the suspicion must have held: its pod is finished (the API's
+// evidence, set only for a NOTREADY sandbox) after Grace, or --reclaim-stranded for
+// a NOTREADY sandbox after StrandedGrace.
+func (r *Reconciler) reclaimAfter(s *suspicion, sandbox string) (time.Duration, string, bool) {
+	switch {
+	case s.byAPI:
+		return r.o.Grace, "its pod is finished", true
+	case r.o.ReclaimStranded && sandbox == SandboxNotReady:
+		return r.o.StrandedGrace, "--reclaim-stranded", true
+	}
+	return 0, "", false
+}
+
 // judgeWith classifies one observation with the API's evidence that the pod is
 // finished (api, "" for none): judge's class, except that a finished pod makes a
 // NOTREADY lease whose namespace was not recorded abandoned and a stranded lease
-// reclaimable; byAPI
-// reports that the class rests on api.
+// reclaimable; byAPI reports that the class rests on api.
 func judgeWith(sandbox string, ns NSState, api string) (Class, ledger.Reason, string, bool) {
 	cls, reason, detail := judge(sandbox, ns)
 	if api == "" {
