@@ -53,7 +53,7 @@ func audit(env *Env, socket string, args []string) int {
 		}
 		fmt.Fprintf(env.Stdout, "%s: live %d, suspect %d, stranded %d, leaked %d, double-assigned %d (runtime: %s)\n", verdict, a.Live, a.Suspect, a.Stranded, a.Leaked, a.DoubleAssigned, a.Runtime)
 		for _, p := range a.Pools {
-			fmt.Fprintf(env.Stdout, "  pool %s: %d allocations = %d releases + %d live; %d free\n", p.Network, p.Allocations, p.Releases, p.Live, p.Free)
+			fmt.Fprintf(env.Stdout, "  %s\n", PoolBooks(p))
 		}
 		for _, e := range ex {
 			fmt.Fprintf(env.Stdout, "  %s\n", e.Text)
@@ -176,4 +176,10 @@ func Explain(a *api.Audit, leases []api.LeaseView, now time.Time) []Explanation 
 		ex = append(ex, Explanation{Kind: "books", Text: "books: " + p})
 	}
 	return ex
+}
+
+// PoolBooks is one pool's line of an audit: its allocations against releases and
+// live leases, and its free addresses.
+func PoolBooks(p api.PoolAudit) string {
+	return fmt.Sprintf("pool %s: %d allocations = %d releases + %d live; %d free", p.Network, p.Allocations, p.Releases, p.Live, p.Free)
 }

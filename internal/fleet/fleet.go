@@ -20,17 +20,20 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/yaml"
+
+	"github.com/ipledger/ipledger/internal/ctl"
 )
 
 // Exit statuses. When several apply, the highest is the exit status.
+// The first three are ipledgerctl's, which each node's answer comes with.
 const (
-	ExitOK = 0
+	ExitOK = ctl.ExitOK
 	// ExitUnbalanced: a node's books do not balance (audit); doctor: the worst
 	// check of any node is WARN.
-	ExitUnbalanced = 1
+	ExitUnbalanced = ctl.ExitUnbalanced
 	// ExitError: usage, the kubeconfig, or the agent pods could not be listed;
 	// doctor: a check of some node FAILed (ipledgerctl doctor's statuses).
-	ExitError = 2
+	ExitError = ctl.ExitError
 	// ExitUnreachable: a node's agent could not be asked (no agent pod, exec
 	// refused or failed, ipledgerctl gave no answer); stderr names the node and why.
 	ExitUnreachable = 3
@@ -388,13 +391,13 @@ func ask(ctx context.Context, ex Exec, o Options, cmd []string, r *NodeResult) {
 	status := ""
 	switch {
 	case len(out) == 0 || !json.Valid(out):
-	case exit == 0:
+	case exit == ctl.ExitOK:
 		status = StatusOK
-	case exit == 1 && o.Command == "audit":
+	case exit == ctl.ExitUnbalanced && o.Command == "audit":
 		status = StatusUnbalanced
-	case exit == 1 && o.Command == "doctor":
+	case exit == ctl.ExitUnbalanced && o.Command == "doctor":
 		status = StatusWarn
-	case exit == 2 && o.Command == "doctor":
+	case exit == ctl.ExitError && o.Command == "doctor":
 		status = StatusFail
 	}
 	if status == "" {

@@ -74,7 +74,7 @@ func auditTable(w io.Writer, results []NodeResult) error {
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%d\t%d\t%s\n", r.Node, books, a.Live, a.Suspect, a.Stranded, a.Leaked, a.DoubleAssigned, a.Runtime)
 		for _, p := range a.Pools {
-			notes = append(notes, fmt.Sprintf("%s: pool %s: %d allocations = %d releases + %d live; %d free", r.Node, p.Network, p.Allocations, p.Releases, p.Live, p.Free))
+			notes = append(notes, r.Node+": "+ctl.PoolBooks(p))
 		}
 		for _, e := range a.Explanations {
 			notes = append(notes, r.Node+": "+e.Text)
