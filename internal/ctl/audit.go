@@ -118,7 +118,11 @@ func Explain(a *api.Audit, leases []api.LeaseView, now time.Time) []Explanation 
 			}
 			text = fmt.Sprintf("stranded: %s's sandbox %s is %s (lease %s old) and its namespace still holds %s — a chained plugin's teardown probably failed and the runtime swallowed the error; kept so the address is never given to a second pod. Fix: delete the pod (or its sandbox), or run ipledgerd with --reclaim-stranded", who, sb, state, age, addr)
 		default:
-			text = fmt.Sprintf("suspect: %s's sandbox %s is %s and no network namespace was recorded at ADD, so nothing can verify whether %s is still configured; kept. Fix: delete the pod if it is not running", who, sb, strings.ToLower(orDash(l.Sandbox)), addr)
+			why, fix := "no network namespace was recorded at ADD", "delete the pod if it is not running"
+			if strings.Contains(l.Suspect, "netns directory not visible") {
+				why, fix = "the agent cannot see the directory of its network namespace", "mount the runtime's netns directory into the agent (ipledgerctl doctor names it)"
+			}
+			text = fmt.Sprintf("suspect: %s's sandbox %s is %s and %s, so nothing can verify whether %s is still configured; kept. Fix: %s", who, sb, strings.ToLower(orDash(l.Sandbox)), why, addr, fix)
 		}
 		if l.Suspect != "" {
 			text += " [evidence: " + l.Suspect + "]"
