@@ -5,13 +5,12 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"time"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
-
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/nsenter"
 )
 
 // Check levels, worst last; the exit status of doctor is the worst level's.
@@ -45,12 +44,12 @@ const NotReadyAge = time.Hour
 // LoopbackUp reports whether "lo" is UP in the network namespace at path. It only
 // reads (a netlink handle bound to that namespace; the calling thread never enters it).
 func LoopbackUp(path string) (bool, error) {
-	h, err := netns.GetFromPath(path)
+	f, err := os.Open(path)
 	if err != nil {
 		return false, fmt.Errorf("network namespace %s: %w", path, err)
 	}
-	defer h.Close()
-	nl, err := netlink.NewHandleAt(h)
+	defer f.Close()
+	nl, err := nsenter.Handle(int(f.Fd()))
 	if err != nil {
 		return false, fmt.Errorf("netlink in %s: %w", path, err)
 	}

@@ -2,14 +2,13 @@ package netconf_test
 
 import (
 	"net/netip"
+	"os"
 	"slices"
 	"strings"
 	"testing"
 
-	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
-
 	"github.com/ipledger/ipledger/internal/netconf"
+	"github.com/ipledger/ipledger/internal/nsenter"
 	"github.com/ipledger/ipledger/internal/testenv/netenv"
 	"github.com/ipledger/ipledger/internal/testenv/netnodes"
 )
@@ -29,12 +28,12 @@ func TestDefaultNodeIPs(t *testing.T) {
 	}
 
 	empty := netenv.Namespace(t, "iplnc")
-	ns, err := netns.GetFromPath(empty.Path)
+	ns, err := os.Open(empty.Path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns)
+	h, err := nsenter.Handle(int(ns.Fd()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,14 +7,13 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/nsenter"
 )
 
 // NSFS is the Netns of the running system: it reads the namespace files recorded
@@ -113,11 +112,10 @@ func open(ns ledger.NetNS, read bool) (*os.File, NSState, string) {
 	return f, NSAddrAbsent, ""
 }
 
-// handle opens a netlink handle inside the namespace f.
+// handle opens a netlink handle inside the namespace f (see nsenter: a thread
+// that cannot come back from f is retired, never reused by the agent).
 func handle(f *os.File) (*netlink.Handle, error) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	return netlink.NewHandleAt(netns.NsHandle(int(f.Fd())))
+	return nsenter.Handle(int(f.Fd()))
 }
 
 // find returns the link carrying one of ips and the address, if any.

@@ -9,8 +9,9 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/ipledger/ipledger/internal/nsenter"
 )
 
 // Link-local gateways the pod routes through. The host-side veth answers for
@@ -148,13 +149,14 @@ func createVeth(h *netlinksafe.Handle, hostName, alias string, mtu int, ifName s
 }
 
 // podHandle opens a netlink handle inside the pod namespace; no thread of the
-// plugin changes namespace for longer than the socket creation.
+// plugin changes namespace for longer than the socket creation, and one that
+// cannot come back is retired (nsenter), never left to run host code.
 func podHandle(pod *NetNS) (*netlinksafe.Handle, error) {
-	h, err := netlinksafe.NewHandleAt(netns.NsHandle(int(pod.File.Fd())))
+	h, err := nsenter.Handle(int(pod.File.Fd()))
 	if err != nil {
 		return nil, fmt.Errorf("netlink handle in %s: %w", pod.Path, err)
 	}
-	return &h, nil
+	return &netlinksafe.Handle{Handle: h}, nil
 }
 
 // configurePod brings lo and ifName up, puts each IP on ifName as a host

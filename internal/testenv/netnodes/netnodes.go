@@ -40,6 +40,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/ipledger/ipledger/internal/nsenter"
 )
 
 // The L2 network of the nodes. Never routed off the machine: it exists only
@@ -73,7 +75,7 @@ type NS struct {
 	// exec`).
 	Netns string
 	// Handle is an open descriptor of the namespace (for nftables.WithNetNSFd,
-	// netlink.NewHandleAt).
+	// nsenter.Handle).
 	Handle netns.NsHandle
 	// Netlink is a netlink handle inside the namespace.
 	Netlink *netlink.Handle
@@ -318,7 +320,7 @@ func (e *Env) newNS(role string) *NS {
 			e.tb.Errorf("netnodes: remove namespace %s: %v", name, err)
 		}
 	})
-	nl, err := netlink.NewHandleAt(h)
+	nl, err := nsenter.Handle(int(h))
 	if err != nil {
 		e.tb.Fatalf("netnodes: netlink in %s: %v", name, err)
 	}
