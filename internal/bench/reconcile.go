@@ -105,7 +105,9 @@ var _ reconcile.Netns = fakeNetns{}
 func (fakeNetns) Probe(ledger.NetNS, []netip.Prefix) (reconcile.NSState, string) {
 	return reconcile.NSGone, "fake: gone"
 }
-func (fakeNetns) Reclaim(ledger.NetNS, []netip.Prefix) (string, error) { return "", nil }
+func (fakeNetns) Reclaim(ledger.NetNS, string, []netip.Prefix) (string, error) {
+	return "", nil
+}
 
 // memLedger returns an in-memory ledger holding a lease for every key.
 func memLedger(network, subnet string, keys []string, netns func(i int) ledger.NetNS) (*ledger.Ledger, error) {

@@ -118,16 +118,24 @@ func handle(f *os.File) (*netlink.Handle, error) {
 	return nsenter.Handle(int(f.Fd()))
 }
 
-// find returns the link carrying one of ips and the address, if any.
-func find(h *netlink.Handle, ips []netip.Prefix) (netlink.Link, netip.Addr, error) {
+// holder is a link carrying one of a lease's addresses.
+type holder struct {
+	link netlink.Link
+	ip   netip.Addr
+}
+
+// holders returns every link carrying one of ips, with the address, in the
+// kernel's order of addresses.
+func holders(h *netlink.Handle, ips []netip.Prefix) ([]holder, error) {
 	addrs, err := h.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
-		return nil, netip.Addr{}, err
+		return nil, err
 	}
 	want := map[netip.Addr]bool{}
 	for _, p := range ips {
 		want[p.Addr()] = true
 	}
+	var out []holder
 	for _, a := range addrs {
 		ip, ok := netip.AddrFromSlice(a.IP)
 		if !ok || !want[ip.Unmap()] {
@@ -135,11 +143,20 @@ func find(h *netlink.Handle, ips []netip.Prefix) (netlink.Link, netip.Addr, erro
 		}
 		l, err := h.LinkByIndex(a.LinkIndex)
 		if err != nil {
-			return nil, ip.Unmap(), err
+			return nil, err
 		}
-		return l, ip.Unmap(), nil
+		out = append(out, holder{l, ip.Unmap()})
 	}
-	return nil, netip.Addr{}, nil
+	return out, nil
+}
+
+// find returns the first link carrying one of ips and the address, if any.
+func find(h *netlink.Handle, ips []netip.Prefix) (netlink.Link, netip.Addr, error) {
+	hs, err := holders(h, ips)
+	if err != nil || len(hs) == 0 {
+		return nil, netip.Addr{}, err
+	}
+	return hs[0].link, hs[0].ip, nil
 }
 
 // Probe implements Netns.
@@ -168,9 +185,13 @@ func (NSFS) Probe(ns ledger.NetNS, ips []netip.Prefix) (NSState, string) {
 	return NSAddrPresent, fmt.Sprintf("%s on %s in %s%s", ip, l.Attrs().Name, ns.Path, note)
 }
 
-// Reclaim implements Netns: it deletes the interface that carries one of ips in
-// the namespace recorded at ADD (never lo), after the identity checks.
-func (NSFS) Reclaim(ns ledger.NetNS, ips []netip.Prefix) (string, error) {
+// Reclaim implements Netns: it deletes the lease's own interface, ifname, in the
+// namespace recorded at ADD, after the identity checks, when that interface is a
+// veth (what ipledger-veth, ptp and bridge give a pod) and no other link carries
+// one of ips. An address on another link (another plugin's interface, as with
+// Multus and a second network on an overlapping range; or lo) or an ifname that
+// is not a veth is refused with ErrNotOwnInterface: nothing is deleted.
+func (NSFS) Reclaim(ns ledger.NetNS, ifname string, ips []netip.Prefix) (string, error) {
 	f, st, info := open(ns, false)
 	if f == nil {
 		return "", fmt.Errorf("reclaim: namespace %s: %s (%s)", ns.Path, st, info)
@@ -181,16 +202,27 @@ func (NSFS) Reclaim(ns ledger.NetNS, ips []netip.Prefix) (string, error) {
 		return "", fmt.Errorf("reclaim: netlink in %s: %w", ns.Path, err)
 	}
 	defer h.Close()
-	l, ip, err := find(h, ips)
+	hs, err := holders(h, ips)
 	if err != nil {
 		return "", fmt.Errorf("reclaim: addresses in %s: %w", ns.Path, err)
 	}
-	if l == nil {
+	if len(hs) == 0 {
 		return "address already absent from " + ns.Path, nil
 	}
-	if l.Attrs().Flags&net.FlagLoopback != 0 || l.Attrs().Name == "lo" {
-		return "", fmt.Errorf("reclaim: %s is on the loopback interface of %s; refused", ip, ns.Path)
+	for _, o := range hs {
+		a := o.link.Attrs()
+		switch {
+		case a.Flags&net.FlagLoopback != 0 || a.Name == "lo":
+			return "", fmt.Errorf("reclaim: %w: %s is on the loopback interface of %s; refused", ErrNotOwnInterface, o.ip, ns.Path)
+		case ifname == "":
+			return "", fmt.Errorf("reclaim: %w: the lease records no interface name; %s on %s in %s kept", ErrNotOwnInterface, o.ip, a.Name, ns.Path)
+		case a.Name != ifname:
+			return "", fmt.Errorf("reclaim: %w: %s is on %s (%s) in %s, not on the lease's interface %s: another plugin's interface on an overlapping range? kept", ErrNotOwnInterface, o.ip, a.Name, o.link.Type(), ns.Path, ifname)
+		case o.link.Type() != "veth":
+			return "", fmt.Errorf("reclaim: %w: %s in %s is a %s, not a veth; kept", ErrNotOwnInterface, ifname, ns.Path, o.link.Type())
+		}
 	}
+	l, ip := hs[0].link, hs[0].ip
 	if err := h.LinkDel(l); err != nil {
 		return "", fmt.Errorf("reclaim: delete %s in %s: %w", l.Attrs().Name, ns.Path, err)
 	}

@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -130,21 +131,21 @@ func TestNSFSReclaim(t *testing.T) {
 	ns := realNS(t, "10.99.1.5/32")
 	ip(t, "-n", filepath.Base(ns.Path), "addr", "add", "10.99.1.9/32", "dev", "lo")
 
-	if _, err := (NSFS{}).Reclaim(ns, pfx("10.99.1.9/24")); err == nil || !strings.Contains(err.Error(), "loopback") {
+	if _, err := (NSFS{}).Reclaim(ns, "d0", pfx("10.99.1.9/24")); err == nil || !strings.Contains(err.Error(), "loopback") {
 		t.Fatalf("reclaim of an address on lo: %v, want refused", err)
 	}
-	if _, err := (NSFS{}).Reclaim(hostIdentity(t), pfx("127.0.0.1/8")); err == nil || !strings.Contains(err.Error(), "host") {
+	if _, err := (NSFS{}).Reclaim(hostIdentity(t), "lo", pfx("127.0.0.1/8")); err == nil || !strings.Contains(err.Error(), "host") {
 		t.Fatalf("reclaim in the host's namespace: %v, want refused", err)
 	}
 	other := ns
 	other.Ino++
-	if _, err := (NSFS{}).Reclaim(other, pfx("10.99.1.5/24")); err == nil {
+	if _, err := (NSFS{}).Reclaim(other, "d0", pfx("10.99.1.5/24")); err == nil {
 		t.Fatal("reclaim in a namespace whose identity does not match: no error")
 	}
-	if _, err := (NSFS{}).Reclaim(ledger.NetNS{Path: ns.Path}, pfx("10.99.1.5/24")); err == nil || !strings.Contains(err.Error(), "no namespace identity") {
+	if _, err := (NSFS{}).Reclaim(ledger.NetNS{Path: ns.Path}, "d0", pfx("10.99.1.5/24")); err == nil || !strings.Contains(err.Error(), "no namespace identity") {
 		t.Fatalf("reclaim in a namespace whose identity was not recorded: %v, want refused", err)
 	}
-	what, err := NSFS{}.Reclaim(ns, pfx("10.99.1.5/24"))
+	what, err := NSFS{}.Reclaim(ns, "d0", pfx("10.99.1.5/24"))
 	if err != nil || !strings.Contains(what, "removed interface d0") {
 		t.Fatalf("reclaim = %q, %v", what, err)
 	}
@@ -197,5 +198,70 @@ func TestUnrecordedIdentityResolved(t *testing.T) {
 	}
 	if out := ip(t, "-n", filepath.Base(ns.Path), "-o", "addr", "show"); !strings.Contains(out, addr) {
 		t.Fatalf("the interface was reclaimed without a recorded identity:\n%s", out)
+	}
+}
+
+// TestNSFSReclaimOnlyOwnInterface: reclaim removes only the lease's own veth. An
+// address of the lease on another plugin's interface (a bridge named as the lease's
+// interface, a veth of another name, as with Multus and an overlapping range) is
+// refused with ErrNotOwnInterface and every link stays.
+func TestNSFSReclaimOnlyOwnInterface(t *testing.T) {
+	ns := realNS(t, "10.99.2.5/32") // d0, a veth, carries the address
+	name := filepath.Base(ns.Path)
+	ip(t, "-n", name, "link", "add", "eth0", "type", "bridge")
+	ip(t, "-n", name, "addr", "add", "10.99.2.6/32", "dev", "eth0")
+	links := func() string { return ip(t, "-n", name, "-o", "-br", "link", "show") }
+	before := links()
+	for _, c := range []struct {
+		name, ifname, addr, why string
+	}{
+		{"a veth of another name", "eth0", "10.99.2.5/24", "on d0 (veth)"},
+		{"the lease's name on a bridge", "eth0", "10.99.2.6/24", "is a bridge, not a veth"},
+		{"no interface name recorded", "", "10.99.2.5/24", "no interface name"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			what, err := NSFS{}.Reclaim(ns, c.ifname, pfx(c.addr))
+			if !errors.Is(err, ErrNotOwnInterface) || !strings.Contains(err.Error(), c.why) {
+				t.Fatalf("Reclaim = %q, %v; want ErrNotOwnInterface saying %q", what, err, c.why)
+			}
+			if after := links(); after != before {
+				t.Fatalf("links changed:\n%s\n%s", before, after)
+			}
+		})
+	}
+	// the lease's own veth also holds an address the other interface holds: refused
+	ip(t, "-n", name, "addr", "add", "10.99.2.6/32", "dev", "d0")
+	if _, err := (NSFS{}).Reclaim(ns, "d0", pfx("10.99.2.6/24")); !errors.Is(err, ErrNotOwnInterface) {
+		t.Fatalf("reclaim of an address another interface carries too: %v", err)
+	}
+	if after := links(); after != before {
+		t.Fatalf("links changed:\n%s\n%s", before, after)
+	}
+}
+
+// TestStrandedReclaimKeepsForeignInterface: with --reclaim-stranded and the real
+// namespace, a NOTREADY sandbox's lease whose address is on an interface that is not
+// its own veth is kept, reported stranded, and the interface stays.
+func TestStrandedReclaimKeepsForeignInterface(t *testing.T) {
+	f := newFixture(t, func(o *Options) { o.Netns = NSFS{}; o.ReclaimStranded = true; o.StrandedGrace = time.Second })
+	ns := realNS(t, "10.99.3.1/32")
+	ls, _, err := f.l.Allocate(ledger.AllocateRequest{Key: key("multus"), Pod: ledger.Pod{UID: "u-multus"}, NetNS: ns, Ranges: ranges})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.r.age(ls)
+	addr := ls.IPs[0].Addr().String()
+	// key's ifname is eth0; the address is on d0, another plugin's veth
+	ip(t, "-n", filepath.Base(ns.Path), "addr", "add", addr+"/32", "dev", "d0")
+	f.rt.set("multus", cri.StateNotReady)
+	f.clk.Advance(time.Hour)
+	if n := f.rounds(20); n != 0 || !f.held("multus") {
+		t.Fatal("released a lease whose address is on another plugin's interface")
+	}
+	if a := f.r.Summary(); a.Stranded != 1 {
+		t.Fatalf("audit %+v, want one stranded", a)
+	}
+	if out := ip(t, "-n", filepath.Base(ns.Path), "-o", "addr", "show", "dev", "d0"); !strings.Contains(out, addr) {
+		t.Fatalf("another plugin's interface was removed:\n%s", out)
 	}
 }

@@ -199,12 +199,14 @@ func (s NSState) String() string {
 //
 // Contract: Probe never changes anything; it checks the namespace's identity
 // against ns.Dev/Ino before looking inside and refuses the host's namespace.
-// Reclaim removes the one interface carrying one of ips inside the namespace
-// recorded at ADD, after the same identity checks; it never touches any other
-// namespace. Both are safe for concurrent use.
+// Reclaim removes the lease's own interface (ifname, the key's CNI_IFNAME) when it
+// carries one of ips inside the namespace recorded at ADD, after the same identity
+// checks; when one of ips is on any other interface, or ifname is not a veth, it
+// deletes nothing and returns an error wrapping ErrNotOwnInterface. It never
+// touches any other namespace. Both are safe for concurrent use.
 type Netns interface {
 	Probe(ns ledger.NetNS, ips []netip.Prefix) (NSState, string)
-	Reclaim(ns ledger.NetNS, ips []netip.Prefix) (string, error)
+	Reclaim(ns ledger.NetNS, ifname string, ips []netip.Prefix) (string, error)
 }
 
 // Options configure a Reconciler.

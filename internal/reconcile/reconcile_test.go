@@ -109,7 +109,7 @@ func (f *fakeNetns) Probe(ns ledger.NetNS, ips []netip.Prefix) (NSState, string)
 	return NSAddrPresent, ""
 }
 
-func (f *fakeNetns) Reclaim(ns ledger.NetNS, ips []netip.Prefix) (string, error) {
+func (f *fakeNetns) Reclaim(ns ledger.NetNS, _ string, ips []netip.Prefix) (string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reclaimed = append(f.reclaimed, ns.Path)

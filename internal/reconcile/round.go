@@ -296,7 +296,7 @@ func (r *Reconciler) apply(ctx context.Context, decisions []decision, acts []act
 	}
 	for _, a := range acts {
 		if a.reclaim {
-			what, err := r.o.Netns.Reclaim(a.o.ls.NetNS, a.o.ls.IPs)
+			what, err := r.o.Netns.Reclaim(a.o.ls.NetNS, a.o.ls.Key.IfName, a.o.ls.IPs)
 			if err != nil {
 				a.level, a.what = slog.LevelError, "keep: reclaiming the stranded interface failed: "+err.Error()
 				r.logDecision(ctx, a.decision, now)

@@ -798,7 +798,7 @@ func (n namespaces) Probe(ns ledger.NetNS, ips []netip.Prefix) (reconcile.NSStat
 	return reconcile.NSAddrAbsent, ""
 }
 
-func (n namespaces) Reclaim(ledger.NetNS, []netip.Prefix) (string, error) {
+func (n namespaces) Reclaim(ledger.NetNS, string, []netip.Prefix) (string, error) {
 	return "", errors.New("sim: stranded reclaim is not modelled")
 }
 
