@@ -43,7 +43,7 @@ func (r *Reconciler) guard(ctx context.Context, who string, ls ledger.Lease) boo
 	case sb != SandboxGone && sb != SandboxNotReady:
 		d.what = who + ": keep: the runtime does not say the sandbox is gone or NOTREADY"
 	default:
-		d.o.ns, d.o.nsInfo = r.o.Netns.Probe(ls.NetNS, ls.IPs)
+		d.o.ns, d.o.nsInfo = r.probe(ls, r.readBoot(), r.lastWitnesses())
 		if abandoned(sb, d.o.ns) {
 			d.what = who + ": may release"
 			r.logDecision(ctx, d, r.o.Clock.Mono())
@@ -74,4 +74,14 @@ func (r *Reconciler) Supersedable(ctx context.Context, olds []ledger.Lease) []le
 // from the runtime), and never while the lease may still be in creation.
 func (r *Reconciler) MayRelease(ctx context.Context, ls ledger.Lease) bool {
 	return r.guard(ctx, "gc", ls)
+}
+
+// lastWitnesses are the witnesses of the last round's READY sandboxes (a Guard
+// question has no listing of its own; the stat of each witness's path is taken
+// now).
+func (r *Reconciler) lastWitnesses() *witnesses {
+	leases := r.o.Ledger.Leases("")
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return newWitnesses(leases, func(ls ledger.Lease) bool { return r.views[ls.Key].Sandbox == SandboxReady })
 }

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 
 	"github.com/vishvananda/netlink"
@@ -23,7 +24,11 @@ import (
 // the namespace's addresses through a netlink socket created in it (the calling
 // thread, locked, joins the namespace only for the socket(2) call and returns to
 // its own; nothing is written). Reclaim deletes one link through such a socket.
-type NSFS struct{}
+type NSFS struct {
+	// HostPID tells whether the agent sees the host's PID namespace; nil reads
+	// /proc/self/ns/pid (see hostPID). For tests.
+	HostPID func() bool
+}
 
 var _ Netns = NSFS{}
 
@@ -31,45 +36,92 @@ var _ Netns = NSFS{}
 // PID 1's.
 var hostNS = []string{"/proc/self/ns/net", "/proc/thread-self/ns/net", "/proc/1/ns/net"}
 
-// absent judges a recorded namespace path that does not resolve. When its
-// directory is there without it, or its directory is gone from a parent that is
-// there (the runtime's state removed with its namespaces, as a reboot empties
-// /run), the namespace is gone. When not even the parent is visible (the
-// runtime's directory not mounted into the agent's container, or reached through
-// a symbolic link such as /var/run that the container lacks), nothing can be told
-// of the namespace: NSNotVisible, judged as a namespace not recorded.
-func absent(path string) (*os.File, NSState, string) {
+// initPIDNSIno is the inode of the kernel's initial PID namespace
+// (PROC_PID_INIT_INO in include/linux/proc_ns.h, fixed since Linux 3.8).
+const initPIDNSIno = 0xEFFFFFFC
+
+// hostPID reports whether the agent's /proc shows the host's PID namespace (the
+// kernel's initial one), where the runtime's /proc/PID paths name the same
+// processes. Anywhere else (a pod without hostPID, a nested node such as kind's) a
+// PID the agent does not see may be a live process of the runtime's namespace.
+func hostPID() bool {
+	var st unix.Stat_t
+	return unix.Stat("/proc/self/ns/pid", &st) == nil && st.Ino == initPIDNSIno
+}
+
+// procPID is the process directory of a /proc/PID/ns/net or
+// /proc/PID/task/TID/ns/net path (cri-dockerd's CNI_NETNS), or "".
+func procPID(path string) string {
+	p := strings.Split(filepath.Clean(path), "/")
+	if len(p) < 5 || p[0] != "" || p[1] != "proc" || p[len(p)-2] != "ns" {
+		return ""
+	}
+	if _, err := strconv.ParseUint(p[2], 10, 32); err != nil {
+		return ""
+	}
+	return "/proc/" + p[2]
+}
+
+// mountHint is the fix for a namespace directory the agent cannot see.
+func mountHint(dir string) string {
+	return fmt.Sprintf("if the runtime keeps its namespaces in %s, mount the host's %s into the agent with mountPropagation: HostToContainer", dir, dir)
+}
+
+// absent judges a recorded namespace path that does not resolve. Its absence
+// alone is no evidence: a directory the agent's container does not mount, or
+// mounts without propagation, shows nothing (or the bare mount points) where the
+// runtime has namespaces. So it is NSNotVisible, which the reconciler turns into
+// NSGone only on positive evidence (see Reconciler.probe). One case is decided
+// here: a /proc/PID path whose process is gone while the agent sees the host's
+// PID namespace (checked by hostPID).
+func (n NSFS) absent(path string) (*os.File, NSState, string) {
+	if pd := procPID(path); pd != "" {
+		if _, err := os.Stat(pd); errors.Is(err, os.ErrNotExist) {
+			if n.hostPID() {
+				return nil, NSGone, fmt.Sprintf("%s does not exist: process %s is gone and the agent sees the host's PID namespace", path, filepath.Base(pd))
+			}
+			return nil, NSNotVisible, fmt.Sprintf("%s does not exist, but the agent does not see the host's PID namespace, where the runtime's PID may still run; run the agent with hostPID: true", path)
+		}
+	}
 	dir := filepath.Dir(path)
 	if fi, err := os.Stat(dir); err == nil && fi.IsDir() {
-		return nil, NSGone, path + " does not exist"
+		return nil, NSNotVisible, fmt.Sprintf("%s does not exist as the agent sees %s; %s", path, dir, mountHint(dir))
 	}
 	if fi, err := os.Stat(filepath.Dir(dir)); err == nil && fi.IsDir() {
-		return nil, NSGone, path + " does not exist, nor its directory " + dir
+		return nil, NSNotVisible, fmt.Sprintf("%s does not exist, nor its directory %s, as the agent sees them; %s", path, dir, mountHint(dir))
 	}
-	return nil, NSNotVisible, fmt.Sprintf("%s: its directory is not visible to the agent, nor that directory's parent; if the runtime keeps its namespaces there, mount that directory into the agent", path)
+	return nil, NSNotVisible, fmt.Sprintf("%s: its directory is not visible to the agent, nor that directory's parent; %s", path, mountHint(dir))
+}
+
+func (n NSFS) hostPID() bool {
+	if n.HostPID != nil {
+		return n.HostPID()
+	}
+	return hostPID()
 }
 
 // open opens the namespace recorded in ns with every identity check, or says why not.
 //
 // When the lease recorded a path but no identity (dev:inode; the plugin could not
 // stat the path at ADD), the namespace at the path cannot be proven to be the
-// recorded one. With read=true (Probe) it is still judged by what is there, because
-// both answers are then safe: a path that now holds no network namespace, or the
-// host's (a pod's namespace is never the host's: ADD refuses it), cannot hold the
-// pod's namespace, so it is NSGone; any other network namespace there is opened
+// recorded one. With read=true (Probe) it is still judged by what is there: a path
+// that now holds the host's namespace (a pod's namespace is never the host's: ADD
+// refuses it) cannot hold the pod's namespace, so it is NSGone; a plain file there
+// may be a mount point whose mount the agent does not see (NSNotVisible, like a
+// missing path); any other network namespace there is opened
 // read-only and its addresses decide — still configured there means kept
 // (stranded), absent means the address is not in use at the path the runtime gave.
 // The sandbox verdict (gone or NOTREADY) is the other half of the evidence. Without
 // this the lease would stay UNKNOWN, and so kept, forever. With read=false (Reclaim,
 // which changes the namespace) an unrecorded identity is refused.
-func open(ns ledger.NetNS, read bool) (*os.File, NSState, string) {
+func (n NSFS) open(ns ledger.NetNS, read bool) (*os.File, NSState, string) {
 	if ns.Path == "" {
 		return nil, NSNotRecorded, ""
 	}
 	var st unix.Stat_t
 	if err := unix.Stat(ns.Path, &st); err != nil {
 		if errors.Is(err, unix.ENOENT) {
-			return absent(ns.Path)
+			return n.absent(ns.Path)
 		}
 		return nil, NSUnknown, fmt.Sprintf("stat %s: %v", ns.Path, err)
 	}
@@ -77,13 +129,20 @@ func open(ns ledger.NetNS, read bool) (*os.File, NSState, string) {
 	if !recorded && !read {
 		return nil, NSUnknown, "no namespace identity recorded for " + ns.Path
 	}
-	if recorded && (st.Dev != ns.Dev || st.Ino != ns.Ino) {
-		return nil, NSGone, fmt.Sprintf("%s is now %d:%d, not the namespace %d:%d recorded at ADD", ns.Path, st.Dev, st.Ino, ns.Dev, ns.Ino)
+	if recorded && st.Dev == ns.Dev && st.Ino != ns.Ino {
+		// another file of the nsfs device: another namespace is mounted there
+		return nil, NSGone, fmt.Sprintf("%s is now %d:%d, another namespace on the nsfs device, not the namespace %d:%d recorded at ADD", ns.Path, st.Dev, st.Ino, ns.Dev, ns.Ino)
+	}
+	if recorded && st.Dev != ns.Dev {
+		// a file of another filesystem: the bare mount point, as a container sees
+		// a namespace mounted after it started, without mount propagation
+		dir := filepath.Dir(ns.Path)
+		return nil, NSNotVisible, fmt.Sprintf("%s is now %d:%d, a file on another filesystem than the namespace %d:%d recorded at ADD: the mount point without its mount, as the agent sees it; %s", ns.Path, st.Dev, st.Ino, ns.Dev, ns.Ino, mountHint(dir))
 	}
 	f, err := os.OpenFile(ns.Path, os.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		if errors.Is(err, os.ErrNotExist) {
-			return absent(ns.Path)
+			return n.absent(ns.Path)
 		}
 		return nil, NSUnknown, err.Error()
 	}
@@ -95,7 +154,8 @@ func open(ns ledger.NetNS, read bool) (*os.File, NSState, string) {
 	if t, err := unix.IoctlRetInt(int(f.Fd()), unix.NS_GET_NSTYPE); err != nil || t != unix.CLONE_NEWNET {
 		f.Close()
 		if !recorded {
-			return nil, NSGone, ns.Path + " holds no network namespace (no identity was recorded at ADD)"
+			dir := filepath.Dir(ns.Path)
+			return nil, NSNotVisible, fmt.Sprintf("%s holds no network namespace as the agent sees it (no identity was recorded at ADD); %s", ns.Path, mountHint(dir))
 		}
 		return nil, NSUnknown, ns.Path + " is not a network namespace"
 	}
@@ -160,8 +220,8 @@ func find(h *netlink.Handle, ips []netip.Prefix) (netlink.Link, netip.Addr, erro
 }
 
 // Probe implements Netns.
-func (NSFS) Probe(ns ledger.NetNS, ips []netip.Prefix) (NSState, string) {
-	f, st, info := open(ns, true)
+func (n NSFS) Probe(ns ledger.NetNS, ips []netip.Prefix) (NSState, string) {
+	f, st, info := n.open(ns, true)
 	if f == nil {
 		return st, info
 	}
@@ -191,8 +251,8 @@ func (NSFS) Probe(ns ledger.NetNS, ips []netip.Prefix) (NSState, string) {
 // one of ips. An address on another link (another plugin's interface, as with
 // Multus and a second network on an overlapping range; or lo) or an ifname that
 // is not a veth is refused with ErrNotOwnInterface: nothing is deleted.
-func (NSFS) Reclaim(ns ledger.NetNS, ifname string, ips []netip.Prefix) (string, error) {
-	f, st, info := open(ns, false)
+func (n NSFS) Reclaim(ns ledger.NetNS, ifname string, ips []netip.Prefix) (string, error) {
+	f, st, info := n.open(ns, false)
 	if f == nil {
 		return "", fmt.Errorf("reclaim: namespace %s: %s (%s)", ns.Path, st, info)
 	}

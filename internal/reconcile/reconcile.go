@@ -18,19 +18,42 @@
 // GONE and NOTREADY are then checked against the network namespace recorded at ADD
 // (NetNS.Path with its Dev/Ino identity), see [Netns]:
 //
-//   - the namespace no longer exists at its path (or the path now holds another
-//     namespace), or the namespace holds none of the lease's addresses: the holder
-//     cannot use the address, the lease is "abandoned";
+//   - the namespace is gone (see "Gone needs positive evidence" below), or it
+//     holds none of the lease's addresses: the holder cannot use the address, the
+//     lease is "abandoned";
 //   - the namespace still holds one of the lease's addresses: the lease is
 //     "stranded" (e.g. a chained plugin failed ADD and DEL, and the interface stays
 //     configured in the NOTREADY sandbox). A stranded lease is reported and kept,
 //     so the address is never handed to another pod while it is configured there;
-//   - no namespace was recorded, or its directory is not visible to the agent:
-//     GONE is abandoned (the runtime's NotFound is the evidence), NOTREADY is
-//     only suspected (nothing can verify it);
+//   - no namespace was recorded, or the agent cannot see it (NSNotVisible): GONE
+//     is abandoned (the runtime's NotFound is the evidence), NOTREADY is only
+//     suspected (nothing can verify it) and kept;
 //   - the namespace cannot be inspected: no evidence;
 //   - a path whose identity was not recorded at ADD is judged by what is at it
 //     now (see [NSFS]), so such a lease is not kept UNKNOWN forever.
+//
+// # Gone needs positive evidence
+//
+// The agent often runs in a container: a namespace directory not mounted into it,
+// or mounted without propagation, shows nothing, or the bare mount point (a plain
+// file of another filesystem), where the runtime has live namespaces. So the
+// absence of a namespace as the agent sees it is no evidence. A namespace is gone
+// only when:
+//
+//   - the lease was allocated on another boot (Lease.BootID is not the boot
+//     Options.Boot reads): nothing is probed, nsfs inodes repeat across boots;
+//   - the recorded path holds another namespace (the recorded nsfs device,
+//     another inode);
+//   - the path is /proc/PID/… and PID is gone while the agent's /proc shows the
+//     kernel's initial PID namespace (the runtime's PIDs are the agent's);
+//   - the path is missing or a plain file, and a READY sandbox's namespace in the
+//     same directory, allocated at or after this lease, stats to its recorded
+//     identity: the agent sees the mounts made there since this lease's ADD.
+//
+// Anything else is NSNotVisible: a NOTREADY sandbox's lease is kept (the guard
+// answers no for supersession and GC too), shown suspect "netns directory not
+// visible" with the mount that fixes it; doctor runs the same canary (Resolves)
+// on READY sandboxes' namespaces and warns of the directory.
 //
 // An abandoned lease is released (reason reconcile-gone or reconcile-notready) when
 // the suspicion has held for Grace since it was first seen AND was confirmed by at
@@ -165,16 +188,19 @@ const (
 	NSUnknown NSState = iota
 	// NSNotRecorded: the lease has no namespace path.
 	NSNotRecorded
-	// NSGone: nothing exists at the recorded path, or another namespace or file does.
+	// NSGone: the recorded namespace is gone, on positive evidence (see the
+	// package comment): another namespace at the path, another boot, a gone
+	// process of the host's PID namespace, or a missing path in a directory shown
+	// visible.
 	NSGone
 	// NSAddrAbsent: the recorded namespace exists and holds none of the addresses.
 	NSAddrAbsent
 	// NSAddrPresent: the recorded namespace still holds one of the addresses.
 	NSAddrPresent
-	// NSNotVisible: the directory of the recorded path is not visible here (not
-	// mounted into the agent's container, or removed with the runtime's state):
-	// nothing can be told of the namespace, as when none was recorded, except
-	// that it may still hold the address.
+	// NSNotVisible: the agent does not see the recorded namespace (its path or
+	// directory missing, or a plain file of another filesystem where it was
+	// mounted) and nothing shows it gone: nothing can be told of the namespace, as
+	// when none was recorded, except that it may still hold the address.
 	NSNotVisible
 )
 

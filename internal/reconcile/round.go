@@ -53,7 +53,7 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 		r.log.Warn("reconcile: runtime listing failed; no decision this round, every lease kept", "err", err)
 		return rd
 	}
-	obs, listed, history := r.observe(ctx, sbs, &rd)
+	obs, listed, history := r.observe(ctx, sbs, boot, &rd)
 	r.mu.Lock()
 	decisions, acts := r.judgeLocked(obs, listed, history, boot, now, &rd)
 	r.mu.Unlock()
@@ -70,7 +70,7 @@ func (r *Reconciler) Reconcile(ctx context.Context) Round {
 // namespace probe. It also finds whether the listing contradicts the previous one
 // (rd.Doubtful). It returns the observations, the listing by ID, and the
 // sandboxes listed before that stay in the history though this listing lacks them.
-func (r *Reconciler) observe(ctx context.Context, sbs []cri.Sandbox, rd *Round) ([]observation, map[string]cri.Sandbox, []string) {
+func (r *Reconciler) observe(ctx context.Context, sbs []cri.Sandbox, boot bootReading, rd *Round) ([]observation, map[string]cri.Sandbox, []string) {
 	listed := make(map[string]cri.Sandbox, len(sbs))
 	for _, s := range sbs {
 		listed[s.ID] = s
@@ -83,6 +83,7 @@ func (r *Reconciler) observe(ctx context.Context, sbs []cri.Sandbox, rd *Round) 
 	r.mu.Unlock()
 
 	leases := r.o.Ledger.Leases("")
+	wit := newWitnesses(leases, func(ls ledger.Lease) bool { return listed[ls.Key.ContainerID].State == cri.StateReady })
 	obs := make([]observation, 0, len(leases))
 	asked := map[string]statusAnswer{}
 	var history []string // known sandboxes missing from this listing, listed before
@@ -134,7 +135,7 @@ func (r *Reconciler) observe(ctx context.Context, sbs []cri.Sandbox, rd *Round) 
 			}
 		}
 		if o.sandbox == SandboxGone || o.sandbox == SandboxNotReady {
-			o.ns, o.nsInfo = r.o.Netns.Probe(ls.NetNS, ls.IPs)
+			o.ns, o.nsInfo = r.probe(ls, boot, wit)
 			o.api = podFinished(r.o.API, ls.Pod)
 		}
 		obs = append(obs, o)
