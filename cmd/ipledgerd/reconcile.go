@@ -41,7 +41,7 @@ func newReconciler(o *options, l *ledger.Ledger, boot clock.Boot, api reconcile.
 		Ledger: l, Runtime: rt, Netns: reconcile.NSFS{},
 		Interval: o.reconcileInterval, Grace: o.releaseGrace,
 		ReclaimStranded: o.reclaimStranded, StrandedGrace: o.strandedGrace,
-		Boot: boot, API: api, Logger: log,
+		Boot: boot, API: api, Mounts: reconcile.RuntimeMounts(o.criEndpoint), Logger: log,
 	})
 	if err != nil {
 		return nil, err

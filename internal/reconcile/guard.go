@@ -83,5 +83,7 @@ func (r *Reconciler) lastWitnesses() *witnesses {
 	leases := r.o.Ledger.Leases("")
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return newWitnesses(leases, func(ls ledger.Lease) bool { return r.views[ls.Key].Sandbox == SandboxReady })
+	w := newWitnesses(leases, func(ls ledger.Lease) bool { return r.views[ls.Key].Sandbox == SandboxReady })
+	w.mounts = r.o.Mounts
+	return w
 }

@@ -46,9 +46,11 @@
 //     another inode);
 //   - the path is /proc/PID/… and PID is gone while the agent's /proc shows the
 //     kernel's initial PID namespace (the runtime's PIDs are the agent's);
-//   - the path is missing or a plain file, and a READY sandbox's namespace in the
-//     same directory, allocated at or after this lease, stats to its recorded
-//     identity: the agent sees the mounts made there since this lease's ADD.
+//   - the path is missing or a plain file, and the agent is in the runtime's
+//     mount namespace (Options.Mounts: a systemd unit beside its runtime), or a
+//     READY sandbox's namespace in the same directory, allocated at or after this
+//     lease, stats to its recorded identity: the agent sees the mounts made there
+//     since this lease's ADD.
 //
 // Anything else is NSNotVisible: a NOTREADY sandbox's lease is kept (the guard
 // answers no for supersession and GC too), shown suspect "netns directory not
@@ -255,7 +257,12 @@ type Options struct {
 	Boot clock.Boot
 	// API, when set, is the Kubernetes API's view of this node's pods: the second
 	// witness (see the package doc). Nil: the runtime is the only witness.
-	API    PodWitness
+	API PodWitness
+	// Mounts, when set, tells whether the agent sees the runtime's mounts (is in
+	// its mount namespace) and the evidence: then a namespace the agent does not
+	// see is gone (see "Gone needs positive evidence"). RuntimeMounts gives it for
+	// a CRI endpoint. Nil: never known.
+	Mounts func() (bool, string)
 	Logger *slog.Logger
 }
 

@@ -84,6 +84,7 @@ func (r *Reconciler) observe(ctx context.Context, sbs []cri.Sandbox, boot bootRe
 
 	leases := r.o.Ledger.Leases("")
 	wit := newWitnesses(leases, func(ls ledger.Lease) bool { return listed[ls.Key.ContainerID].State == cri.StateReady })
+	wit.mounts = r.o.Mounts
 	obs := make([]observation, 0, len(leases))
 	asked := map[string]statusAnswer{}
 	var history []string // known sandboxes missing from this listing, listed before

@@ -14,6 +14,11 @@ import (
 type witnesses struct {
 	byDir    map[string][]ledger.Lease
 	resolved map[ledger.Key]bool // stat results, once per lease
+	// mounts, when set, tells whether the agent sees the runtime's mounts
+	// (Options.Mounts); asked at most once.
+	mounts      func() (bool, string)
+	mountsAsked bool
+	mountsWhy   string
 }
 
 // newWitnesses keeps, of leases, those whose sandbox ready says is READY and whose
@@ -59,6 +64,15 @@ func (w *witnesses) visible(ls ledger.Lease) string {
 	if w == nil {
 		return ""
 	}
+	if w.mounts != nil && !w.mountsAsked {
+		w.mountsAsked = true
+		if ok, why := w.mounts(); ok {
+			w.mountsWhy = why
+		}
+	}
+	if w.mountsWhy != "" {
+		return w.mountsWhy
+	}
 	for _, m := range w.byDir[filepath.Dir(ls.NetNS.Path)] {
 		if m.Key == ls.Key || !allocatedNotBefore(m, ls) {
 			continue
@@ -86,8 +100,9 @@ func (w *witnesses) visible(ls ledger.Lease) string {
 //     inode), or a /proc/PID path whose process is gone while the agent sees the
 //     host's PID namespace (NSFS decides both);
 //   - the probe could not see it (NSNotVisible: the path or its directory missing,
-//     or a plain file on another filesystem where the namespace was mounted) and w
-//     shows the directory visible (see witnesses.visible).
+//     or a plain file on another filesystem where the namespace was mounted) and
+//     the agent is in the runtime's mount namespace (Options.Mounts), or w shows
+//     the directory visible (see witnesses.visible).
 //
 // Anything else NSNotVisible stays so: kept and reported.
 func (r *Reconciler) probe(ls ledger.Lease, b bootReading, w *witnesses) (NSState, string) {

@@ -47,13 +47,13 @@ type visFixture struct {
 	boot *clocktest.Boot
 }
 
-func newVisFixture(t *testing.T) *visFixture {
+func newVisFixture(t *testing.T, mounts func() (bool, string)) *visFixture {
 	t.Helper()
 	clk := clocktest.New()
 	boot := clocktest.NewBoot("boot-1", time.Hour)
 	l := ledgertest.Open(t, memstore.New(), ledger.Options{Clock: clk, Boot: boot})
 	f := &fixture{t: t, clk: clk, l: l, rt: newFakeRuntime(), ctx: t.Context()}
-	r, err := New(Options{Ledger: l, Runtime: f.rt, Netns: NSFS{}, Interval: interval, Grace: grace, Clock: clk, Boot: boot, Logger: testLogger(t)})
+	r, err := New(Options{Ledger: l, Runtime: f.rt, Netns: NSFS{}, Interval: interval, Grace: grace, Clock: clk, Boot: boot, Mounts: mounts, Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,6 +87,7 @@ func TestNotVisibleKept(t *testing.T) {
 		setup   func(t *testing.T, v *visFixture, dir string) ledger.NetNS
 		witness bool // a witness is allocated after the judged lease
 		reboot  bool
+		mounts  bool // the agent is in the runtime's mount namespace
 		gone    bool
 	}{
 		{name: "plain file on another filesystem", setup: plainFile},
@@ -101,12 +102,13 @@ func TestNotVisibleKept(t *testing.T) {
 		{name: "plain file, a newer READY sandbox visible", setup: plainFile, witness: true, gone: true},
 		{name: "path missing, a newer READY sandbox visible", setup: missingPath, witness: true, gone: true},
 		{name: "plain file, another boot", setup: plainFile, reboot: true, gone: true},
+		{name: "path missing, the runtime's mount namespace", setup: missingPath, mounts: true, gone: true},
 		{name: "directory missing, another boot", setup: func(t *testing.T, v *visFixture, dir string) ledger.NetNS {
 			return ledger.NetNS{Path: filepath.Join(dir, "netns", "cni-1"), Dev: other.Dev, Ino: other.Ino}
 		}, reboot: true, gone: true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			v := newVisFixture(t)
+			v := newVisFixture(t, func() (bool, string) { return c.mounts, "same mounts" })
 			dir := t.TempDir()
 			judged := v.alloc("judged", c.setup(t, v, dir), cri.StateNotReady)
 			if c.witness {
