@@ -120,7 +120,7 @@ func Explain(a *api.Audit, leases []api.LeaseView, now time.Time) []Explanation 
 		default:
 			why, fix := "no network namespace was recorded at ADD", "delete the pod if it is not running"
 			if strings.Contains(l.Suspect, "netns directory not visible") {
-				why, fix = "the agent cannot see the directory of its network namespace", "mount the runtime's netns directory into the agent (ipledgerctl doctor names it)"
+				why, fix = "the agent cannot see its network namespace and nothing shows it gone", "mount the runtime's netns directory (the host's /run/netns or /var/run/netns) into the agent with mountPropagation: HostToContainer (ipledgerctl doctor names it)"
 			}
 			text = fmt.Sprintf("suspect: %s's sandbox %s is %s and %s, so nothing can verify whether %s is still configured; kept. Fix: %s", who, sb, strings.ToLower(orDash(l.Sandbox)), why, addr, fix)
 		}

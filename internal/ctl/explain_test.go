@@ -35,7 +35,7 @@ func TestExplain(t *testing.T) {
 		{"suspect", api.Audit{}, []api.LeaseView{lease("sb4", "db-0", "u4", "NOTREADY", api.VerdictSuspect, "x", time.Hour, "10.0.0.8/24")},
 			api.VerdictSuspect, []string{"suspect: pod default/db-0's sandbox sb4 is notready and no network namespace was recorded"}},
 		{"suspect, netns not visible", api.Audit{}, []api.LeaseView{lease("sb5", "db-1", "u6", "NOTREADY", api.VerdictSuspect, "sandbox NOTREADY, netns directory not visible: cannot verify, kept for 1m, 3 observations", time.Hour, "10.0.0.12/24")},
-			api.VerdictSuspect, []string{"suspect: pod default/db-1's sandbox sb5 is notready and the agent cannot see the directory of its network namespace", "mount the runtime's netns directory"}},
+			api.VerdictSuspect, []string{"suspect: pod default/db-1's sandbox sb5 is notready and the agent cannot see its network namespace and nothing shows it gone", "mount the runtime's netns directory (the host's /run/netns or /var/run/netns) into the agent with mountPropagation: HostToContainer"}},
 		{"two leases", api.Audit{}, []api.LeaseView{lease("old", "web-1", "u5", "NOTREADY", "", "", 2*time.Hour, "10.0.0.9/24"), lease("new", "web-1", "u5", "READY", "", "", time.Minute, "10.0.0.10/24")},
 			"two-leases", []string{"pod default/web-1 holds two leases on k8s", "10.0.0.9/24 since 2h (sandbox old, notready); 10.0.0.10/24 since 60s (sandbox new, ready)", "its sandbox was re-created without a DEL for the old one"}},
 		{"double", api.Audit{Doubles: []api.DoubleAssigned{{Network: "k8s", IP: netip.MustParseAddr("10.0.0.11"), Holders: []api.Key{{Network: "k8s", ContainerID: "a", IfName: "eth0"}, {Network: "k8s", ContainerID: "b", IfName: "eth0"}}}}}, nil,
