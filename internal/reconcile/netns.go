@@ -64,8 +64,10 @@ func procPID(path string) string {
 
 // mountHint is the fix for a namespace directory the agent cannot see.
 func mountHint(dir string) string {
-	return fmt.Sprintf("if the runtime keeps its namespaces in %s, mount the host's %s into the agent with mountPropagation: HostToContainer", dir, dir)
+	return fmt.Sprintf("%s%s, mount the host's %s into the agent with mountPropagation: HostToContainer", mountHintPrefix, dir, dir)
 }
+
+const mountHintPrefix = "if the runtime keeps its namespaces in "
 
 // absent judges a recorded namespace path that does not resolve. Its absence
 // alone is no evidence: a directory the agent's container does not mount, or

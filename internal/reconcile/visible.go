@@ -3,6 +3,7 @@ package reconcile
 import (
 	"fmt"
 	"path/filepath"
+	"strings"
 
 	"golang.org/x/sys/unix"
 
@@ -112,7 +113,8 @@ func (r *Reconciler) probe(ls ledger.Lease, b bootReading, w *witnesses) (NSStat
 	st, info := r.o.Netns.Probe(ls.NetNS, ls.IPs)
 	if st == NSNotVisible {
 		if why := w.visible(ls); why != "" {
-			return NSGone, info + "; " + why
+			seen, _, _ := strings.Cut(info, "; "+mountHintPrefix) // no mount to fix
+			return NSGone, seen + "; " + why
 		}
 	}
 	return st, info
