@@ -126,4 +126,3 @@ func clientFor(t *testing.T, api *kubeenv.APIServer, token string) corev1client.
 	}
 	return c
 }
-
