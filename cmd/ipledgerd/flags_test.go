@@ -127,7 +127,8 @@ func TestInstallCNIFlags(t *testing.T) {
 
 // TestUninstallCNIFlags: uninstall-cni refuses stray arguments and a bad conf
 // name, and undoes install-cni: the conflist and the plugins install-cni
-// installed go, the node's own portmap and the ledger stay.
+// installed go, the node's own portmap and the ledger stay. Run again, or on
+// directories where nothing was installed, it exits 1 naming what it did not find.
 func TestUninstallCNIFlags(t *testing.T) {
 	var out, errb strings.Builder
 	if code := uninstallCNI([]string{"extra"}, &out, &errb); code != 2 || !strings.Contains(errb.String(), "unexpected arguments") {
@@ -197,6 +198,17 @@ func TestUninstallCNIFlags(t *testing.T) {
 			}
 			if ents, _ := os.ReadDir(confd); len(ents) != 0 {
 				t.Errorf("conf dir after uninstall holds %v", ents)
+			}
+			// again, or with dirs where nothing was installed: exit 1 naming what
+			// it did not find, never a silent success
+			for _, dirs := range [][]string{dirs, {"--cni-bin-dir", filepath.Join(d, "host", "opt", "cni", "bin"), "--cni-conf-dir", filepath.Join(d, "host", "etc", "cni", "net.d")}} {
+				out.Reset()
+				errb.Reset()
+				code := uninstallCNI(append([]string{"--network=false"}, dirs...), &out, &errb)
+				conflist, plugin := filepath.Join(dirs[3], "10-ipledger.conflist"), filepath.Join(dirs[1], "ipledger-veth")
+				if code != 1 || !strings.Contains(errb.String(), "not found") || !strings.Contains(errb.String(), conflist) || !strings.Contains(errb.String(), plugin) {
+					t.Errorf("uninstall-cni %q with nothing there: exit %d, stderr %q; want 1 naming %s and %s", dirs, code, errb.String(), conflist, plugin)
+				}
 			}
 		})
 	}

@@ -137,7 +137,7 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 	// written at checkpoints (and completely at a clean stop).
 	var st *walstore.Store
 	err := takeOver(ctx, log, o.takeoverTimeout, "state file", boltstore.ErrLocked, func() (err error) {
-		st, err = walstore.Open(filepath.Join(o.stateDir, "ledger.db"), walstore.WithBolt(boltstore.WithLockTimeout(takeoverPoll)))
+		st, err = walstore.Open(filepath.Join(o.stateDir, "ledger.db"), walstore.WithBolt(boltstore.WithLockTimeout(takeoverPoll)), walstore.WithLogger(log))
 		return err
 	})
 	if err != nil {

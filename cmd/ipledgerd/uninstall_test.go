@@ -45,8 +45,12 @@ func TestUninstallRemovesTheNodeNetwork(t *testing.T) {
 		t.Fatalf("masquerade table not there before: %v", err)
 	}
 	dir := t.TempDir()
-	for _, d := range []string{"bin", "conf"} {
-		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
+	// what install-cni leaves on a node (uninstall-cni fails when it finds none of it)
+	for _, f := range []string{"conf/10-ipledger.conflist", "bin/ipledger", "bin/ipledger-veth"} {
+		if err := os.MkdirAll(filepath.Dir(filepath.Join(dir, f)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, f), []byte("installed"), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -212,10 +212,10 @@ func (s *Server) serveConn(ctx context.Context, tc *trackedConn) {
 // (a new 4 KiB reader per request would be a third of the agent's allocations).
 var readers = sync.Pool{New: func() any { return bufio.NewReader(nil) }}
 
-// handleConn reads one request, answers it, and then writes what need not delay the
-// answer: the ledger's log lines of the request's changes (durable before the answer
-// either way; the line reports the change, it is not its record) and the request's
-// metrics.
+// handleConn reads one request, counts it in the metrics, answers it, and then writes
+// what need not delay the answer: the ledger's log lines of the request's changes
+// (durable before the answer either way; the line reports the change, it is not its
+// record).
 func (s *Server) handleConn(ctx context.Context, tc *trackedConn) {
 	conn := tc.conn
 	defer conn.Close()
@@ -248,12 +248,13 @@ func (s *Server) handleConn(ctx context.Context, tc *trackedConn) {
 		var later ledger.LogLines
 		start := time.Now()
 		resp, counted := s.handle(context.WithoutCancel(ctx), req, &later)
-		took := time.Since(start)
+		// counted before the answer: a scrape made after a caller has its answer
+		// sees the request
+		if counted {
+			s.stats.observe(opLabel(req.Op), time.Since(start), resp)
+		}
 		s.answer(conn, resp)
 		later.Write()
-		if counted {
-			s.stats.observe(opLabel(req.Op), took, resp)
-		}
 		return
 	}
 	s.answer(conn, resp)

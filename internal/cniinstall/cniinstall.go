@@ -28,6 +28,11 @@ import (
 // ErrBadConflist is returned for a conflist that no runtime would load.
 var ErrBadConflist = errors.New("cniinstall: bad conflist")
 
+// ErrNotFound is returned by Uninstall when the conflist or a plugin it was asked to
+// remove is not there (and no record says an earlier Uninstall removed it): the
+// directories are not the host's CNI dirs, or ipledger was not installed there.
+var ErrNotFound = errors.New("cniinstall: not found")
+
 // ErrBadRecord is returned for a record of installed plugins (RecordPath) that
 // cannot be read as one: Install stops, Uninstall removes only Options.Plugins
 // and the conflist and keeps the record for the operator to look at.
@@ -216,14 +221,20 @@ func Install(o Options) (Installed, error) {
 type Uninstalled struct {
 	// Removed are the files removed, the conflist first.
 	Removed []string
+	// Missing are the files Uninstall was to remove and did not find.
+	Missing []string
 }
 
 // Uninstall is Install's reverse: it removes the conflist (first: the runtime
 // stops using the network before its plugins go), then Plugins and the plugins
 // the record names (what Install installed; a shared plugin the operator put
 // there is not in it), then runs Cleanups, and removes the record last, when
-// everything else succeeded, so that a failed Uninstall can be run again. A file
-// already gone is not an error. It touches nothing else: the agent's ledger
+// everything else succeeded, so that a failed Uninstall can be run again. The
+// conflist or one of Plugins not found is an error wrapping ErrNotFound that names
+// each (the directories are not where ipledger was installed: an uninstall that
+// removes nothing must not look like one that worked), after everything else was
+// done; while the record is there (an earlier Uninstall failed after removing
+// files) a file already gone is not. It touches nothing else: the agent's ledger
 // (/var/lib/ipledger) stays.
 func Uninstall(o Options) (Uninstalled, error) {
 	var done Uninstalled
@@ -241,11 +252,17 @@ func Uninstall(o Options) (Uninstalled, error) {
 		// Our own plugins and the conflist still go; shared ones are left.
 		errs = append(errs, err)
 	}
+	_, serr := os.Lstat(RecordPath(o))
+	resumed := serr == nil // an earlier Uninstall failed after removing files
 	remove := func(p string) {
 		switch err := os.Remove(p); {
 		case err == nil:
 			done.Removed = append(done.Removed, p)
-		case !errors.Is(err, os.ErrNotExist):
+		case errors.Is(err, os.ErrNotExist):
+			if p != RecordPath(o) && !resumed {
+				done.Missing = append(done.Missing, p)
+			}
+		default:
 			errs = append(errs, fmt.Errorf("cniinstall: %w", err))
 		}
 	}
@@ -271,6 +288,20 @@ func Uninstall(o Options) (Uninstalled, error) {
 		if err := syncDir(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, err)
 		}
+	}
+	if len(done.Missing) > 0 {
+		var absent []string
+		for _, dir := range []string{o.ConfDir, o.BinDir} {
+			if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+				absent = append(absent, dir)
+			}
+		}
+		hint := "already removed, or never installed in these directories"
+		if len(absent) > 0 {
+			hint = "no directory " + strings.Join(absent, " nor ")
+		}
+		errs = append(errs, fmt.Errorf("%w: %s (%s); on a node itself give --cni-bin-dir /opt/cni/bin --cni-conf-dir /etc/cni/net.d, or the dirs your runtime's CNI config names",
+			ErrNotFound, strings.Join(done.Missing, ", "), hint))
 	}
 	return done, errors.Join(errs...)
 }

@@ -309,9 +309,53 @@ func TestUninstall(t *testing.T) {
 			t.Errorf("%s removed: not ipledger's", p)
 		}
 	}
+	// run again, nothing is there: it says so, naming each file, and fails
 	again, err := cniinstall.Uninstall(f.o)
-	if err != nil || len(again.Removed) != 0 {
-		t.Fatalf("second uninstall: removed %q, %v", again.Removed, err)
+	if !errors.Is(err, cniinstall.ErrNotFound) || len(again.Removed) != 0 {
+		t.Fatalf("second uninstall: removed %q, %v; want nothing removed and ErrNotFound", again.Removed, err)
+	}
+	for _, p := range want[:3] {
+		if !strings.Contains(err.Error(), p) {
+			t.Errorf("second uninstall's error %q does not name %s", err, p)
+		}
+	}
+}
+
+// TestUninstallWrongDirs: run where ipledger was not installed (on a node without
+// the flags, the defaults being the DaemonSet's /host/... mounts), Uninstall removes
+// nothing, runs the cleanups, and fails naming the conflist and plugins it did not
+// find, the directory that does not exist, and the flags that fix it; the files in
+// the real directories stay.
+func TestUninstallWrongDirs(t *testing.T) {
+	f := newFixture(t, goodConf)
+	done, err := cniinstall.Install(f.o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wrong := f.o
+	wrong.BinDir, wrong.ConfDir = filepath.Join(t.TempDir(), "host", "opt", "cni", "bin"), filepath.Join(t.TempDir(), "etc-cni-net.d")
+	if err := os.MkdirAll(wrong.ConfDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cleaned := false
+	wrong.Cleanups = []cniinstall.Cleanup{func() error { cleaned = true; return nil }}
+	gone, err := cniinstall.Uninstall(wrong)
+	if !errors.Is(err, cniinstall.ErrNotFound) || len(gone.Removed) != 0 {
+		t.Fatalf("uninstall in the wrong dirs: removed %q, %v; want ErrNotFound", gone.Removed, err)
+	}
+	for _, s := range []string{filepath.Join(wrong.ConfDir, "10-ipledger.conflist"), filepath.Join(wrong.BinDir, "ipledger"), filepath.Join(wrong.BinDir, "ipledger-veth"),
+		"no directory " + wrong.BinDir, "--cni-bin-dir /opt/cni/bin --cni-conf-dir /etc/cni/net.d"} {
+		if !strings.Contains(err.Error(), s) {
+			t.Errorf("error %q does not name %q", err, s)
+		}
+	}
+	if !cleaned {
+		t.Error("the cleanups did not run")
+	}
+	for _, p := range done.Files {
+		if !exists(t, p) {
+			t.Errorf("%s removed by an uninstall of other dirs", p)
+		}
 	}
 }
 

@@ -24,19 +24,25 @@ import (
 	"github.com/ipledger/ipledger/internal/ctl"
 )
 
-// Exit statuses. When several apply, the highest is the exit status.
-// The first three are ipledgerctl's, which each node's answer comes with.
+// Exit statuses. When several apply, the highest is the exit status. The first
+// three are ipledgerctl's meanings, per node; the plugin's own failure has a status of
+// its own, so that a script tells "a node's doctor FAILs" (2) from "the plugin could
+// not run" (4).
 const (
 	ExitOK = ctl.ExitOK
-	// ExitUnbalanced: a node's books do not balance (audit); doctor: the worst
-	// check of any node is WARN.
+	// ExitUnbalanced: audit: a node's books do not balance, or its runtime is
+	// unreachable (nothing reconciles its leases); doctor: the worst check of any
+	// node is WARN.
 	ExitUnbalanced = ctl.ExitUnbalanced
-	// ExitError: usage, the kubeconfig, or the agent pods could not be listed;
-	// doctor: a check of some node FAILed (ipledgerctl doctor's statuses).
+	// ExitError: doctor: a check of some node FAILed (ipledgerctl doctor's 2).
 	ExitError = ctl.ExitError
-	// ExitUnreachable: a node's agent could not be asked (no agent pod, exec
-	// refused or failed, ipledgerctl gave no answer); stderr names the node and why.
+	// ExitUnreachable: a node's agent could not be asked (no pod of the agents'
+	// DaemonSet, exec refused or failed, ipledgerctl gave no answer); stderr names
+	// the node and why.
 	ExitUnreachable = 3
+	// ExitPlugin: the plugin itself failed: usage, the kubeconfig, the agent pods
+	// or their DaemonSet could not be read, an answer could not be printed.
+	ExitPlugin = 4
 )
 
 // AgentCtl is ipledgerctl's path in the ipledger image (internal/image's BinDir). Its
@@ -49,6 +55,7 @@ const (
 	DefaultNamespace = "ipledger"
 	DefaultSelector  = "app=ipledgerd"
 	DefaultContainer = "ipledgerd"
+	DefaultDaemonSet = "ipledgerd"
 )
 
 // Pod is an agent pod as the API shows it.
@@ -57,7 +64,20 @@ type Pod struct {
 	Node     string // spec.nodeName; empty while unscheduled
 	Phase    string // status.phase
 	Created  time.Time
-	Deleting bool // a deletionTimestamp is set
+	Deleting bool  // a deletionTimestamp is set
+	Owner    Owner // its controller owner reference; zero when it has none
+}
+
+// Owner is a controller owner reference.
+type Owner struct {
+	APIVersion, Kind, Name, UID string
+}
+
+func (o Owner) String() string {
+	if o.Kind == "" {
+		return "no controller"
+	}
+	return fmt.Sprintf("%s %s (uid %s)", o.Kind, o.Name, o.UID)
 }
 
 // Lister reads the cluster through the API server. An error the API's authorization
@@ -67,6 +87,9 @@ type Lister interface {
 	Nodes(ctx context.Context) ([]string, error)
 	// Pods returns namespace's pods that match the label selector.
 	Pods(ctx context.Context, namespace, selector string) ([]Pod, error)
+	// DaemonSetUID returns the UID of the DaemonSet (apps/v1) name in namespace; an
+	// error wrapping ErrNoDaemonSet when there is none.
+	DaemonSetUID(ctx context.Context, namespace, name string) (string, error)
 }
 
 // Exec runs cmd in a container of a pod as kubectl exec does (the API server's
@@ -97,6 +120,7 @@ type Env struct {
 const (
 	StatusOK          = "ok"
 	StatusUnbalanced  = "unbalanced"  // audit: the node's books do not balance
+	StatusNoRuntime   = "no-runtime"  // audit: the node's runtime is unreachable: nothing reconciles there
 	StatusWarn        = "warn"        // doctor: the worst check is WARN
 	StatusFail        = "fail"        // doctor: a check FAILed
 	StatusUnreachable = "unreachable" // the node's agent could not be asked; Error says why
@@ -122,7 +146,7 @@ func (r *NodeResult) exit() int {
 	switch r.Status {
 	case StatusOK:
 		return ExitOK
-	case StatusUnbalanced, StatusWarn:
+	case StatusUnbalanced, StatusNoRuntime, StatusWarn:
 		return ExitUnbalanced
 	case StatusFail:
 		return ExitError
@@ -138,6 +162,7 @@ type Options struct {
 	Namespace string // the agents' namespace
 	Selector  string // the agents' label selector
 	Container string // the agent's container
+	DaemonSet string // the agents' DaemonSet: only its pods are asked
 	Network   string // leases, blocks: only this network
 	Pod       string // leases: only this pod
 	Timeout   time.Duration
@@ -149,14 +174,16 @@ usage: kubectl ipledger COMMAND [flags]
 
 commands:
   leases   every node's live leases (--network NAME, --pod [NAMESPACE/]NAME|UID)
-  audit    every node's books; exit 1 when a node's do not balance
+  audit    every node's books; exit 1 when a node's do not balance or its runtime is unreachable
   doctor   every node's checks; exit 1 when the worst is WARN, 2 when a check FAILs
   blocks   cluster mode: the address blocks, each under the node that owns it (--network NAME)
 
-It execs ` + AgentCtl + ` COMMAND -o json in each node's agent pod (as kubectl
-exec does: the user needs create on pods/exec and list on pods in the agents'
-namespace, and list on nodes to see nodes without an agent). A node whose agent
-cannot be asked is named on stderr and makes the exit status 3.
+It execs ` + AgentCtl + ` COMMAND -o json in each node's agent pod, the pods
+the agents' DaemonSet owns (as kubectl exec does: the user needs list on pods,
+get on daemonsets and create on pods/exec in the agents' namespace, and list on
+nodes to see nodes without an agent). A node whose agent cannot be asked is named
+on stderr and makes the exit status 3; the plugin's own failure (usage, kubeconfig,
+the pods or the DaemonSet not read) exits 4. The highest status found wins.
 
 flags:
 `
@@ -170,12 +197,12 @@ func Main(env *Env, args []string) int {
 	client, err := env.Connect(cfg)
 	if err != nil {
 		fmt.Fprintln(env.Stderr, "kubectl-ipledger:", err)
-		return ExitError
+		return ExitPlugin
 	}
 	results, err := Gather(context.Background(), client, o, env.Stderr)
 	if err != nil {
 		fmt.Fprintln(env.Stderr, "kubectl-ipledger:", err)
-		return ExitError
+		return ExitPlugin
 	}
 	now := time.Now
 	if env.Now != nil {
@@ -183,7 +210,7 @@ func Main(env *Env, args []string) int {
 	}
 	if err := Print(env.Stdout, o, results, now()); err != nil {
 		fmt.Fprintln(env.Stderr, "kubectl-ipledger:", err)
-		return ExitError
+		return ExitPlugin
 	}
 	code = ExitOK
 	for i := range results {
@@ -195,6 +222,9 @@ func Main(env *Env, args []string) int {
 		}
 		if r.err != nil {
 			fmt.Fprintf(env.Stderr, "kubectl-ipledger: node %s: %s\n", r.Node, r.Error)
+		}
+		if r.Status == StatusNoRuntime {
+			fmt.Fprintf(env.Stderr, "kubectl-ipledger: node %s: the agent cannot reach the container runtime: nothing is reconciled there until it answers; check the runtime and ipledgerd's --cri-endpoint\n", r.Node)
 		}
 		code = max(code, r.exit())
 	}
@@ -217,6 +247,7 @@ func parse(env *Env, args []string) (Options, clientcmd.ClientConfig, int, bool)
 	fs.StringVarP(&o.Namespace, "namespace", "n", DefaultNamespace, "the agents' namespace")
 	fs.StringVarP(&o.Selector, "selector", "l", DefaultSelector, "the agent pods' label selector")
 	fs.StringVarP(&o.Container, "container", "c", DefaultContainer, "the agent's container in its pod")
+	fs.StringVar(&o.DaemonSet, "daemonset", DefaultDaemonSet, "the agents' DaemonSet: only the pods it owns are asked")
 	fs.StringVar(&o.Network, "network", "", "leases, blocks: only this network")
 	fs.StringVar(&o.Pod, "pod", "", "leases: only this pod: NAMESPACE/NAME, NAME or its UID")
 	fs.DurationVar(&o.Timeout, "timeout", time.Minute, "how long to wait for each node's answer")
@@ -235,36 +266,36 @@ func parse(env *Env, args []string) (Options, clientcmd.ClientConfig, int, bool)
 			return o, nil, ExitOK, false
 		}
 		fmt.Fprintf(env.Stderr, "kubectl-ipledger: %v (see kubectl ipledger --help)\n", err)
-		return o, nil, ExitError, false
+		return o, nil, ExitPlugin, false
 	}
 	if fs.NArg() == 0 {
 		fs.Usage()
-		return o, nil, ExitError, false
+		return o, nil, ExitPlugin, false
 	}
 	if fs.NArg() > 1 {
 		fmt.Fprintf(env.Stderr, "kubectl-ipledger: unexpected arguments %q\n", fs.Args()[1:])
-		return o, nil, ExitError, false
+		return o, nil, ExitPlugin, false
 	}
 	o.Command = fs.Arg(0)
 	switch o.Command {
 	case "leases", "audit", "doctor", "blocks":
 	default:
 		fmt.Fprintf(env.Stderr, "kubectl-ipledger: unknown command %q: use leases, audit, doctor or blocks\n", o.Command)
-		return o, nil, ExitError, false
+		return o, nil, ExitPlugin, false
 	}
 	switch o.Output {
 	case "table", "json", "yaml":
 	default:
 		fmt.Fprintf(env.Stderr, "kubectl-ipledger: -o %q: use table, json or yaml\n", o.Output)
-		return o, nil, ExitError, false
+		return o, nil, ExitPlugin, false
 	}
 	if o.Network != "" && o.Command != "leases" && o.Command != "blocks" {
 		fmt.Fprintf(env.Stderr, "kubectl-ipledger: --network is for leases and blocks\n")
-		return o, nil, ExitError, false
+		return o, nil, ExitPlugin, false
 	}
 	if o.Pod != "" && o.Command != "leases" {
 		fmt.Fprintf(env.Stderr, "kubectl-ipledger: --pod is for leases\n")
-		return o, nil, ExitError, false
+		return o, nil, ExitPlugin, false
 	}
 	return o, clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, overrides), ExitOK, true
 }
@@ -297,16 +328,34 @@ func Gather(ctx context.Context, c *Client, o Options, warn io.Writer) ([]NodeRe
 		}
 		return nil, fmt.Errorf("listing the agent pods (namespace %s, selector %s): %w", o.Namespace, o.Selector, err)
 	}
+	names := map[string]bool{}
+	uid, err := c.Lister.DaemonSetUID(ctx, o.Namespace, o.DaemonSet)
+	if err != nil {
+		if errors.Is(err, ErrForbidden) {
+			return nil, fmt.Errorf("reading the agents' DaemonSet %s/%s needs get on daemonsets (apps) in namespace %s (RBAC): %w", o.Namespace, o.DaemonSet, o.Namespace, err)
+		}
+		if errors.Is(err, ErrNoDaemonSet) {
+			return nil, fmt.Errorf("no DaemonSet %s/%s: is ipledger installed (deploy/ipledger.yaml)? --daemonset and -n name another: %w", o.Namespace, o.DaemonSet, err)
+		}
+		return nil, fmt.Errorf("reading the agents' DaemonSet %s/%s: %w", o.Namespace, o.DaemonSet, err)
+	}
 	byNode := map[string]Pod{}
+	strangers := map[string][]Pod{} // by node: pods of the selector the DaemonSet does not own
 	for _, p := range pods {
 		if p.Node == "" {
+			continue
+		}
+		if !ownedBy(p, o.DaemonSet, uid) {
+			strangers[p.Node] = append(strangers[p.Node], p)
 			continue
 		}
 		if cur, ok := byNode[p.Node]; !ok || better(p, cur) {
 			byNode[p.Node] = p
 		}
 	}
-	names := map[string]bool{}
+	for n := range strangers {
+		names[n] = true
+	}
 	nodes, err := c.Lister.Nodes(ctx)
 	switch {
 	case err != nil && o.Node == "":
@@ -325,6 +374,14 @@ func Gather(ctx context.Context, c *Client, o Options, warn io.Writer) ([]NodeRe
 		}
 		names = map[string]bool{o.Node: true}
 	}
+	for n := range names {
+		if _, ok := byNode[n]; ok {
+			for _, p := range strangers[n] {
+				fmt.Fprintf(warn, "kubectl-ipledger: pod %s/%s on node %s matches %s but its owner is %s, not DaemonSet %s (uid %s): not asked\n",
+					o.Namespace, p.Name, n, o.Selector, p.Owner, o.DaemonSet, uid)
+			}
+		}
+	}
 	results := make([]NodeResult, 0, len(names))
 	for n := range names {
 		results = append(results, NodeResult{Node: n})
@@ -337,6 +394,10 @@ func Gather(ctx context.Context, c *Client, o Options, warn io.Writer) ([]NodeRe
 		r := &results[i]
 		p, ok := byNode[r.Node]
 		switch {
+		case !ok && len(strangers[r.Node]) > 0:
+			r.Pod = strangers[r.Node][0].Name
+			r.setErr(fmt.Errorf("%w on node %s: pod %s/%s matches %s but its owner is %s, not DaemonSet %s; its answers are not trusted", ErrNotDaemonSetPod, r.Node, o.Namespace, r.Pod, o.Selector, strangers[r.Node][0].Owner, o.DaemonSet))
+			continue
 		case !ok:
 			r.setErr(fmt.Errorf("%w on node %s (namespace %s, selector %s): is the DaemonSet installed, and does it tolerate the node's taints?", ErrNoAgentPod, r.Node, o.Namespace, o.Selector))
 			continue
@@ -360,6 +421,12 @@ func Gather(ctx context.Context, c *Client, o Options, warn io.Writer) ([]NodeRe
 	}
 	wg.Wait()
 	return results, nil
+}
+
+// ownedBy: p's controller is the DaemonSet name (apps/v1) of that uid.
+func ownedBy(p Pod, name, uid string) bool {
+	o := p.Owner
+	return o.APIVersion == "apps/v1" && o.Kind == "DaemonSet" && o.Name == name && o.UID == uid && uid != ""
 }
 
 // better: the pod to ask when a node has two (a DaemonSet's rolling update): a
@@ -391,6 +458,8 @@ func ask(ctx context.Context, ex Exec, o Options, cmd []string, r *NodeResult) {
 	status := ""
 	switch {
 	case len(out) == 0 || !json.Valid(out):
+	case exit == ctl.ExitOK && o.Command == "audit" && runtimeUnreachable(out):
+		status = StatusNoRuntime
 	case exit == ctl.ExitOK:
 		status = StatusOK
 	case exit == ctl.ExitUnbalanced && o.Command == "audit":
@@ -409,6 +478,14 @@ func ask(ctx context.Context, ex Exec, o Options, cmd []string, r *NodeResult) {
 		return
 	}
 	r.Status, r.Result, r.stderr = status, json.RawMessage(out), stderr
+}
+
+// runtimeUnreachable: an audit answer whose runtime is unreachable.
+func runtimeUnreachable(answer []byte) bool {
+	var a struct {
+		Runtime string `json:"runtime"`
+	}
+	return json.Unmarshal(answer, &a) == nil && a.Runtime == "unreachable"
 }
 
 // Print writes the results as o.Output says: a table with the NODE column first, or

@@ -56,6 +56,7 @@ type fakeCluster struct {
 	nodesErr error
 	pods     []fleet.Pod
 	podsErr  error
+	dsErr    error
 	agents   map[string]*agent // by pod name
 	forbid   map[string]bool   // by pod name
 	broken   map[string]bool   // by pod name: ipledgerctl cannot reach its agent
@@ -70,6 +71,22 @@ var (
 )
 
 func (f *fakeCluster) Nodes(context.Context) ([]string, error) { return f.nodes, f.nodesErr }
+
+// dsUID is the UID of the fake cluster's DaemonSet ipledger/ipledgerd.
+const dsUID = "6c1b6a2e-0d4f-4c59-9a39-3f1d2e5b7a10"
+
+// dsOwner is the controller owner reference of the DaemonSet's pods.
+var dsOwner = fleet.Owner{APIVersion: "apps/v1", Kind: "DaemonSet", Name: fleet.DefaultDaemonSet, UID: dsUID}
+
+func (f *fakeCluster) DaemonSetUID(_ context.Context, namespace, name string) (string, error) {
+	if f.dsErr != nil {
+		return "", f.dsErr
+	}
+	if namespace != fleet.DefaultNamespace || name != fleet.DefaultDaemonSet {
+		return "", fmt.Errorf(`%w: daemonsets.apps %q not found`, fleet.ErrNoDaemonSet, name)
+	}
+	return dsUID, nil
+}
 
 func (f *fakeCluster) Pods(_ context.Context, namespace, selector string) ([]fleet.Pod, error) {
 	if namespace != fleet.DefaultNamespace || selector != fleet.DefaultSelector {
@@ -125,7 +142,7 @@ func threeNodes() *fakeCluster {
 	f := &fakeCluster{nodes: []string{"node2", "node0", "node1"}, agents: map[string]*agent{}}
 	for i := range 3 {
 		node, pod := fmt.Sprintf("node%d", i), fmt.Sprintf("ipledgerd-%c", 'a'+i)
-		f.pods = append(f.pods, fleet.Pod{Name: pod, Node: node, Phase: "Running", Created: now.Add(-time.Hour)})
+		f.pods = append(f.pods, fleet.Pod{Name: pod, Node: node, Phase: "Running", Created: now.Add(-time.Hour), Owner: dsOwner})
 		f.agents[pod] = &agent{
 			leases: []api.LeaseView{lease(fmt.Sprintf("10.244.%d.5", i), "web-"+node)},
 			audit:  balanced(1),
@@ -249,12 +266,111 @@ func TestUnreachableNodes(t *testing.T) {
 	}
 }
 
-func TestPodsForbiddenExits2(t *testing.T) {
+// TestPluginErrorsExit4: the plugin's own failures (the agent pods or their DaemonSet
+// not read, usage) exit 4, which no node's answer gives: a script tells them from a
+// doctor FAIL (2) or an unreachable node (3).
+func TestPluginErrorsExit4(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(f *fakeCluster)
+		stderr string
+	}{
+		{"pods forbidden", func(f *fakeCluster) {
+			f.podsErr = fmt.Errorf(`%w: pods is forbidden: User "nobody" cannot list resource "pods" in API group "" in the namespace "ipledger"`, fleet.ErrForbidden)
+		}, "needs list on pods in namespace ipledger"},
+		{"daemonset forbidden", func(f *fakeCluster) {
+			f.dsErr = fmt.Errorf(`%w: daemonsets.apps "ipledgerd" is forbidden: User "viewer" cannot get resource "daemonsets"`, fleet.ErrForbidden)
+		}, "needs get on daemonsets (apps) in namespace ipledger (RBAC)"},
+		{"no daemonset", func(f *fakeCluster) {
+			f.dsErr = fmt.Errorf(`%w: daemonsets.apps "ipledgerd" not found`, fleet.ErrNoDaemonSet)
+		}, "no DaemonSet ipledger/ipledgerd: is ipledger installed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := threeNodes()
+			tc.change(f)
+			for _, cmd := range []string{"audit", "doctor"} {
+				r := f.run(t, cmd)
+				if r.code != fleet.ExitPlugin || !strings.Contains(r.stderr, tc.stderr) {
+					t.Fatalf("%s: exit %d, want %d naming %q", cmd, r.code, fleet.ExitPlugin, tc.stderr)
+				}
+			}
+			if len(f.execs) != 0 {
+				t.Errorf("execs %q", f.execs)
+			}
+		})
+	}
+	// distinct from every node-borne status
+	if len(map[int]bool{fleet.ExitOK: true, fleet.ExitUnbalanced: true, fleet.ExitError: true, fleet.ExitUnreachable: true, fleet.ExitPlugin: true}) != 5 {
+		t.Fatal("two exit statuses share a value")
+	}
+}
+
+// TestOnlyDaemonSetPodsAsked: a pod that matches the agents' selector but that the
+// agents' DaemonSet does not own (a pod someone made with the label, a DaemonSet of the
+// same name deleted and made again: another UID, a pod whose controller is a
+// ReplicaSet) is never exec'd into: its node is unreachable (exit 3) naming the pod
+// and its owner; where the node also has the DaemonSet's pod, that one is asked and
+// the stranger named on stderr.
+func TestOnlyDaemonSetPodsAsked(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		owner fleet.Owner
+	}{
+		{"no owner", fleet.Owner{}},
+		{"another uid", fleet.Owner{APIVersion: "apps/v1", Kind: "DaemonSet", Name: fleet.DefaultDaemonSet, UID: "0a0a0a0a-old"}},
+		{"another daemonset", fleet.Owner{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "impostor", UID: dsUID}},
+		{"a replicaset", fleet.Owner{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: fleet.DefaultDaemonSet, UID: dsUID}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := threeNodes()
+			f.pods[1].Owner = tc.owner // ipledgerd-b on node1
+			// and a stranger beside the DaemonSet's pod on node2, newer and Running
+			f.pods = append(f.pods, fleet.Pod{Name: "debug-x", Node: "node2", Phase: "Running", Created: now, Owner: tc.owner})
+			f.agents["debug-x"] = &agent{audit: balanced(7)}
+			r := f.run(t, "audit")
+			if r.code != fleet.ExitUnreachable || !strings.Contains(r.stderr, "node node1: no pod of the agents' DaemonSet on node node1: pod ipledger/ipledgerd-b matches app=ipledgerd but its owner is "+tc.owner.String()) {
+				t.Fatalf("exit %d, want %d naming node1's pod and its owner", r.code, fleet.ExitUnreachable)
+			}
+			if !strings.Contains(r.stderr, "pod ipledger/debug-x on node node2 matches app=ipledgerd but its owner is "+tc.owner.String()+", not DaemonSet ipledgerd") {
+				t.Errorf("the stranger on node2 is not named")
+			}
+			for _, e := range f.execs {
+				if strings.Contains(e, "ipledgerd-b") || strings.Contains(e, "debug-x") {
+					t.Errorf("exec into a pod the DaemonSet does not own: %s", e)
+				}
+			}
+			if rows := lines(r.stdout); !slices.Equal(rows[2][:2], []string{"node1", "UNREACHABLE"}) || !slices.Equal(rows[3][:3], []string{"node2", "BALANCED", "1"}) {
+				t.Errorf("rows %q", rows)
+			}
+		})
+	}
+}
+
+// TestAuditRuntimeUnreachableFails: a node whose agent cannot reach the container
+// runtime has books that nothing reconciles: audit exits 1 even when they balance,
+// names the node and the fix on stderr, and shows the runtime in its row and its
+// status in -o json. Doctor keeps its own verdict (it FAILs the runtime itself).
+func TestAuditRuntimeUnreachableFails(t *testing.T) {
 	f := threeNodes()
-	f.podsErr = fmt.Errorf(`%w: pods is forbidden: User "nobody" cannot list resource "pods" in API group "" in the namespace "ipledger"`, fleet.ErrForbidden)
+	f.agents["ipledgerd-b"].audit.Runtime = "unreachable"
 	r := f.run(t, "audit")
-	if r.code != fleet.ExitError || !strings.Contains(r.stderr, "needs list on pods in namespace ipledger") {
-		t.Fatalf("exit %d", r.code)
+	if r.code != fleet.ExitUnbalanced || !strings.Contains(r.stderr, "node node1: the agent cannot reach the container runtime: nothing is reconciled there") {
+		t.Fatalf("exit %d, want %d naming node1's runtime", r.code, fleet.ExitUnbalanced)
+	}
+	if rows := lines(r.stdout); !slices.Equal(rows[2], []string{"node1", "BALANCED", "1", "0", "0", "0", "0", "unreachable"}) {
+		t.Errorf("node1's row %q", rows[2])
+	}
+	var list []fleet.NodeResult
+	if err := json.Unmarshal([]byte(f.run(t, "audit", "-o", "json").stdout), &list); err != nil {
+		t.Fatal(err)
+	}
+	if list[1].Status != fleet.StatusNoRuntime || list[0].Status != fleet.StatusOK {
+		t.Errorf("-o json statuses %q %q", list[0].Status, list[1].Status)
+	}
+	// no runtime configured (--cri-endpoint unset) is the operator's choice, not a failure
+	f.agents["ipledgerd-b"].audit.Runtime = "none"
+	if r := f.run(t, "audit"); r.code != fleet.ExitOK {
+		t.Errorf("runtime none: exit %d", r.code)
 	}
 }
 
@@ -407,7 +523,7 @@ func TestBlocksEachUnderItsOwner(t *testing.T) {
 func TestUsage(t *testing.T) {
 	f := threeNodes()
 	for _, args := range [][]string{{}, {"pools"}, {"audit", "-o", "wide"}, {"audit", "extra"}, {"audit", "--network", "x"}, {"--bogus", "audit"}} {
-		if r := f.run(t, args...); r.code != fleet.ExitError || r.stderr == "" {
+		if r := f.run(t, args...); r.code != fleet.ExitPlugin || r.stderr == "" {
 			t.Errorf("%q: exit %d, stderr %q", args, r.code, r.stderr)
 		}
 	}

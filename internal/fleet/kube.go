@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/scheme"
+	appsv1client "k8s.io/client-go/kubernetes/typed/apps/v1"
 	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -30,12 +32,17 @@ func Connect(cfg clientcmd.ClientConfig) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Client{Lister: &kubeLister{client: cs}, Exec: &podExec{config: rc, client: cs}}, nil
+	apps, err := appsv1client.NewForConfig(rc)
+	if err != nil {
+		return nil, err
+	}
+	return &Client{Lister: &kubeLister{client: cs, apps: apps}, Exec: &podExec{config: rc, client: cs}}, nil
 }
 
 // kubeLister lists through the API server.
 type kubeLister struct {
 	client corev1client.CoreV1Interface
+	apps   appsv1client.AppsV1Interface
 }
 
 var _ Lister = (*kubeLister)(nil)
@@ -59,10 +66,25 @@ func (k *kubeLister) Pods(ctx context.Context, namespace, selector string) ([]Po
 	}
 	pods := make([]Pod, 0, len(l.Items))
 	for _, p := range l.Items {
-		pods = append(pods, Pod{Name: p.Name, Node: p.Spec.NodeName, Phase: string(p.Status.Phase),
-			Created: p.CreationTimestamp.Time, Deleting: p.DeletionTimestamp != nil})
+		pod := Pod{Name: p.Name, Node: p.Spec.NodeName, Phase: string(p.Status.Phase),
+			Created: p.CreationTimestamp.Time, Deleting: p.DeletionTimestamp != nil}
+		if ref := metav1.GetControllerOf(&p); ref != nil {
+			pod.Owner = Owner{APIVersion: ref.APIVersion, Kind: ref.Kind, Name: ref.Name, UID: string(ref.UID)}
+		}
+		pods = append(pods, pod)
 	}
 	return pods, nil
+}
+
+func (k *kubeLister) DaemonSetUID(ctx context.Context, namespace, name string) (string, error) {
+	ds, err := k.apps.DaemonSets(namespace).Get(ctx, name, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return "", fmt.Errorf("%w: %w", ErrNoDaemonSet, err)
+	}
+	if err != nil {
+		return "", apiErr(err)
+	}
+	return string(ds.UID), nil
 }
 
 // podExec runs commands in pods as kubectl exec does: over a websocket (the v5

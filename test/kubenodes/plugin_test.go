@@ -132,6 +132,7 @@ kind: Role
 metadata: {name: ipledger-viewer, namespace: ipledger}
 rules:
   - {apiGroups: [""], resources: [pods], verbs: [get, list]}
+  - {apiGroups: [apps], resources: [daemonsets], verbs: [get]}
 ---
 apiVersion: rbac.authorization.k8s.io/v1
 kind: RoleBinding
@@ -152,7 +153,7 @@ subjects:
 	}
 	out, errOut, code = cl.kubectlPlugin("audit", "--as", "nobody")
 	t.Logf("kubectl ipledger audit --as nobody (exit %d):\n%s%s", code, out, errOut)
-	if code != fleet.ExitError || !strings.Contains(errOut, "needs list on pods in namespace ipledger") {
-		t.Errorf("kubectl ipledger audit --as nobody: exit %d, want %d and the missing list on pods named", code, fleet.ExitError)
+	if code != fleet.ExitPlugin || !strings.Contains(errOut, "needs list on pods in namespace ipledger") {
+		t.Errorf("kubectl ipledger audit --as nobody: exit %d, want %d and the missing list on pods named", code, fleet.ExitPlugin)
 	}
 }

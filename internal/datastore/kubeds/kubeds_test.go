@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"sync"
@@ -541,11 +543,19 @@ func TestKubernetesAPI(t *testing.T) {
 	t.Run("ManifestInstallsAndGrantsTheAgent", func(t *testing.T) {
 		e.store(t) // empties the records; the agent's store is opened below
 		ctx := ctxT(t)
-		// The whole manifest is accepted by the apiserver (no node runs the
-		// DaemonSet's pod here), and re-applying it changes nothing.
+		// The whole manifest and cluster mode's RBAC (deploy/cluster/rbac.yaml,
+		// what kubectl apply -k deploy/cluster adds) are accepted by the apiserver
+		// (no node runs the DaemonSet's pod here), and re-applying them changes
+		// nothing.
+		clusterRBAC, err := os.ReadFile(filepath.Join(filepath.Dir(manifestPath), "cluster", "rbac.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
 		for i := 0; i < 2; i++ {
-			if out, err := e.api.KubectlIn(manifest(t), "apply", "-f", "-"); err != nil {
-				t.Fatalf("kubectl apply deploy/ipledger.yaml: %v\n%s", err, out)
+			for name, m := range map[string][]byte{"deploy/ipledger.yaml": manifest(t), "deploy/cluster/rbac.yaml": clusterRBAC} {
+				if out, err := e.api.KubectlIn(m, "apply", "-f", "-"); err != nil {
+					t.Fatalf("kubectl apply %s: %v\n%s", name, err, out)
+				}
 			}
 		}
 		out, err := e.api.Kubectl("get", "daemonset/ipledgerd", "-n", "ipledger", "-o", "jsonpath={.spec.template.spec.serviceAccountName}")
@@ -556,6 +566,9 @@ func TestKubernetesAPI(t *testing.T) {
 		// than the manifest grants.
 		cfg := e.api.Config()
 		cfg.Impersonate.UserName = "system:serviceaccount:ipledger:ipledgerd"
+		// as the token of its pod on node n1 authenticates (the manifest's
+		// admission policy lets it patch that Node's status only)
+		cfg.Impersonate.Extra = map[string][]string{"authentication.kubernetes.io/node-name": {"n1"}}
 		s, err := kubeds.New(cfg, kubeds.Options{})
 		if err != nil {
 			t.Fatal(err)

@@ -40,7 +40,7 @@ func TestManifestHoldsClusterModeAndKeepsTheNodeDaemonSet(t *testing.T) {
 		"Namespace/ipledger",
 		"CustomResourceDefinition/ipblocks.ipledger.io", "CustomResourceDefinition/ippools.ipledger.io", "CustomResourceDefinition/iprecords.ipledger.io",
 		"ServiceAccount/ipledgerd", "ClusterRole/ipledgerd", "ClusterRoleBinding/ipledgerd",
-		"Role/ipledgerd-leases", "RoleBinding/ipledgerd-leases",
+		"ValidatingAdmissionPolicy/ipledgerd-own-node-status", "ValidatingAdmissionPolicyBinding/ipledgerd-own-node-status",
 		"ConfigMap/ipledger-cni", "DaemonSet/ipledgerd",
 	}
 	if !reflect.DeepEqual(got, want) {
@@ -118,9 +118,55 @@ func TestManifestHoldsClusterModeAndKeepsTheNodeDaemonSet(t *testing.T) {
 	if want := []string{"[]nodes[get list watch]", "[]nodes/status[patch]", "[events.k8s.io]events[create patch]"}; !reflect.DeepEqual(nodeRules, want) {
 		t.Errorf("ClusterRole rules on Nodes and Events %v, want %v", nodeRules, want)
 	}
+	// node mode writes no cluster-mode record: those rights are deploy/cluster's
+	for _, r := range rules {
+		for _, g := range r.(map[string]any)["apiGroups"].([]any) {
+			if g == kubeds.Group || g == "coordination.k8s.io" {
+				t.Errorf("node mode's ClusterRole has a rule on %v: cluster mode's (deploy/cluster/rbac.yaml)", r)
+			}
+		}
+	}
 	conflist, _, _ := unstructured.NestedString(byKind["ConfigMap/ipledger-cni"].Object, "data", "ipledger.conflist")
 	if !strings.Contains(conflist, `"ranges": [[{"subnet": "usePodCidr"}]]`) {
 		t.Errorf("the conflist's ranges are not usePodCidr:\n%s", conflist)
+	}
+}
+
+// TestClusterOverlayRBAC: deploy/cluster adds cluster mode's rights (the records'
+// ClusterRole and the node Leases' Role, bound to the agents' ServiceAccount) to the
+// node-mode manifest, and the overlay lists the file.
+func TestClusterOverlayRBAC(t *testing.T) {
+	dir := filepath.Join(filepath.Dir(manifestPath), "cluster")
+	b, err := os.ReadFile(filepath.Join(dir, "rbac.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	docs, err := kubeds.Documents(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	rules := map[string][]any{}
+	for _, d := range docs {
+		got = append(got, d.GetKind()+"/"+d.GetName())
+		rules[d.GetKind()], _, _ = unstructured.NestedSlice(d.Object, "rules")
+	}
+	want := []string{"ClusterRole/ipledgerd-cluster", "ClusterRoleBinding/ipledgerd-cluster", "Role/ipledgerd-leases", "RoleBinding/ipledgerd-leases"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("deploy/cluster/rbac.yaml objects %q, want %q", got, want)
+	}
+	if r := fmt.Sprint(rules["ClusterRole"]); !strings.Contains(r, "[ipledger.io]") || !strings.Contains(r, "ipblocks ippools iprecords") {
+		t.Errorf("cluster ClusterRole rules %s", r)
+	}
+	if r := fmt.Sprint(rules["Role"]); !strings.Contains(r, "[coordination.k8s.io]") || !strings.Contains(r, "[leases]") {
+		t.Errorf("leases Role rules %s", r)
+	}
+	k, err := os.ReadFile(filepath.Join(dir, "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(k), "\n  - rbac.yaml") {
+		t.Error("deploy/cluster/kustomization.yaml does not list rbac.yaml")
 	}
 }
 

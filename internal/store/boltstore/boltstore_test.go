@@ -36,7 +36,7 @@ func TestLedgerSuite(t *testing.T) {
 	})
 }
 
-func TestCorruptFile(t *testing.T) { storetest.CorruptFile(t, openStore) }
+func TestCorruptFile(t *testing.T) { storetest.CorruptFile(t, openStore, false) }
 
 func TestLockedByAnotherAgent(t *testing.T) { storetest.LockedByAnotherAgent(t, openStore) }
 

@@ -251,13 +251,17 @@ func CrashChild(t *testing.T, open Opener) {
 
 // CorruptFile: a garbage, empty, truncated, foreign-bbolt or other-schema state file
 // is refused with ErrCorrupt naming the file and the fix ("move the file aside"; for
-// the other schema, the version found), and opening it changes nothing.
-func CorruptFile(t *testing.T, open Opener) {
+// the other schema, the version found), and opening it changes nothing. With
+// emptyHasRules the empty file is left out: the store decides on more evidence (its
+// log) and tests that itself.
+func CorruptFile(t *testing.T, open Opener, emptyHasRules bool) {
 	t.Helper()
 	dir := t.TempDir()
 	cases := map[string][]byte{
 		"garbage": []byte(strings.Repeat("not a ledger ", 2000)),
-		"empty":   {},
+	}
+	if !emptyHasRules {
+		cases["empty"] = []byte{}
 	}
 	real := filepath.Join(dir, "real.db")
 	st, err := open(real)

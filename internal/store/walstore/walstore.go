@@ -29,6 +29,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"path/filepath"
 	"sync"
 	"syscall"
@@ -66,6 +67,7 @@ type Store struct {
 	logID    uint64
 	segSize  int64
 	boltOpts []boltstore.Option
+	log      *slog.Logger
 
 	// wmu serializes writers: Update, and a checkpoint's swap and prune. Under it the
 	// fields below and the overlay are stable.
@@ -112,6 +114,10 @@ func WithBolt(opts ...boltstore.Option) Option {
 	return func(s *Store) { s.boltOpts = append(s.boltOpts, opts...) }
 }
 
+// WithLogger sets where Open reports what it repaired (an empty state file that held
+// nothing, replaced); by default nowhere.
+func WithLogger(l *slog.Logger) Option { return func(s *Store) { s.log = l } }
+
 // crashPoint, when set (by tests), is called at the steps of a commit and of a
 // checkpoint that a crash could interrupt.
 var crashPoint func(step string)
@@ -125,14 +131,22 @@ func at(step string) {
 // LogPaths are the log files of the state file at path.
 func LogPaths(path string) [2]string { return [2]string{path + "-wal.0", path + "-wal.1"} }
 
-// Open opens (creating when missing) the state file at path and its log, and replays
-// into the state file the records it lacks. Errors are those of boltstore.Open, or
-// wrap ledger.ErrCorrupt naming the log file and what to do, or ledger.ErrStore.
+// Open opens the state file at path and its log, and replays into the state file the
+// records it lacks. A missing state file is created whole (see create.go); an empty
+// one whose log holds no record is replaced by a new one. Errors are those of
+// boltstore.Open, or wrap ledger.ErrCorrupt naming the file and what to do, or
+// ledger.ErrStore.
 func Open(path string, opts ...Option) (s *Store, err error) {
 	s = &Store{path: path, segSize: DefaultSegmentBytes, sealed: -1, ov: newOverlay(),
 		kick: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	for _, o := range opts {
 		o(s)
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if err := s.prepare(); err != nil {
+		return nil, err
 	}
 	bs, err := boltstore.Open(path, s.boltOpts...)
 	if err != nil {

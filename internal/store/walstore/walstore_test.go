@@ -61,7 +61,7 @@ func TestFaultSoak(t *testing.T) {
 	ledgertest.Soak(t, st, ledgertest.SoakConfig{Ops: 10000, Workers: 8, FaultRate: 0.2, Seed: 1})
 }
 
-func TestCorruptFile(t *testing.T) { storetest.CorruptFile(t, openStore) }
+func TestCorruptFile(t *testing.T) { storetest.CorruptFile(t, openStore, true) }
 
 // A damaged record followed by an intact one is corruption, not a torn tail: Open
 // refuses, naming the log file and the fix, and changes nothing.
