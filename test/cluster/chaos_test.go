@@ -11,11 +11,22 @@ import (
 	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
 
-// chaosAllocs sizes TestChaosProcesses: small in `go test`, at least 100,000 when run
-// by hand:
+// chaosAllocs sizes TestChaosProcesses and TestChaosFaults: small in `go test`
+// (smaller under -short, see chaosSize), at least 100,000 when run by hand:
 //
 //	go test -run TestChaosProcesses -timeout 2h ./test/cluster -chaos.allocs 100000
 var chaosAllocs = flag.Int("chaos.allocs", 3000, "allocations of TestChaosProcesses in all")
+
+// chaosSize is n, the size a flag gives, except under -short when the flag named
+// was not given: then short, the fast tier's size (every fault still happens).
+func chaosSize(name string, n, short int) int {
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	if testing.Short() && !given {
+		return short
+	}
+	return n
+}
 
 // TestChaosProcesses: five agent processes on a three-member etcd cluster, churning
 // (one in twenty operations through the plugin binary) in phases of 1,000
@@ -28,8 +39,9 @@ var chaosAllocs = flag.Int("chaos.allocs", 3000, "allocations of TestChaosProces
 func TestChaosProcesses(t *testing.T) {
 	ec := etcdenv.StartCluster(t, 3)
 	nodes := startNodes(t, 5, []string{"--datastore", "etcd", "--etcd-endpoints", strings.Join(ec.Endpoints(), ",")})
-	const perPhase = 1000
-	phases := max(1, *chaosAllocs/perPhase)
+	allocs := chaosSize("chaos.allocs", *chaosAllocs, 600)
+	perPhase := max(1, min(1000, allocs/3)) // at least the three disruptions
+	phases := max(1, allocs/perPhase)
 	var total, retries int64
 	began := time.Now()
 	for p := range phases {

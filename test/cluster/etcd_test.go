@@ -26,7 +26,7 @@ func etcdLeader(t *testing.T, ec *etcdenv.Cluster) int {
 
 // TestFiveAgentsOnEtcd: five ipledgerd processes share one cluster-wide pool through
 // a three-member etcd cluster (Debian's etcd-server, separate processes). 5,000
-// allocations and as many releases run concurrently through the agents' sockets,
+// allocations (1,000 under -short) and as many releases run concurrently through the agents' sockets,
 // one in twenty through the real plugin binary, and the etcd leader is SIGKILLed a
 // third of the way in. No ADD ever answers an address another live lease holds (the
 // test's own record), and the real `ipledgerctl cluster-audit` finds no address held
@@ -36,7 +36,11 @@ func TestFiveAgentsOnEtcd(t *testing.T) {
 	ec := etcdenv.StartCluster(t, 3)
 	nodes := startNodes(t, 5, []string{"--datastore", "etcd", "--etcd-endpoints", strings.Join(ec.Endpoints(), ",")})
 	killed := -1
-	st := churn(t, nodes, churnOpts{Allocations: 5000, Workers: 4, Live: 20, PluginEvery: 20, Retry: 45 * time.Second}, func() {
+	allocs := 5000
+	if testing.Short() {
+		allocs = 1000
+	}
+	st := churn(t, nodes, churnOpts{Allocations: allocs, Workers: 4, Live: 20, PluginEvery: 20, Retry: 45 * time.Second}, func() {
 		killed = etcdLeader(t, ec)
 		t.Logf("SIGKILL of etcd member %d (the leader) mid-run", killed)
 		ec.Kill(killed)

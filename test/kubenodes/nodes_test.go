@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/ipledger/ipledger/internal/image"
 	"github.com/ipledger/ipledger/internal/testenv"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
@@ -194,42 +196,12 @@ func (cl *cluster) podCIDR(node string) netip.Prefix {
 	return p
 }
 
-// server starts a busybox httpd pod on node answering "ok" on port 8080 (its
-// log names each client's address) and returns its address once it runs.
+// server starts a busybox httpd pod srv-NODE on node answering "ok" on port
+// 8080 (its log names each client's address) and returns its address once it
+// runs.
 func (cl *cluster) server(node string) netip.Addr {
 	cl.t.Helper()
-	name := "srv-" + node
-	cl.c.Apply(cl.t, fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {name: %s, namespace: default, labels: {app: srv}}
-spec:
-  nodeName: %s
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 0
-  containers:
-    - name: srv
-      image: %s
-      imagePullPolicy: Never
-      command: ["/bin/busybox", "sh", "-c", "echo ok > /tmp/index.html && exec /bin/busybox httpd -f -vv -p 8080 -h /tmp"]
-`, name, node, podImage))
-	var ip netip.Addr
-	if err := kubeenv.WaitFor(2*time.Minute, 500*time.Millisecond, func() (bool, error) {
-		pods, err := cl.c.Pods("default", "app=srv")
-		if err != nil {
-			return false, err
-		}
-		for _, p := range pods {
-			if p.Metadata.Name == name && p.Status.Phase == "Running" && p.Status.PodIP != "" {
-				ip, err = netip.ParseAddr(p.Status.PodIP)
-				return err == nil, err
-			}
-		}
-		return false, fmt.Errorf("pod %s not running", name)
-	}); err != nil {
-		out, _ := cl.c.Kubectl("describe", "pod", name)
-		cl.t.Fatalf("%v\n%s", err, out)
-	}
-	return ip
+	return cl.httpd("srv-"+node, node, map[string]string{"app": "srv"}, "ok", 0)
 }
 
 // fetch runs a pod on node that fetches http://target:8080/ from each target
@@ -252,19 +224,9 @@ func (cl *cluster) fetch(node string, targets []netip.Addr) (bool, string, netip
 // apiserver's egress to the node's kubelet) and its address.
 func (cl *cluster) runPod(node, name, script string) (bool, string, netip.Addr) {
 	cl.t.Helper()
-	cl.c.Apply(cl.t, fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {name: %s, namespace: default, labels: {app: probe}}
-spec:
-  nodeName: %s
-  restartPolicy: Never
-  automountServiceAccountToken: false
-  containers:
-    - name: probe
-      image: %s
-      imagePullPolicy: Never
-      command: ["/bin/busybox", "sh", "-c", %q]
-`, name, node, podImage, script))
+	spec := busyboxPod(node, "probe", "/bin/busybox", "sh", "-c", script)
+	spec.RestartPolicy = corev1.RestartPolicyNever
+	cl.c.Apply(cl.t, podManifest(name, map[string]string{"app": "probe"}, spec))
 	var phase, ip string
 	if err := kubeenv.WaitFor(3*time.Minute, 500*time.Millisecond, func() (bool, error) {
 		pods, err := cl.c.Pods("default", "app=probe")
@@ -300,28 +262,7 @@ func (cl *cluster) logs(pod string) string {
 // port 8080, published on the node as hostPort, and waits until it runs.
 func (cl *cluster) hostPortPod(node string, hostPort int) {
 	cl.t.Helper()
-	name := "hostport-" + node
-	cl.c.Apply(cl.t, fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {name: %s, namespace: default, labels: {app: hostport}}
-spec:
-  nodeName: %s
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 0
-  containers:
-    - name: srv
-      image: %s
-      imagePullPolicy: Never
-      command: ["/bin/busybox", "sh", "-c", "echo ok > /tmp/index.html && exec /bin/busybox httpd -f -p 8080 -h /tmp"]
-      ports: [{containerPort: 8080, hostPort: %d, protocol: TCP}]
-`, name, node, podImage, hostPort))
-	if err := kubeenv.WaitFor(2*time.Minute, 500*time.Millisecond, func() (bool, error) {
-		phase, err := cl.c.Kubectl("get", "pod", name, "-o", "jsonpath={.status.phase}")
-		return phase == "Running", fmt.Errorf("pod %s phase %q: %v", name, phase, err)
-	}); err != nil {
-		out, _ := cl.c.Kubectl("describe", "pod", name)
-		cl.t.Fatalf("%v\n%s", err, out)
-	}
+	cl.httpd("hostport-"+node, node, map[string]string{"app": "hostport"}, "ok", hostPort)
 }
 
 // httpGet sends GET /index.html over c and returns the body's last line.

@@ -52,37 +52,7 @@ spec:
 func (cl *cluster) echo(node string) string {
 	cl.t.Helper()
 	name := "echo-" + node
-	cl.c.Apply(cl.t, fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {name: %[1]s, namespace: default, labels: {app: echo, echo: %[2]s}}
-spec:
-  nodeName: %[2]s
-  automountServiceAccountToken: false
-  terminationGracePeriodSeconds: 0
-  containers:
-    - name: srv
-      image: %[3]s
-      imagePullPolicy: Never
-      command: ["/bin/busybox", "sh", "-c", "echo %[1]s > /tmp/index.html && exec /bin/busybox httpd -f -vv -p 8080 -h /tmp"]
-`, name, node, podImage))
-	var ip string
-	if err := kubeenv.WaitFor(2*time.Minute, 500*time.Millisecond, func() (bool, error) {
-		pods, err := cl.c.Pods("default", "echo="+node)
-		if err != nil {
-			return false, err
-		}
-		for _, p := range pods {
-			if p.Metadata.Name == name && p.Status.Phase == "Running" && p.Status.PodIP != "" {
-				ip = p.Status.PodIP
-				return true, nil
-			}
-		}
-		return false, fmt.Errorf("pod %s not running", name)
-	}); err != nil {
-		out, _ := cl.c.Kubectl("describe", "pod", name)
-		cl.t.Fatalf("%v\n%s", err, out)
-	}
-	return ip
+	return cl.httpd(name, node, map[string]string{"app": "echo", "echo": node}, name, 0).String()
 }
 
 // podNetns is the name (in the node's /run/netns) of the network namespace

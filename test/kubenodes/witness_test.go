@@ -12,6 +12,7 @@ import (
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/ipledger/ipledger/internal/agent"
 	"github.com/ipledger/ipledger/internal/api"
@@ -412,43 +413,23 @@ func (w *witness) stranded(pod string) {
 
 // sleeper starts a pod that sleeps on node.
 func (w *witness) sleeper(name, node string) {
-	w.cl.c.Apply(w.t, fmt.Sprintf(`apiVersion: v1
-kind: Pod
-metadata: {name: %s, namespace: default}
-spec:
-  nodeName: %s
-  terminationGracePeriodSeconds: 1
-  automountServiceAccountToken: false
-  enableServiceLinks: false
-  containers:
-    - name: sleep
-      image: %s
-      imagePullPolicy: Never
-      command: ["/bin/busybox", "sleep", "3600"]
-`, name, node, podImage))
+	w.cl.c.Apply(w.t, podManifest(name, nil, witnessPod(node, "sleep", "/bin/busybox", "sleep", "3600")))
 }
 
 // job starts a Job of one pod on node that exits 0 after two seconds.
 func (w *witness) job(name, node string) {
-	w.cl.c.Apply(w.t, fmt.Sprintf(`apiVersion: batch/v1
-kind: Job
-metadata: {name: %s, namespace: default}
-spec:
-  backoffLimit: 0
-  template:
-    metadata: {labels: {job: %[1]s}}
-    spec:
-      nodeName: %s
-      restartPolicy: Never
-      terminationGracePeriodSeconds: 1
-      automountServiceAccountToken: false
-      enableServiceLinks: false
-      containers:
-        - name: main
-          image: %s
-          imagePullPolicy: Never
-          command: ["/bin/busybox", "sleep", "2"]
-`, name, node, podImage))
+	spec := witnessPod(node, "main", "/bin/busybox", "sleep", "2")
+	spec.RestartPolicy = corev1.RestartPolicyNever
+	w.cl.c.Apply(w.t, jobManifest(name, spec))
+}
+
+// witnessPod is busyboxPod with a grace of one second and no service
+// variables.
+func witnessPod(node, container string, command ...string) corev1.PodSpec {
+	spec := busyboxPod(node, container, command...)
+	spec.TerminationGracePeriodSeconds = new(int64(1))
+	spec.EnableServiceLinks = new(false)
+	return spec
 }
 
 // jobPod waits until the Job's pod has Succeeded and returns its name and

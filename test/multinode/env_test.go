@@ -17,15 +17,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -131,58 +128,12 @@ func agentKubeconfig(t *testing.T, admin string) string {
 }
 
 // relay listens on listen inside ns and joins every connection to target, dialled
-// from the test process's own (the host's) namespace. It stops, with every
-// connection it holds, at cleanup.
+// from the test process's own (the host's) namespace, until cleanup.
 func relay(t *testing.T, ns *netnodes.NS, listen, target string) {
 	t.Helper()
-	ln, err := ns.Listen("tcp", listen)
-	if err != nil {
-		t.Fatalf("relay in %s: %v", ns.Netns, err)
+	if err := ns.Relay(t, listen, target); err != nil {
+		t.Fatal(err)
 	}
-	var mu sync.Mutex
-	conns := map[net.Conn]bool{}
-	track := func(c net.Conn, add bool) {
-		mu.Lock()
-		defer mu.Unlock()
-		if add {
-			conns[c] = true
-		} else {
-			delete(conns, c)
-		}
-	}
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for c := range conns {
-			c.Close()
-		}
-	})
-	go func() {
-		for {
-			in, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				out, err := net.DialTimeout("tcp", target, 5*time.Second)
-				if err != nil {
-					in.Close()
-					return
-				}
-				track(in, true)
-				track(out, true)
-				done := make(chan struct{}, 2)
-				go func() { io.Copy(out, in); done <- struct{}{} }()
-				go func() { io.Copy(in, out); done <- struct{}{} }()
-				<-done
-				in.Close()
-				out.Close()
-				track(in, false)
-				track(out, false)
-			}()
-		}
-	}()
 }
 
 // podCIDRs are node i's spec.podCIDRs.

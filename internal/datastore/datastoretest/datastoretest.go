@@ -65,6 +65,16 @@ type Options struct {
 // it is generous because the machine may be slow, and nothing asserts speed.
 const Timeout = 90 * time.Second
 
+// DownTimeout bounds each call a test makes while its server is down, which
+// must fail with ErrUnavailable (the test waits this long for each): 3 s, and
+// 1 s under -short, where a deadline's mapping is as well checked sooner.
+func DownTimeout() time.Duration {
+	if testing.Short() {
+		return time.Second
+	}
+	return 3 * time.Second
+}
+
 // Run runs the conformance suite against stores that open returns.
 func Run(t *testing.T, open func(t *testing.T) datastore.Store, opts Options) {
 	if opts.LeaseTTL == 0 {
@@ -1003,7 +1013,7 @@ func (s *suite) testUnavailable(t *testing.T) {
 		}
 	}()
 	short := func() context.Context {
-		c, cancel := context.WithTimeout(ctx, 3*time.Second)
+		c, cancel := context.WithTimeout(ctx, DownTimeout())
 		t.Cleanup(cancel)
 		return c
 	}

@@ -32,6 +32,7 @@ func open(t *testing.T, endpoints []string, root string) *etcdds.Store {
 // TestConformanceEmbedded runs the conformance suite against an etcd server
 // embedded in the test process (go.etcd.io/etcd/server/v3/embed).
 func TestConformanceEmbedded(t *testing.T) {
+	t.Parallel() // its own server: the waits of the five overlap
 	srv := etcdenv.StartEmbedded(t)
 	datastoretest.Run(t, func(t *testing.T) datastore.Store {
 		s, err := etcdds.New(etcdds.Config{Endpoints: srv.Endpoints()})
@@ -52,6 +53,7 @@ func TestConformanceEmbedded(t *testing.T) {
 // (3.4) as a separate process, one member, SIGKILLed and restarted for the
 // unavailability test.
 func TestConformanceDebianEtcd(t *testing.T) {
+	t.Parallel() // its own server: the waits of the five overlap
 	cl := etcdenv.StartCluster(t, 1)
 	datastoretest.Run(t, func(t *testing.T) datastore.Store {
 		s, err := etcdds.New(etcdds.Config{Endpoints: cl.Endpoints(), Root: "/ipledger-conformance/"})
@@ -193,6 +195,7 @@ type counter struct {
 // value is exactly the number of increments each writer saw applied, and a watch
 // running throughout saw every increment once, in order.
 func TestClusterMemberKilled(t *testing.T) {
+	t.Parallel() // its own server: the waits of the five overlap
 	cl := etcdenv.StartCluster(t, 3)
 	s := open(t, cl.Endpoints(), "/ipledger/")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -208,7 +211,11 @@ func TestClusterMemberKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	const writers, per = 4, 60
+	const writers = 4
+	per := 60
+	if testing.Short() {
+		per = 24 // the leader still killed after a third and back after two thirds
+	}
 	var mu sync.Mutex
 	total := 0
 	restarted := make(chan struct{})
@@ -348,6 +355,7 @@ func TestClusterMemberKilled(t *testing.T) {
 // the store talks to an etcd that requires TLS client authentication; without the
 // client certificate, or trusting another CA, it is refused.
 func TestTLS(t *testing.T) {
+	t.Parallel() // its own server: the waits of the five overlap
 	srv, files := etcdenv.StartEmbeddedTLS(t)
 	s, err := etcdds.New(etcdds.Config{Endpoints: srv.Endpoints(), CAFile: files.CA, CertFile: files.Cert, KeyFile: files.Key})
 	if err != nil {
@@ -369,7 +377,7 @@ func TestTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer anon.Close()
-	short, cancel2 := context.WithTimeout(ctx, 3*time.Second)
+	short, cancel2 := context.WithTimeout(ctx, datastoretest.DownTimeout())
 	defer cancel2()
 	if _, err := anon.Get(short, "pools/net1"); !errors.Is(err, datastore.ErrUnavailable) {
 		t.Fatalf("Get without a client certificate: %v, want ErrUnavailable", err)
@@ -380,7 +388,7 @@ func TestTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer plain.Close()
-	short3, cancel3 := context.WithTimeout(ctx, 3*time.Second)
+	short3, cancel3 := context.WithTimeout(ctx, datastoretest.DownTimeout())
 	defer cancel3()
 	if _, err := plain.Get(short3, "pools/net1"); err == nil {
 		t.Fatal("plaintext Get from a TLS port succeeded")
@@ -392,6 +400,7 @@ func TestTLS(t *testing.T) {
 // told its lease was renewed), a running watch ends with ErrUnavailable instead of
 // going silent, and once the members are back the same store serves again.
 func TestQuorumLost(t *testing.T) {
+	t.Parallel() // its own server: the waits of the five overlap
 	cl := etcdenv.StartCluster(t, 3)
 	s := open(t, cl.Endpoints(), "/ipledger/")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -410,7 +419,9 @@ func TestQuorumLost(t *testing.T) {
 	}
 	cl.Kill(1)
 	cl.Kill(2)
-	short := func() (context.Context, context.CancelFunc) { return context.WithTimeout(ctx, 3*time.Second) }
+	short := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(ctx, datastoretest.DownTimeout())
+	}
 	c1, k1 := short()
 	_, err = s.Get(c1, "blocks/net1/10-0-0-0-26")
 	k1()

@@ -15,7 +15,7 @@ import (
 
 // SoakConfig sizes a fault-injection soak.
 type SoakConfig struct {
-	Ops       int     // operations in all
+	Ops       int     // operations in all; a fifth of them under -short
 	Workers   int     // concurrent callers
 	FaultRate float64 // share of commits that fail, at a random step
 	Seed      uint64
@@ -60,7 +60,11 @@ func Soak(t *testing.T, inner ledger.Store, cfg SoakConfig) {
 	kinds := map[string]int{}
 	outcomes := map[string]int{}
 	start := time.Now()
-	perWorker := cfg.Ops / cfg.Workers
+	size := cfg.Ops
+	if testing.Short() {
+		size = max(cfg.Workers, size/5) // the fast tier: the same mix, fewer rounds
+	}
+	perWorker := size / cfg.Workers
 	var wg sync.WaitGroup
 	for w := 0; w < cfg.Workers; w++ {
 		wg.Go(func() {

@@ -99,7 +99,8 @@ func Start(tb testing.TB, opts Options) *Cluster {
 	bin := Binaries(tb)
 	// One cluster per host at a time: kubelets share the kubepods cgroups and
 	// the KUBE-* iptables chains, and each restores the host as it found it.
-	// (go test ./... runs packages in parallel.) Released after cleanup.
+	// (go test ./... runs packages in parallel; see hostLock.) The next cluster
+	// of this process may start after cleanup.
 	tb.Cleanup(hostLock(tb)) // runs after every cleanup registered below
 	if opts.AfterRestore != nil {
 		tb.Cleanup(opts.AfterRestore)
@@ -201,29 +202,59 @@ func StartControlPlane(tb testing.TB, opts Options) *Cluster {
 	return c
 }
 
-// hostLock takes the host-wide cluster lock (a file lock, waited for) and
-// returns its release.
+// hostLockPath is the file of the host-wide cluster lock (a variable for the
+// lock's own test).
+var hostLockPath = func() string { return filepath.Join(filepath.Dir(CacheDir()), ".cluster.lock") }
+
+// hostLockState is this process's share of the host-wide cluster lock: the
+// open file whose flock it holds once its first cluster took it, and the
+// mutex that lets one cluster of this process run at a time.
+var hostLockState struct {
+	sync.Mutex // one cluster of this process at a time
+	held       *os.File
+}
+
+// hostLock makes tb's cluster the one cluster on this host: it waits for this
+// process's previous cluster to end and, the first time, takes the host-wide
+// file lock, which this process then keeps until it exits (the kernel drops it
+// with the file). So packages that go test runs side by side take turns as
+// wholes: a package waits at most once, for the package holding the lock,
+// instead of waiting between each of its tests for the other's next one. The
+// returned release lets this process's next cluster start.
 func hostLock(tb testing.TB) func() {
 	tb.Helper()
-	if err := os.MkdirAll(filepath.Dir(CacheDir()), 0o755); err != nil {
-		tb.Fatal(err)
+	hostLockState.Lock()
+	if hostLockState.held == nil {
+		f, err := takeHostLock(tb)
+		if err != nil {
+			hostLockState.Unlock()
+			tb.Fatal(err)
+		}
+		hostLockState.held = f
 	}
-	f, err := os.OpenFile(filepath.Join(filepath.Dir(CacheDir()), ".cluster.lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	return hostLockState.Unlock
+}
+
+// takeHostLock waits for the host-wide file lock and returns the file holding it.
+func takeHostLock(tb testing.TB) (*os.File, error) {
+	tb.Helper()
+	p := hostLockPath()
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		return nil, err
+	}
+	f, err := os.OpenFile(p, os.O_CREATE|os.O_RDWR, 0o644)
 	if err != nil {
-		tb.Fatal(err)
+		return nil, err
 	}
 	t0 := time.Now()
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
 		f.Close()
-		tb.Fatal(err)
+		return nil, fmt.Errorf("host-wide cluster lock %s: %w", p, err)
 	}
 	if d := time.Since(t0); d > time.Second {
-		tb.Logf("kubeenv: waited %v for another cluster on this host to finish", d.Round(time.Millisecond))
+		tb.Logf("kubeenv: waited %v for another test process's clusters on this host to finish", d.Round(time.Millisecond))
 	}
-	return func() {
-		syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
-		f.Close()
-	}
+	return f, nil
 }
 
 // SysctlsBefore returns the kubelet-touched sysctls as they were before the

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -13,7 +12,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -299,12 +297,7 @@ func (n *Node) startRelay(tb testing.TB) error {
 	if err := n.Host.Netlink.AddrAdd(lo, addr); err != nil {
 		return fmt.Errorf("%s on lo: %w", APIServiceIP, err)
 	}
-	ln, err := n.Host.Listen("tcp", net.JoinHostPort(APIServiceIP, "443"))
-	if err != nil {
-		return err
-	}
-	serveRelay(tb, ln, fmt.Sprintf("127.0.0.1:%d", n.c.apiPort))
-	return nil
+	return n.Host.Relay(tb, net.JoinHostPort(APIServiceIP, "443"), fmt.Sprintf("127.0.0.1:%d", n.c.apiPort))
 }
 
 // RelayAPI makes the apiserver answer on 127.0.0.1 at its port inside ns as
@@ -313,55 +306,7 @@ func (n *Node) startRelay(tb testing.TB) error {
 // unchanged. Until tb's cleanup.
 func (c *Cluster) RelayAPI(tb testing.TB, ns *netnodes.NS) error {
 	addr := fmt.Sprintf("127.0.0.1:%d", c.apiPort)
-	ln, err := ns.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
-	serveRelay(tb, ln, addr)
-	return nil
-}
-
-// serveRelay accepts on ln and splices each connection to a new one to
-// target, dialled from the host's namespace, until tb's cleanup.
-func serveRelay(tb testing.TB, ln net.Listener, target string) {
-	var mu sync.Mutex
-	conns := map[net.Conn]bool{}
-	tb.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		defer mu.Unlock()
-		for c := range conns {
-			c.Close()
-		}
-	})
-	go func() {
-		for {
-			in, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				out, err := net.DialTimeout("tcp", target, 5*time.Second)
-				if err != nil {
-					in.Close()
-					return
-				}
-				mu.Lock()
-				conns[in], conns[out] = true, true
-				mu.Unlock()
-				done := make(chan struct{}, 2)
-				go func() { io.Copy(out, in); done <- struct{}{} }()
-				go func() { io.Copy(in, out); done <- struct{}{} }()
-				<-done
-				in.Close()
-				out.Close()
-				mu.Lock()
-				delete(conns, in)
-				delete(conns, out)
-				mu.Unlock()
-			}()
-		}
-	}()
+	return ns.Relay(tb, addr, addr)
 }
 
 func (n *Node) startContainerd() error {

@@ -1,13 +1,12 @@
 // Package netenv holds the host network fixtures tests share: named network
-// namespaces made with `ip netns add` and removed when the test ends, and loopback
-// TCP ports nobody listens on.
+// namespaces (Create, the one fixture that netnodes builds on too; Namespace)
+// removed when the test ends, and loopback TCP ports nobody listens on.
 package netenv
 
 import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"sync/atomic"
 	"testing"
 
@@ -22,23 +21,16 @@ type NS struct {
 
 var nsSeq atomic.Int64
 
-// Namespace creates a network namespace with `ip netns add` (installing iproute2
-// first if it is missing) and deletes it in tb.Cleanup; a failed deletion fails the
-// test. Its name is prefix followed by this process's PID (so that concurrent test
+// Namespace creates a network namespace (Create; iproute2 is installed first if
+// it is missing, for the test's `ip -n`) and deletes it in tb.Cleanup; a failed
+// deletion fails the test. Its name is prefix followed by this process's PID (so that concurrent test
 // processes differ) and a sequence number.
 func Namespace(tb testing.TB, prefix string) NS {
 	tb.Helper()
 	debpkg.Need(tb, debpkg.IPRoute2)
-	name := fmt.Sprintf("%s%d-%d", prefix, os.Getpid()%100000, nsSeq.Add(1))
-	if out, err := exec.Command("ip", "netns", "add", name).CombinedOutput(); err != nil {
-		tb.Fatalf("ip netns add %s: %v %s", name, err, out)
-	}
-	tb.Cleanup(func() {
-		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
-			tb.Errorf("ip netns del %s: %v %s", name, err, out)
-		}
-	})
-	return NS{Name: name, Path: "/run/netns/" + name}
+	ns, h := Create(tb, fmt.Sprintf("%s%d-%d", prefix, os.Getpid()%100000, nsSeq.Add(1)))
+	h.Close()
+	return ns
 }
 
 // FreePort returns a TCP port on 127.0.0.1 that nobody listens on now. For code

@@ -37,6 +37,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ipledger/ipledger/internal/testenv/netenv"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
@@ -300,25 +301,18 @@ func (e *Env) addDefaultRoutes(h *Host) {
 	}
 }
 
-// newNS creates the namespace prefix+role, with a netlink handle in it and IPv6
-// duplicate address detection off (addresses are usable at once), and
-// registers its removal.
+// newNS creates the namespace prefix+role (netenv.Create), with a netlink handle
+// in it and IPv6 duplicate address detection off (addresses are usable at once).
 func (e *Env) newNS(role string) *NS {
 	e.tb.Helper()
 	name := e.prefix + role
-	h, err := createNamed(name)
-	if err != nil {
-		e.tb.Fatalf("netnodes: namespace %s: %v", name, err)
-	}
+	_, h := netenv.Create(e.tb, name)
 	ns := &NS{Netns: name, Handle: h}
-	e.tb.Cleanup(func() {
+	e.tb.Cleanup(func() { // before netenv's removal of the namespace
 		if ns.Netlink != nil {
 			ns.Netlink.Close()
 		}
 		ns.Handle.Close()
-		if err := deleteNamed(name); err != nil {
-			e.tb.Errorf("netnodes: remove namespace %s: %v", name, err)
-		}
 	})
 	nl, err := nsenter.Handle(int(h))
 	if err != nil {
@@ -415,50 +409,6 @@ func (n *NS) Dump() string {
 	return b.String()
 }
 
-// createNamed creates the network namespace name under /run/netns and returns
-// an open handle of it; the calling thread's namespace is left alone.
-func createNamed(name string) (netns.NsHandle, error) {
-	type result struct {
-		h   netns.NsHandle
-		err error
-	}
-	rc := make(chan result, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			rc <- result{netns.None(), err}
-			return
-		}
-		defer orig.Close()
-		h, err := netns.NewNamed(name) // moves this thread into the new namespace
-		if rerr := netns.Set(orig); rerr != nil {
-			if h.IsOpen() {
-				h.Close()
-			}
-			rc <- result{netns.None(), errors.Join(err, rerr)} // thread stays locked and dies
-			return
-		}
-		runtime.UnlockOSThread()
-		rc <- result{h, err}
-	}()
-	r := <-rc
-	return r.h, r.err
-}
-
-// deleteNamed unmounts and removes /run/netns/name; already gone is success.
-func deleteNamed(name string) error {
-	p := filepath.Join(netnsDir, name)
-	if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
-		return fmt.Errorf("unmount %s: %w", p, err)
-	}
-	if err := os.Remove(p); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return err
-	}
-	return nil
-}
-
 var leftover = regexp.MustCompile(`^` + namePrefix + `(\d+)-`)
 
 // sweepLeftovers removes the namespaces of this package whose creating process
@@ -480,7 +430,7 @@ func sweepLeftovers(tb testing.TB) {
 		if err := syscall.Kill(pid, 0); !errors.Is(err, syscall.ESRCH) {
 			continue // alive (or not ours to judge)
 		}
-		if err := deleteNamed(ent.Name()); err != nil {
+		if err := netenv.Remove(ent.Name()); err != nil {
 			tb.Logf("netnodes: leftover namespace %s: %v", ent.Name(), err)
 		}
 	}
