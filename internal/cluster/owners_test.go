@@ -11,6 +11,8 @@ import (
 	"github.com/ipledger/ipledger/internal/nodenet"
 	"github.com/ipledger/ipledger/internal/nodenet/controller"
 	"github.com/ipledger/ipledger/internal/nodenet/routes"
+	"github.com/ipledger/ipledger/internal/pool"
+	"github.com/ipledger/ipledger/internal/store/memstore"
 )
 
 // TestWatchOwnersSeesOtherNetworks: a node that has not set up a network (no pod of
@@ -136,5 +138,77 @@ func TestNodeNetworkReadsWatchedBlocks(t *testing.T) {
 	}
 	if got := rt.routes(); got != want {
 		t.Fatalf("routes listed after the watch ended: %s, want %s", got, want)
+	}
+}
+
+// TestRoutesFollowBlockOwnership: another node's agent stopped cleanly (its node
+// lease released, as at each step of a DaemonSet rollout) keeps its blocks, so its
+// running pods stay routed from here past the lease's TTL, with either source of
+// nodes: the node leases of the etcd datastore (LeaseNodes, which keeps the node's
+// last published addresses) and the Kubernetes Nodes of the Kubernetes datastore
+// (whose Node object outlives the agent). The route goes only when the blocks are
+// reclaimed after the quarantine.
+func TestRoutesFollowBlockOwnership(t *testing.T) {
+	for _, src := range []string{"etcd node leases", "kubernetes Nodes"} {
+		t.Run(src, func(t *testing.T) {
+			c := newMemCluster(t)
+			withAddr := func(name, addr string, r []pool.RangeSet, bits []int) *agent {
+				o := c.opts(name)
+				o.Addrs = []netip.Addr{netip.MustParseAddr(addr)}
+				return c.agentOn(name, memstore.New(), o, r, bits)
+			}
+			a := withAddr("a", "192.0.2.1", nil, nil)
+			b := withAddr("b", "192.0.2.2", ranges(t, `[[{"subnet":"10.0.0.0/24"}]]`), []int{28})
+			blk := mustClaim(t, b)
+			ctx := context.Background()
+			var nodes controller.Nodes = staticNodes{{Name: "a", Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.1")}}, {Name: "b", Addrs: []netip.Addr{netip.MustParseAddr("192.0.2.2")}}}
+			refresh := func() {}
+			if src == "etcd node leases" {
+				ln := a.m.LeaseNodes(time.Second)
+				nodes, refresh = ln, func() { ln.Refresh(ctx) }
+			}
+			rt := &routesSeen{}
+			ctl, err := controller.New(controller.Config{Self: "a", Nodes: nodes, Blocks: a.m, Routes: rt, Resync: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			step := func() string {
+				refresh()
+				ctl.Reconcile(ctx)
+				return rt.routes()
+			}
+			want := fmt.Sprintf("[%s via 192.0.2.2 (node b)]", blk)
+			if got := step(); got != want {
+				t.Fatalf("routes with b's agent running: %s, want %s", got, want)
+			}
+			if err := b.m.Stop(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if got := step(); got != want {
+				t.Fatalf("routes right after b's agent stopped: %s, want %s kept", got, want)
+			}
+			c.clk.Advance(ttl + time.Second)
+			if err := a.m.Renew(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if got := step(); got != want {
+				t.Fatalf("routes a TTL after b's agent stopped: %s, want %s kept", got, want)
+			}
+			for i := 0; blockRec(t, c.ds, blk.String()).Owner != ""; i++ {
+				if i == 20 {
+					t.Fatalf("b's block %s not reclaimed after %d sweeps", blk, i)
+				}
+				c.clk.Advance(ttl / 3)
+				if err := a.m.Renew(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if err := a.m.Sweep(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if got := step(); got != "[]" {
+				t.Fatalf("routes after b's block was reclaimed: %s, want none", got)
+			}
+		})
 	}
 }
