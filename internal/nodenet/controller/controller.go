@@ -179,6 +179,24 @@ func (c *Controller) Counts() nodenet.Counts {
 		Problems: len(st.Problems), Syncs: uint64(c.syncs), Errors: c.errs, Ready: c.ready}
 }
 
+// Waiting says why the node network has not yet been reconciled once without
+// error ("" once it has, and from then on): the Nodes (or node leases) not listed
+// yet, or the error of the last reconciliation. Until then the agent refuses ADD
+// and fails STATUS, so that no pod starts before its traffic is routed and
+// masqueraded (a connection opened earlier keeps its un-masqueraded conntrack
+// entry).
+func (c *Controller) Waiting() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.syncs > 0:
+		return ""
+	case c.status.Err != "":
+		return c.status.Err
+	}
+	return "not reconciled yet"
+}
+
 // Syncs is the number of reconciliations that changed or confirmed the host's state.
 func (c *Controller) Syncs() int {
 	c.mu.Lock()
