@@ -59,7 +59,11 @@ func startNetwork(ctx context.Context, o *options, m *cluster.Manager, log *slog
 		return kp, nil
 	}
 	cfg := controller.Config{Self: o.cluster.NodeName, Nodes: w, NonMasquerade: o.network.NonMasquerade, Resync: o.network.Resync,
-		Ready: w.SetNetworkAvailable, Available: w.NetworkAvailable, Events: ev, Log: log.With("part", "node-network")}
+		Events: ev, Log: log.With("part", "node-network")}
+	if o.network.Routes {
+		// with --routes=false the underlay's route controller owns the condition
+		cfg.Ready, cfg.Available = w.SetNetworkAvailable, w.NetworkAvailable
+	}
 	if kp.network, err = runController(ctx, o, cfg, m, log); err != nil {
 		return nil, err
 	}
