@@ -88,8 +88,10 @@ var (
 // startLeaseNetwork starts the node network of cluster mode on the etcd datastore,
 // which has no Kubernetes Nodes: the nodes are those with a live lease, reached
 // through the addresses each published with it (--node-ip), listed every quarter
-// of the lease TTL, so a node whose lease expired loses its routes within that
-// much after. nil when --routes=false and --masquerade=false.
+// of the lease TTL, and those whose lease is gone (a clean stop, a crash) while
+// they still own a block, reached through the addresses they published last: the
+// routes to a node's blocks go when the blocks are reclaimed, not with its lease.
+// nil when --routes=false and --masquerade=false.
 func startLeaseNetwork(ctx context.Context, o *options, m *cluster.Manager, log *slog.Logger) (*controller.Controller, error) {
 	if !o.network.Enabled(true) {
 		return nil, nil
