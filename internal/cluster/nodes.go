@@ -91,6 +91,41 @@ func (n *LeaseNodes) Refresh(ctx context.Context) bool {
 	cctx, cancel := context.WithTimeout(ctx, n.timeout)
 	leases, err := n.ls.List(cctx)
 	cancel()
+	live, ok := n.judge(ctx, leases, err)
+	if !ok {
+		return false
+	}
+	// the owners are read without the lock (a LIST when the watched copy is not
+	// live): Nodes and Synced answer meanwhile. Refresh runs in one goroutine.
+	owning, known := n.owningNodes(ctx, live)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var nodes []nodenet.Node
+	for name, addrs := range n.last {
+		if !live[name] && known && !owning[name] {
+			delete(n.last, name)
+			continue
+		}
+		nodes = append(nodes, nodenet.Node{Name: name, Addrs: slices.Clone(addrs)})
+	}
+	slices.SortFunc(nodes, func(a, b nodenet.Node) int { return strings.Compare(a.Name, b.Name) })
+	first := !n.synced
+	n.synced = true
+	if first || !sameNodes(n.nodes, nodes) || !maps.Equal(live, n.live) {
+		n.logChanges(n.nodes, nodes, n.live, live)
+		n.nodes, n.live = nodes, live
+		select {
+		case n.changed <- struct{}{}:
+		default:
+		}
+	}
+	return true
+}
+
+// judge records a list of the leases (err: it failed) and returns the nodes whose
+// lease is live, each one's addresses recorded as its last; false when the list
+// failed.
+func (n *LeaseNodes) judge(ctx context.Context, leases []datastore.NodeLease, err error) (map[string]bool, bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err != nil {
@@ -98,7 +133,7 @@ func (n *LeaseNodes) Refresh(ctx context.Context) bool {
 			n.log.Warn("node network: the node leases cannot be listed; the nodes and their routes stay as they are", "err", err)
 		}
 		n.failing = true
-		return false
+		return nil, false
 	}
 	if n.failing {
 		n.log.Info("node network: node leases listed again")
@@ -124,38 +159,20 @@ func (n *LeaseNodes) Refresh(ctx context.Context) bool {
 			n.last[l.Node] = slices.Clone(l.Addrs)
 		}
 	}
-	owning, known := n.owningNodes(ctx, live)
-	var nodes []nodenet.Node
-	for name, addrs := range n.last {
-		if !live[name] && known && !owning[name] {
-			delete(n.last, name)
-			continue
-		}
-		nodes = append(nodes, nodenet.Node{Name: name, Addrs: slices.Clone(addrs)})
-	}
-	slices.SortFunc(nodes, func(a, b nodenet.Node) int { return strings.Compare(a.Name, b.Name) })
 	n.seen = seen
-	first := !n.synced
-	n.synced = true
-	if first || !sameNodes(n.nodes, nodes) || !maps.Equal(live, n.live) {
-		n.logChanges(n.nodes, nodes, n.live, live)
-		n.nodes, n.live = nodes, live
-		select {
-		case n.changed <- struct{}{}:
-		default:
-		}
-	}
-	return true
+	return live, true
 }
 
 // owningNodes is the set of nodes, other than those in skip, that own a block, and
 // whether the owners could be read; nothing is read when every node remembered is
-// in skip. Called with n.mu held.
+// in skip.
 func (n *LeaseNodes) owningNodes(ctx context.Context, skip map[string]bool) (map[string]bool, bool) {
 	need := false
+	n.mu.Lock()
 	for name := range n.last {
 		need = need || !skip[name]
 	}
+	n.mu.Unlock()
 	if !need || n.blocks == nil {
 		return nil, n.blocks != nil
 	}
