@@ -59,7 +59,11 @@ func startNetwork(ctx context.Context, o *options, m *cluster.Manager, log *slog
 		return kp, nil
 	}
 	cfg := controller.Config{Self: o.cluster.NodeName, Nodes: w, NonMasquerade: o.network.NonMasquerade, Resync: o.network.Resync,
-		Ready: w.SetNetworkAvailable, Available: w.NetworkAvailable, Events: ev, Log: log.With("part", "node-network")}
+		Events: ev, Log: log.With("part", "node-network")}
+	if o.network.Routes {
+		// with --routes=false the underlay's route controller owns the condition
+		cfg.Ready, cfg.Available = w.SetNetworkAvailable, w.NetworkAvailable
+	}
 	if kp.network, err = runController(ctx, o, cfg, m, log); err != nil {
 		return nil, err
 	}
@@ -84,8 +88,10 @@ var (
 // startLeaseNetwork starts the node network of cluster mode on the etcd datastore,
 // which has no Kubernetes Nodes: the nodes are those with a live lease, reached
 // through the addresses each published with it (--node-ip), listed every quarter
-// of the lease TTL, so a node whose lease expired loses its routes within that
-// much after. nil when --routes=false and --masquerade=false.
+// of the lease TTL, and those whose lease is gone (a clean stop, a crash) while
+// they still own a block, reached through the addresses they published last: the
+// routes to a node's blocks go when the blocks are reclaimed, not with its lease.
+// nil when --routes=false and --masquerade=false.
 func startLeaseNetwork(ctx context.Context, o *options, m *cluster.Manager, log *slog.Logger) (*controller.Controller, error) {
 	if !o.network.Enabled(true) {
 		return nil, nil

@@ -159,6 +159,9 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 	if n := api.CountRanges(req.Ranges); n > api.MaxRanges {
 		return errResp(&api.Error{Code: api.CodeInvalid, Msg: fmt.Sprintf("ipam.ranges: %d ranges; at most %d in one network", n, api.MaxRanges)})
 	}
+	if aerr := s.networkGate(); aerr != nil {
+		return errResp(aerr)
+	}
 	// ranges that stand for the node's podCIDR follow it when it changes: new
 	// leases come from the new podCIDR, the old ones stay until their DEL
 	replace := pool.HasPodCIDR(req.Ranges)
@@ -342,6 +345,9 @@ func gcError(released int, failed []error) *api.Error {
 }
 
 func (s *Server) status(req api.Request) *api.Response {
+	if aerr := s.networkGate(); aerr != nil {
+		return errResp(aerr)
+	}
 	if _, aerr := s.resolveRanges(req.Ranges); aerr != nil {
 		return errResp(aerr)
 	}

@@ -20,10 +20,31 @@ type PodCIDRs interface {
 }
 
 // NodeNetwork is the node network's controller (routes, masquerade): doctor shows
-// its verdicts.
+// its verdicts, and ADD and STATUS wait for its first reconciliation.
 type NodeNetwork interface {
 	Checks() []api.Check
 	Counts() nodenet.Counts
+	// Waiting says why the node network has not been reconciled once without
+	// error; "" once it has.
+	Waiting() string
+}
+
+// networkGate holds ADD and STATUS back until the node network's first
+// reconciliation (routes and masquerade in place; the Nodes listed): a pod started
+// before would open connections that conntrack then keeps un-masqueraded, or
+// reach nothing on other nodes. CodeUnavailable: the plugin answers "try again
+// later" (ADD, code 11) or "not available" (STATUS, code 50), so the runtime keeps
+// the Node NotReady and retries the sandbox.
+func (s *Server) networkGate() *api.Error {
+	if s.cfg.NodeNetwork == nil {
+		return nil
+	}
+	why := s.cfg.NodeNetwork.Waiting()
+	if why == "" {
+		return nil
+	}
+	return &api.Error{Code: api.CodeUnavailable, Msg: "node network not ready: " + why +
+		"; no pod is started before this node's routes and masquerade rules are in place (ipledgerctl doctor shows the node network)"}
 }
 
 // resolveRanges replaces the usePodCidr placeholders of sets by this node's

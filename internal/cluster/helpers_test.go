@@ -33,6 +33,8 @@ type netDS struct {
 	lag    sync.Mutex   // held: watch events wait (see Watch)
 	writes atomic.Int64 // Create, Update, Delete, Acquire, Renew, Release sent
 	lists  atomic.Int64 // List calls sent (not the leases' List)
+	// failLists: List (not the leases' List) fails with ErrUnavailable
+	failLists atomic.Bool
 	// reclaims counts successful Updates that set a block's owner to "" (give-backs
 	// and reclaims).
 	frees atomic.Int64
@@ -81,6 +83,9 @@ func (d *netDS) Delete(ctx context.Context, key string, rev int64) error {
 func (d *netDS) List(ctx context.Context, prefix string) ([]datastore.KV, int64, error) {
 	if err := d.down("list"); err != nil {
 		return nil, 0, err
+	}
+	if d.failLists.Load() {
+		return nil, 0, fmt.Errorf("test: list %s: %w", prefix, datastore.ErrUnavailable)
 	}
 	d.lists.Add(1)
 	return d.Store.List(ctx, prefix)

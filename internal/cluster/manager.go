@@ -133,6 +133,8 @@ type Manager struct {
 	// changed receives a value (coalesced) when a watched block record changed:
 	// the node network routes blocks to their owners (BlocksChanged).
 	changed chan struct{}
+	// owners: every block of the cluster, as WatchOwners watches them (Owners)
+	owners ownersCopy
 }
 
 // fencing is the state the allocation guard decides on; Manager.mu guards it. It

@@ -3,7 +3,10 @@ package cluster
 import (
 	"context"
 	"log/slog"
+	"maps"
+	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,15 +19,22 @@ import (
 // LeaseNodes is cluster mode's node list where no Kubernetes Node says where a node
 // is (--datastore etcd): every node whose lease in the datastore is live, with the
 // addresses it published with the lease (Options.Addrs), the next hops of the routes
-// to its blocks. A lease the datastore no longer lists (expired, released) or whose
-// revision has not moved for its TTL since this list first saw it (the observer's
-// judgement of datastore.Leases) is a node gone: its routes go.
+// to its blocks, and every node seen so whose lease is no longer live (the datastore
+// no longer lists it: expired, or released by a clean stop; or its revision has not
+// moved for its TTL since this list first saw it, the observer's judgement of
+// datastore.Leases) while it still owns a block, with the addresses it published
+// last. Routes follow block ownership, not the lease: an agent restarted by a
+// DaemonSet rollout, or one that died, leaves its pods running, reachable through
+// their node, until their blocks are reclaimed (Options.Quarantine); then the node
+// owns none, is dropped, and the routes go with the blocks. When the owners cannot
+// be read, such a node is kept.
 //
 // Run lists the leases at once and every interval after; Changed fires when the
 // nodes or their addresses changed. A failed list changes nothing: until the first
 // list succeeds the list is not Synced, and after it the last one stands.
 type LeaseNodes struct {
 	ls      datastore.Leases
+	blocks  controller.Blocks // the blocks' owners (the manager's watched copy)
 	every   time.Duration
 	timeout time.Duration
 	clk     clock.Clock
@@ -34,7 +44,11 @@ type LeaseNodes struct {
 	synced  bool
 	failing bool
 	nodes   []nodenet.Node
+	live    map[string]bool      // the nodes listed whose lease is live
 	seen    map[string]seenLease // by node
+	// last: the addresses every node published with its last live lease seen, kept
+	// while it is listed (live, or owning a block)
+	last    map[string][]netip.Addr
 	changed chan struct{}
 }
 
@@ -53,12 +67,8 @@ var (
 // LeaseNodes returns the node list of the manager's datastore, listed every
 // interval once Run runs (each list bounded by Options.Timeout).
 func (m *Manager) LeaseNodes(every time.Duration) *LeaseNodes {
-	return newLeaseNodes(m.ds.Leases(), every, m.opts.Timeout, m.opts.Clock, m.log)
-}
-
-func newLeaseNodes(ls datastore.Leases, every, timeout time.Duration, clk clock.Clock, log *slog.Logger) *LeaseNodes {
-	return &LeaseNodes{ls: ls, every: every, timeout: timeout, clk: clk, log: log,
-		seen: map[string]seenLease{}, changed: make(chan struct{}, 1)}
+	return &LeaseNodes{ls: m.ds.Leases(), blocks: m, every: every, timeout: m.opts.Timeout, clk: m.opts.Clock, log: m.log,
+		seen: map[string]seenLease{}, last: map[string][]netip.Addr{}, changed: make(chan struct{}, 1)}
 }
 
 // Run lists the leases now and every interval until ctx ends.
@@ -81,6 +91,41 @@ func (n *LeaseNodes) Refresh(ctx context.Context) bool {
 	cctx, cancel := context.WithTimeout(ctx, n.timeout)
 	leases, err := n.ls.List(cctx)
 	cancel()
+	live, ok := n.judge(ctx, leases, err)
+	if !ok {
+		return false
+	}
+	// the owners are read without the lock (a LIST when the watched copy is not
+	// live): Nodes and Synced answer meanwhile. Refresh runs in one goroutine.
+	owning, known := n.owningNodes(ctx, live)
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var nodes []nodenet.Node
+	for name, addrs := range n.last {
+		if !live[name] && known && !owning[name] {
+			delete(n.last, name)
+			continue
+		}
+		nodes = append(nodes, nodenet.Node{Name: name, Addrs: slices.Clone(addrs)})
+	}
+	slices.SortFunc(nodes, func(a, b nodenet.Node) int { return strings.Compare(a.Name, b.Name) })
+	first := !n.synced
+	n.synced = true
+	if first || !sameNodes(n.nodes, nodes) || !maps.Equal(live, n.live) {
+		n.logChanges(n.nodes, nodes, n.live, live)
+		n.nodes, n.live = nodes, live
+		select {
+		case n.changed <- struct{}{}:
+		default:
+		}
+	}
+	return true
+}
+
+// judge records a list of the leases (err: it failed) and returns the nodes whose
+// lease is live, each one's addresses recorded as its last; false when the list
+// failed.
+func (n *LeaseNodes) judge(ctx context.Context, leases []datastore.NodeLease, err error) (map[string]bool, bool) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err != nil {
@@ -88,7 +133,7 @@ func (n *LeaseNodes) Refresh(ctx context.Context) bool {
 			n.log.Warn("node network: the node leases cannot be listed; the nodes and their routes stay as they are", "err", err)
 		}
 		n.failing = true
-		return false
+		return nil, false
 	}
 	if n.failing {
 		n.log.Info("node network: node leases listed again")
@@ -101,7 +146,7 @@ func (n *LeaseNodes) Refresh(ctx context.Context) bool {
 	}
 	now := n.clk.Mono()
 	seen := make(map[string]seenLease, len(leases))
-	var nodes []nodenet.Node
+	live := map[string]bool{}
 	for _, l := range leases {
 		s, ok := n.seen[l.Node]
 		if !ok || s.rev != l.Revision {
@@ -110,33 +155,58 @@ func (n *LeaseNodes) Refresh(ctx context.Context) bool {
 		s.live = now-s.at < l.TTL
 		seen[l.Node] = s
 		if s.live {
-			nodes = append(nodes, nodenet.Node{Name: l.Node, Addrs: slices.Clone(l.Addrs)})
+			live[l.Node] = true
+			n.last[l.Node] = slices.Clone(l.Addrs)
 		}
 	}
 	n.seen = seen
-	first := !n.synced
-	n.synced = true
-	if first || !sameNodes(n.nodes, nodes) {
-		n.logChanges(n.nodes, nodes)
-		n.nodes = nodes
-		select {
-		case n.changed <- struct{}{}:
-		default:
-		}
-	}
-	return true
+	return live, true
 }
 
-func (n *LeaseNodes) logChanges(old, cur []nodenet.Node) {
+// owningNodes is the set of nodes, other than those in skip, that own a block, and
+// whether the owners could be read; nothing is read when every node remembered is
+// in skip.
+func (n *LeaseNodes) owningNodes(ctx context.Context, skip map[string]bool) (map[string]bool, bool) {
+	need := false
+	n.mu.Lock()
+	for name := range n.last {
+		need = need || !skip[name]
+	}
+	n.mu.Unlock()
+	if !need || n.blocks == nil {
+		return nil, n.blocks != nil
+	}
+	cctx, cancel := context.WithTimeout(ctx, n.timeout)
+	defer cancel()
+	blocks, err := n.blocks.Owners(cctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			n.log.Warn("node network: the blocks' owners cannot be read; nodes without a live lease keep their routes", "err", err)
+		}
+		return nil, false
+	}
+	owning := map[string]bool{}
+	for _, b := range blocks {
+		if b.Owner != "" && !skip[b.Owner] {
+			owning[b.Owner] = true
+		}
+	}
+	return owning, true
+}
+
+func (n *LeaseNodes) logChanges(old, cur []nodenet.Node, oldLive, curLive map[string]bool) {
 	for _, c := range cur {
 		i := slices.IndexFunc(old, func(o nodenet.Node) bool { return o.Name == c.Name })
-		if i < 0 || !slices.Equal(old[i].Addrs, c.Addrs) {
+		switch {
+		case curLive[c.Name] && (i < 0 || !oldLive[c.Name] || !slices.Equal(old[i].Addrs, c.Addrs)):
 			n.log.Info("node network: node with a live lease", "node", c.Name, "addrs", c.Addrs)
+		case !curLive[c.Name] && (i < 0 || oldLive[c.Name]):
+			n.log.Info("node network: node's lease expired or was released; its blocks stay routed through its last addresses until they are reclaimed", "node", c.Name, "addrs", c.Addrs)
 		}
 	}
 	for _, o := range old {
 		if !slices.ContainsFunc(cur, func(c nodenet.Node) bool { return c.Name == o.Name }) {
-			n.log.Info("node network: node's lease expired or was released; its routes go", "node", o.Name)
+			n.log.Info("node network: node without a live lease owns no block any more; its routes go", "node", o.Name)
 		}
 	}
 }
@@ -154,7 +224,8 @@ func (n *LeaseNodes) Synced() bool {
 	return n.synced
 }
 
-// Nodes returns the nodes with a live lease, in node order.
+// Nodes returns the nodes with a live lease and those without one that still own a
+// block, in node order.
 func (n *LeaseNodes) Nodes() []nodenet.Node {
 	n.mu.Lock()
 	defer n.mu.Unlock()

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/nodenet"
+	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/store/memstore"
 )
 
@@ -98,4 +99,93 @@ func TestLeaseNodes(t *testing.T) {
 	ln.Refresh(ctx)
 	changed(true)
 	want(na)
+}
+
+// TestLeaseNodesKeepBlockOwners: a node whose agent stopped cleanly (its lease
+// released, as at every DaemonSet rollout) or died stays in the node list, with the
+// addresses it published last, for as long as it owns a block, past the lease's
+// TTL: its running pods stay routed. Once its blocks are reclaimed it owns none and
+// leaves the list. While the owners cannot be read, it is kept.
+func TestLeaseNodesKeepBlockOwners(t *testing.T) {
+	c := newMemCluster(t)
+	withAddrs := func(name, addr string, r []pool.RangeSet, bits []int) *agent {
+		o := c.opts(name)
+		o.Addrs = []netip.Addr{netip.MustParseAddr(addr)}
+		return c.agentOn(name, memstore.New(), o, r, bits)
+	}
+	a := withAddrs("a", "192.0.2.1", nil, nil)
+	b := withAddrs("b", "192.0.2.2", ranges(t, `[[{"subnet":"10.0.0.0/24"}]]`), []int{28})
+	d := withAddrs("d", "192.0.2.4", nil, nil) // owns no block
+	blk := mustClaim(t, b)
+	ctx := context.Background()
+	ln := a.m.LeaseNodes(time.Second)
+	want := func(what string, nodes ...string) {
+		t.Helper()
+		ln.Refresh(ctx)
+		if got := fmt.Sprint(ln.Nodes()); got != fmt.Sprint(nodes) {
+			t.Fatalf("%s: Nodes() = %s, want %s", what, got, nodes)
+		}
+	}
+	nb := "{b [192.0.2.2] []}"
+	want("every lease live", "{a [192.0.2.1] []}", nb, "{d [192.0.2.4] []}")
+	if err := b.m.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.m.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want("b and d stopped cleanly", "{a [192.0.2.1] []}", nb)
+	for range 2 {
+		c.clk.Advance(ttl)
+		if err := a.m.Renew(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want("b's lease gone for two TTLs", "{a [192.0.2.1] []}", nb)
+
+	// the quarantine over, a reclaims b's block: b owns none and leaves the list
+	for i := 0; blockRec(t, c.ds, blk.String()).Owner != ""; i++ {
+		if i == 20 {
+			t.Fatalf("b's block %s not reclaimed after %d sweeps", blk, i)
+		}
+		c.clk.Advance(ttl / 3)
+		if err := a.m.Renew(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.m.Sweep(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want("b's block reclaimed", "{a [192.0.2.1] []}")
+}
+
+// TestLeaseNodesKeepWhenOwnersUnknown: a node without a live lease is not dropped
+// on a failed read of the blocks' owners.
+func TestLeaseNodesKeepWhenOwnersUnknown(t *testing.T) {
+	c := newMemCluster(t)
+	o := c.opts("a")
+	o.Addrs = []netip.Addr{netip.MustParseAddr("192.0.2.1")}
+	a := c.agentOn("a", memstore.New(), o, nil, nil)
+	o = c.opts("b")
+	o.Addrs = []netip.Addr{netip.MustParseAddr("192.0.2.2")}
+	b := c.agentOn("b", memstore.New(), o, nil, nil)
+	ctx := context.Background()
+	ln := a.m.LeaseNodes(time.Second)
+	ln.Refresh(ctx)
+	if err := b.m.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// the leases listed, the blocks not: a's block LIST fails
+	a.ds.failLists.Store(true)
+	if !ln.Refresh(ctx) {
+		t.Fatal("the leases' list failed")
+	}
+	if got := fmt.Sprint(ln.Nodes()); got != "[{a [192.0.2.1] []} {b [192.0.2.2] []}]" {
+		t.Fatalf("Nodes() with the owners unknown: %s, want b kept", got)
+	}
+	a.ds.failLists.Store(false)
+	ln.Refresh(ctx)
+	if got := fmt.Sprint(ln.Nodes()); got != "[{a [192.0.2.1] []}]" {
+		t.Fatalf("Nodes() once the owners are known (b owns no block): %s", got)
+	}
 }

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"net/netip"
 	"sort"
+	"sync"
 	"time"
 
+	"github.com/ipledger/ipledger/internal/datastore"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/nodenet"
 )
@@ -119,31 +121,106 @@ func (m *Manager) Blocks(ctx context.Context) ([]BlockView, error) {
 }
 
 // Owners lists every block of the cluster with its owner (empty: free), for the
-// routes between nodes: one List of the block records. An error means the owners
-// are unknown, never that there are none.
+// routes between nodes. While WatchOwners' watch runs, the answer is its watched
+// copy and costs no datastore call (the node network asks at every change and every
+// resync); otherwise one List of the block records. An error means the owners are
+// unknown, never that there are none.
 func (m *Manager) Owners(ctx context.Context) ([]nodenet.Block, error) {
+	if out, ok := m.owners.blocks(); ok {
+		return out, nil
+	}
 	kvs, _, err := m.listBlocks(ctx, BlocksPrefix(""))
 	if err != nil {
 		return nil, fmt.Errorf("listing blocks: %w", err)
 	}
 	out := make([]nodenet.Block, 0, len(kvs))
 	for _, kv := range kvs {
-		rec, err := decodeBlock(kv)
-		if err != nil {
-			continue // not a block this release can read: no route rather than a wrong one
+		if b, ok := ownerOf(kv); ok {
+			out = append(out, b)
 		}
-		out = append(out, nodenet.Block{Prefix: rec.CIDR, Owner: rec.Owner})
 	}
 	return out, nil
 }
 
-// WatchOwners makes BlocksChanged fire on every change of any block record of the
-// cluster until ctx ends, those of networks this node has not set up included: a
-// node without a pod of a network must route the blocks other nodes claim in it as
-// soon as they do, not at its next resync. It lists the blocks (for the revision to
-// watch from) and watches them, and does both again when the watch breaks, after a
-// pause that doubles up to 30s while the watches keep breaking within a minute. Run
-// it once, in a goroutine of its own.
+// ownerOf is a block record's prefix and owner; false for a record this release
+// cannot read (no route rather than a wrong one).
+func ownerOf(kv datastore.KV) (nodenet.Block, bool) {
+	rec, err := decodeBlock(kv)
+	if err != nil {
+		return nodenet.Block{}, false
+	}
+	return nodenet.Block{Prefix: rec.CIDR, Owner: rec.Owner}, true
+}
+
+// ownersCopy is WatchOwners' copy of every block record of the cluster: filled by
+// a List, kept current by a Watch from the List's revision, and trusted (live) only
+// while that watch runs.
+type ownersCopy struct {
+	mu   sync.Mutex
+	live bool
+	kvs  map[string]datastore.KV // by key
+}
+
+// reset replaces the copy with a List's records and marks it live.
+func (o *ownersCopy) reset(kvs []datastore.KV) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.kvs = make(map[string]datastore.KV, len(kvs))
+	for _, kv := range kvs {
+		o.kvs[kv.Key] = kv
+	}
+	o.live = true
+}
+
+// apply records a watch event.
+func (o *ownersCopy) apply(ev datastore.Event) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if ev.Type == datastore.Deleted {
+		delete(o.kvs, ev.KV.Key)
+		return
+	}
+	if have, ok := o.kvs[ev.KV.Key]; !ok || have.Revision < ev.KV.Revision {
+		o.kvs[ev.KV.Key] = ev.KV
+	}
+}
+
+// dead marks the copy untrusted: its watch ended.
+func (o *ownersCopy) dead() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.live, o.kvs = false, nil
+}
+
+// blocks returns the copy's blocks in key order, and whether it is live.
+func (o *ownersCopy) blocks() ([]nodenet.Block, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.live {
+		return nil, false
+	}
+	keys := make([]string, 0, len(o.kvs))
+	for k := range o.kvs {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := make([]nodenet.Block, 0, len(keys))
+	for _, k := range keys {
+		if b, ok := ownerOf(o.kvs[k]); ok {
+			out = append(out, b)
+		}
+	}
+	return out, true
+}
+
+// WatchOwners keeps the copy of every block record of the cluster that Owners
+// answers from, and makes BlocksChanged fire on every change of one until ctx ends,
+// those of networks this node has not set up included: a node without a pod of a
+// network must route the blocks other nodes claim in it as soon as they do, not at
+// its next resync. It lists the blocks and watches them from the list's revision,
+// and does both again when the watch breaks (Owners lists meanwhile), after a pause
+// that doubles up to 30s while the watches keep breaking within a minute. Run it
+// once, in a goroutine of its own.
 func (m *Manager) WatchOwners(ctx context.Context) {
 	pause := time.Second
 	for {
@@ -167,7 +244,7 @@ func (m *Manager) WatchOwners(ctx context.Context) {
 
 // watchOwnersOnce lists the blocks and follows their changes until the watch ends.
 func (m *Manager) watchOwnersOnce(ctx context.Context) error {
-	_, rev, err := m.listBlocks(ctx, BlocksPrefix(""))
+	kvs, rev, err := m.listBlocks(ctx, BlocksPrefix(""))
 	if err != nil {
 		return err
 	}
@@ -175,8 +252,11 @@ func (m *Manager) watchOwnersOnce(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	m.owners.reset(kvs)
+	defer m.owners.dead()
 	m.blocksChanged() // whatever changed before the list
-	for range w.Events() {
+	for ev := range w.Events() {
+		m.owners.apply(ev)
 		m.blocksChanged()
 	}
 	return w.Err()

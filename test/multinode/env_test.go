@@ -371,7 +371,17 @@ func (c *cluster) addPodRaw(i int, name, ranges string) (*pod, []byte, int) {
 	ns := c.net.Namespace("p-" + name)
 	cid := "cid-" + name
 	p := &pod{NS: ns, name: name, node: i}
-	out, code := c.cni(i, "ADD", cid, ns, ranges)
+	// as a runtime does, ADD is tried again while the agent answers that its node
+	// network is not ready yet (code 11: an agent just started)
+	var out []byte
+	var code int
+	for t0 := time.Now(); ; time.Sleep(100 * time.Millisecond) {
+		out, code = c.cni(i, "ADD", cid, ns, ranges)
+		var ce cniError
+		if code == 0 || json.Unmarshal(out, &ce) != nil || ce.Code != 11 || !strings.Contains(ce.Msg, "node network not ready") || time.Since(t0) > 30*time.Second {
+			break
+		}
+	}
 	c.t.Cleanup(func() {
 		if _, code := c.cni(i, "DEL", cid, ns, ranges); code != 0 {
 			c.t.Errorf("DEL of pod %s on %s exited %d", name, c.net.Node(i).Name, code)

@@ -1,6 +1,7 @@
 package multinode_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"net/netip"
@@ -45,13 +46,14 @@ func newEtcdCluster(t *testing.T, n int) (*cluster, *etcdenv.Embedded) {
 
 // startEtcdAgent starts node i's ipledgerd inside its namespace in cluster mode on
 // etcd, without --node-ip: it publishes its default route's addresses (eth0's).
-func (c *cluster) startEtcdAgent(i int) *agentenv.Agent {
+// extra flags come last (a flag given twice takes the last value).
+func (c *cluster) startEtcdAgent(i int, extra ...string) *agentenv.Agent {
 	c.t.Helper()
 	h := c.net.Node(i)
-	a := agentenv.Start(c.t, agentenv.Options{Netns: h.Netns, Args: []string{"--node-name", h.Name,
+	a := agentenv.Start(c.t, agentenv.Options{Netns: h.Netns, Args: append([]string{"--node-name", h.Name,
 		"--datastore", "etcd", "--etcd-endpoints", fmt.Sprintf("http://127.0.0.1:%d", etcdPort),
 		"--node-lease-ttl", etcdTTL.String(), "--reclaim-quarantine", etcdTTL.String(), "--reuse-delay", "200ms",
-		"--node-network-resync", "30s"}})
+		"--node-network-resync", "30s"}, extra...)})
 	c.agents[i] = a
 	return a
 }
@@ -104,8 +106,9 @@ func hostClean(t *testing.T) {
 // TestEtcdMode: three agents in cluster mode on the etcd datastore, no Kubernetes:
 // each publishes its node's address with its node lease and routes the other
 // nodes' blocks through theirs. Pods on two nodes reach each other with their own
-// addresses; a node whose agent dies loses its routes on the others once its lease
-// expires; its block, reclaimed and claimed by the third node, moves its route.
+// addresses; a node whose agent dies keeps its routes on the others after its lease
+// expired, until its block is reclaimed; the block, claimed by the third node, moves
+// its route.
 func TestEtcdMode(t *testing.T) {
 	const nodes = 3
 	c, e := newEtcdCluster(t, nodes)
@@ -161,8 +164,9 @@ func TestEtcdMode(t *testing.T) {
 		}
 	}
 
-	// node2's agent dies (SIGKILL: its lease is not released); once etcd expires
-	// the lease, node0 and node1 remove their route to node2's block
+	// node2's agent dies (SIGKILL: its lease is not released); etcd expires the
+	// lease; the block stays routed to node2 until it is reclaimed, then its route
+	// goes on node0 and node1
 	leaseKey := "/ipledger/nodes/" + c.net.Node(2).Name
 	wctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -183,13 +187,6 @@ func TestEtcdMode(t *testing.T) {
 		t.Fatalf("node2's lease %s not deleted by etcd within %v of the kill", leaseKey, 5*etcdTTL)
 	}
 	t.Logf("node2's lease expired %v after its agent was killed (TTL %v)", expired.Sub(killed).Round(time.Millisecond), etcdTTL)
-	for _, i := range []int{0, 1} {
-		c.waitRoutes(i, c.blockRoutes(i, owners, 0, 1), 2*etcdTTL)
-		t.Logf("%s: route to node2's block gone %v after the lease expired", c.net.Node(i).Name, time.Since(expired).Round(time.Millisecond))
-	}
-
-	// after the quarantine node2's block is free; node1 claims it with its first
-	// pod, and the route to it moves: via node1 on node0, unreachable on node1
 	var blk2 string
 	for b, o := range owners {
 		if o == c.net.Node(2).Name {
@@ -206,6 +203,15 @@ func TestEtcdMode(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	reclaimed := time.Now()
+	t.Logf("node2's block %s reclaimed %v after its lease expired", blk2, reclaimed.Sub(expired).Round(time.Millisecond))
+	for _, i := range []int{0, 1} {
+		c.waitRoutes(i, c.blockRoutes(i, owners, 0, 1), 2*etcdTTL)
+		t.Logf("%s: route to node2's block gone %v after it was reclaimed", c.net.Node(i).Name, time.Since(reclaimed).Round(time.Millisecond))
+	}
+
+	// node1 claims the free block with its first pod, and the route to it moves:
+	// via node1 on node0, unreachable on node1
 	t1 := time.Now()
 	pods[1] = c.addPod(1, "e1", etcdRanges)
 	if !netip.MustParsePrefix(blk2).Contains(pods[1].addr(true)) {
@@ -223,4 +229,116 @@ func TestEtcdMode(t *testing.T) {
 	if src, err := sourceSeen(pods[0].NS, pods[1].addr(true)); err != nil || src != pods[0].addr(true) {
 		t.Errorf("pod %s -> pod %s (moved block): source %v, %v", pods[0].name, pods[1].name, src, err)
 	}
+}
+
+// TestEtcdRollout: a DaemonSet rollout on the etcd datastore, one node's agent
+// stopped gracefully (SIGTERM: it releases its node lease), kept down for longer
+// than the lease's TTL, and started again, while pods on the other nodes ping that
+// node's pod (bounded pings at an interval, throughout): no packet is lost, and
+// the other nodes keep their route to its block the whole time (routes follow
+// block ownership, not the lease; the quarantine is longer than the outage).
+func TestEtcdRollout(t *testing.T) {
+	const nodes = 3
+	c, _ := newEtcdCluster(t, nodes)
+	hostClean(t)
+	c.dumpOnFailure()
+	quarantine := 10 * etcdTTL
+	for i := range nodes {
+		c.startEtcdAgent(i, "--reclaim-quarantine", quarantine.String())
+	}
+	pods := map[int]*pod{}
+	for _, i := range []int{0, 2} {
+		pods[i] = c.addPod(i, fmt.Sprintf("r%d", i), etcdRanges)
+	}
+	owners := c.blocks(0)
+	if len(owners) != 2 {
+		t.Fatalf("ipledgerctl blocks: %v, want one block of node0 and one of node2", owners)
+	}
+	for i := range nodes {
+		c.waitRoutes(i, c.blockRoutes(i, owners, 0, 1, 2), blockRouted)
+	}
+
+	// pings from pod r0 (node0) and from node1 to pod r2 (node2), every 100ms
+	// through the whole rollout
+	const count, interval = 250, 100 * time.Millisecond
+	type pinger struct {
+		what string
+		cmd  *exec.Cmd
+		out  bytes.Buffer
+	}
+	target := pods[2].addr(true)
+	var pingers []*pinger
+	for _, from := range []struct {
+		what string
+		ns   string
+	}{{"pod r0 on node0", pods[0].Netns}, {"node1", c.net.Node(1).Netns}} {
+		p := &pinger{what: from.what + " -> pod r2 on node2"}
+		p.cmd = exec.Command("ip", "netns", "exec", from.ns, "busybox", "ping", "-c", fmt.Sprint(count), "-i", fmt.Sprint(interval.Seconds()), "-W", "2", target.String())
+		p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+		if err := p.cmd.Start(); err != nil {
+			t.Fatalf("busybox ping: %v", err)
+		}
+		pingers = append(pingers, p)
+	}
+	t.Cleanup(func() {
+		for _, p := range pingers {
+			if p.cmd.ProcessState == nil {
+				p.cmd.Process.Kill()
+				p.cmd.Wait()
+			}
+		}
+	})
+	began := time.Now()
+	time.Sleep(time.Second) // traffic flows before the rollout begins
+
+	stopped := time.Now()
+	if err := c.agents[2].Stop(); err != nil {
+		t.Fatalf("node2's agent: SIGTERM: %v", err)
+	}
+	down := 2 * etcdTTL
+	t.Logf("node2's agent stopped gracefully in %v; down for %v (lease TTL %v, quarantine %v)", time.Since(stopped).Round(time.Millisecond), down, etcdTTL, quarantine)
+	time.Sleep(down)
+	for _, i := range []int{0, 1} {
+		if have, want := c.routesNow(i), c.blockRoutes(i, owners, 0, 1, 2); !slices.Equal(have, want) {
+			t.Errorf("%s: routes %v after node2's agent was down %v, want %v kept", c.net.Node(i).Name, have, down, want)
+		}
+	}
+	c.agents[2].Restart()
+	for i := range nodes {
+		c.waitRoutes(i, c.blockRoutes(i, owners, 0, 1, 2), blockRouted)
+	}
+	done := time.Now()
+	t.Logf("rollout of node2's agent (stop, %v down, start, routes synced) took %v", down, done.Sub(stopped).Round(time.Millisecond))
+	window := time.Duration(count) * interval
+	if done.Sub(began) >= window {
+		t.Fatalf("the rollout ended %v after the pings began, past their window of %v: the pings did not cover it", done.Sub(began).Round(time.Millisecond), window)
+	}
+	for _, p := range pingers {
+		err := p.cmd.Wait()
+		out := p.out.String()
+		tx, rx, ok := pingStats(out)
+		if !ok {
+			t.Fatalf("%s: no ping statistics (%v):\n%s", p.what, err, out)
+		}
+		t.Logf("%s: %d packets transmitted, %d received, %d lost, during the rollout", p.what, tx, rx, tx-rx)
+		if tx != count || rx != tx {
+			t.Errorf("%s: %d of %d echo requests lost during the rollout:\n%s", p.what, tx-rx, tx, out)
+		}
+	}
+}
+
+// pingStats reads busybox ping's "N packets transmitted, M packets received".
+func pingStats(out string) (tx, rx int, ok bool) {
+	for _, line := range strings.Split(out, "\n") {
+		if n, _ := fmt.Sscanf(line, "%d packets transmitted, %d packets received", &tx, &rx); n == 2 {
+			return tx, rx, true
+		}
+	}
+	return 0, 0, false
+}
+
+// routesNow is node i's routes of ipledger's protocol now.
+func (c *cluster) routesNow(i int) []route {
+	r, _ := c.routes(i)
+	return r
 }

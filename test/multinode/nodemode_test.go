@@ -308,6 +308,11 @@ func TestNodeMode(t *testing.T) {
 			t.Errorf("doctor on node3 (exit %d, want 2) has no FAIL line naming the Node and spec.podCIDRs:\n%s", dcode, dout)
 		}
 		t.Logf("doctor on node3: %s", fail)
+		// its routes are not in place (no podCIDR: nothing routes to its pods), so
+		// NetworkUnavailable stays as the cloud node controller set it
+		if st, err := c.networkUnavailable(i); err != nil || st != corev1.ConditionTrue {
+			t.Errorf("Node node3 (no podCIDR): NetworkUnavailable %q (err %v), want True kept", st, err)
+		}
 		for _, j := range []int{0, 1} {
 			if have, _ := c.routes(j); !slices.Equal(have, c.nodeRoutes(others(j, 2)...)) {
 				t.Errorf("%s routes %v with node3 (no podCIDR) present", c.net.Node(j).Name, have)

@@ -39,7 +39,11 @@ func (c *Controller) Checks() []api.Check {
 		add(api.CheckFail, "node network: %s", st.Err)
 	}
 	if len(out) == 0 {
-		add(api.CheckOK, "node network: %d routes to the other nodes' pods, %d pod ranges not masqueraded, NetworkUnavailable=%v", st.Routes, len(st.PodCIDRs), !st.Ready)
+		cond := fmt.Sprintf("NetworkUnavailable=%v", !st.Ready)
+		if c.cfg.Routes == nil {
+			cond = "NetworkUnavailable left to the underlay's route controller (--routes=false)"
+		}
+		add(api.CheckOK, "node network: %d routes to the other nodes' pods, %d pod ranges not masqueraded, %s", st.Routes, len(st.PodCIDRs), cond)
 	}
 	return out
 }

@@ -83,9 +83,11 @@ type Config struct {
 	Masquerade    Masquerade // nil: --masquerade=false
 	NonMasquerade []netip.Prefix
 	Resync        time.Duration
-	// Ready runs after the first reconciliation that left no error: the agent sets
-	// its Node's NetworkUnavailable condition false. It is retried at each
-	// reconciliation until it succeeds.
+	// Ready runs after the first reconciliation that left no error and left this
+	// node's routes in place (notInPlace): the agent sets its Node's
+	// NetworkUnavailable condition false. It is retried at each reconciliation
+	// until it succeeds. Never with Routes nil (--routes=false): the underlay's
+	// route controller (a cloud's) owns the condition then.
 	Ready func(ctx context.Context) error
 	// Available reports whether the Node shows NetworkUnavailable=False (the Node
 	// watch). When it turns false after Ready succeeded (the Node was deleted and
@@ -109,6 +111,9 @@ type Status struct {
 	PodCIDRs    []netip.Prefix `json:"podCIDRs,omitempty"` // the cluster's pod ranges (not masqueraded)
 	Err         string         `json:"error,omitempty"`
 	Ready       bool           `json:"ready"` // NetworkUnavailable set false
+	// NotInPlace: why this node's routes are not all in place, so that
+	// NetworkUnavailable is not set false (notInPlace); empty when they are.
+	NotInPlace string `json:"notInPlace,omitempty"`
 	// byVia: the node each desired route's next hop belongs to.
 	byVia map[netip.Addr]string
 }
@@ -125,6 +130,9 @@ type Controller struct {
 	// offLinkSent: the (node, next hop) pairs whose off-link Event was recorded and
 	// whose condition has not cleared since.
 	offLinkSent map[offLinkKey]bool
+	// lastNotInPlace: the reason last logged for not setting NetworkUnavailable
+	// false
+	lastNotInPlace string
 }
 
 // offLinkKey is another node and the address its pods would be routed via.
@@ -177,6 +185,24 @@ func (c *Controller) Counts() nodenet.Counts {
 	st := c.status
 	return nodenet.Counts{Routes: st.Routes, Conflicts: len(st.Report.Conflicts), OffLink: len(st.Report.OffLink),
 		Problems: len(st.Problems), Syncs: uint64(c.syncs), Errors: c.errs, Ready: c.ready}
+}
+
+// Waiting says why the node network has not yet been reconciled once without
+// error ("" once it has, and from then on): the Nodes (or node leases) not listed
+// yet, or the error of the last reconciliation. Until then the agent refuses ADD
+// and fails STATUS, so that no pod starts before its traffic is routed and
+// masqueraded (a connection opened earlier keeps its un-masqueraded conntrack
+// entry).
+func (c *Controller) Waiting() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.syncs > 0:
+		return ""
+	case c.status.Err != "":
+		return c.status.Err
+	}
+	return "not reconciled yet"
 }
 
 // Syncs is the number of reconciliations that changed or confirmed the host's state.
@@ -258,6 +284,7 @@ func (c *Controller) Reconcile(ctx context.Context) {
 		c.cfg.Log.Error("node network: reconciling", "err", err)
 		return
 	}
+	st.NotInPlace = c.notInPlace(plan, st.Report)
 	c.mu.Lock()
 	c.syncs++
 	if c.ready && c.cfg.Available != nil && !c.cfg.Available() {
@@ -265,6 +292,16 @@ func (c *Controller) Reconcile(ctx context.Context) {
 	}
 	ready := c.ready
 	c.mu.Unlock()
+	if st.NotInPlace != "" {
+		c.mu.Lock()
+		changed := c.lastNotInPlace != st.NotInPlace
+		c.lastNotInPlace = st.NotInPlace
+		c.mu.Unlock()
+		if changed && !ready && c.cfg.Routes != nil {
+			c.cfg.Log.Warn("node network: NetworkUnavailable not set false: this node's routes are not all in place", "because", st.NotInPlace)
+		}
+		return
+	}
 	if !ready && c.cfg.Ready != nil && slices.ContainsFunc(nodes, func(n nodenet.Node) bool { return n.Name == c.cfg.Self }) {
 		if err := c.cfg.Ready(ctx); err != nil {
 			c.cfg.Log.Warn("node network: setting NetworkUnavailable=False", "err", err)
@@ -275,6 +312,31 @@ func (c *Controller) Reconcile(ctx context.Context) {
 		c.mu.Unlock()
 		c.cfg.Log.Info("node network ready: NetworkUnavailable=False", "routes", st.Routes)
 	}
+}
+
+// notInPlace says why this node's routes, after a sync that left no error
+// with the plan and its report rep, are not all in place ("" when they are):
+// routes are not ipledger's (--routes=false); in node mode this node has no
+// podCIDR (nothing routes to its pods); a route of another owner holds a pod
+// range; or a next hop is off-link and no Event reports it. An off-link peer
+// recorded as a Warning Event on the Node does not hold the node back: its pods
+// cannot be routed from anywhere, and the Event says why.
+func (c *Controller) notInPlace(plan nodenet.Plan, rep routes.Report) string {
+	if c.cfg.Routes == nil {
+		return "--routes=false: the underlay's route controller owns NetworkUnavailable"
+	}
+	if c.cfg.Blocks == nil && slices.ContainsFunc(plan.Problems, func(p nodenet.Problem) bool {
+		return p.Node == c.cfg.Self && errors.Is(p.Err, nodenet.ErrNoPodCIDR)
+	}) {
+		return fmt.Sprintf("this node's Node %q has no spec.podCIDRs", c.cfg.Self)
+	}
+	if n := len(rep.Conflicts); n > 0 {
+		return fmt.Sprintf("%d pod ranges held by routes of another owner (first: %s)", n, rep.Conflicts[0])
+	}
+	if n := len(rep.OffLink); n > 0 && c.cfg.Events == nil {
+		return fmt.Sprintf("%d routes not made: next hop off-link, and no Event reports it (first: %s)", n, rep.OffLink[0])
+	}
+	return ""
 }
 
 // offLinkEvents records one Warning Event per other node and next-hop address whose

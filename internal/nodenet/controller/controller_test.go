@@ -197,7 +197,7 @@ func TestReadyAgainWhenTheConditionIsGone(t *testing.T) {
 	ns.set(true, node("node-a", "10.250.0.11", "10.244.1.0/24"))
 	var readies int
 	available := false
-	c, err := controller.New(controller.Config{Self: "node-a", Nodes: ns, Resync: time.Hour,
+	c, err := controller.New(controller.Config{Self: "node-a", Nodes: ns, Resync: time.Hour, Routes: &offLinkRoutes{},
 		Ready:     func(context.Context) error { readies++; available = true; return nil },
 		Available: func() bool { return available }})
 	if err != nil {
@@ -294,5 +294,78 @@ func TestOffLinkEvents(t *testing.T) {
 	c.Reconcile(ctx)
 	if len(ev.notes) != 3 || ev.notes[2] != want {
 		t.Fatalf("events after node1's condition cleared and came back: %q", ev.notes)
+	}
+}
+
+// reportRoutes stands for the route reconciler: it answers rep for any sync.
+type reportRoutes struct{ rep routes.Report }
+
+func (r *reportRoutes) Sync([]nodenet.Route) (routes.Report, error) { return r.rep, nil }
+
+// TestNetworkUnavailableOnlyWhenRoutesInPlace: the Node's NetworkUnavailable is set
+// false only once this node's routes are in place: never with --routes=false (the
+// underlay's route controller owns the condition; Routes nil), not while this
+// node's Node has no podCIDR (node mode), not while a route of another owner holds
+// a pod range, not while a next hop is off-link with no Event reporting it; each
+// such reconciliation leaves no error, so only the condition waits.
+func TestNetworkUnavailableOnlyWhenRoutesInPlace(t *testing.T) {
+	self := node("node0", "10.250.0.11", "10.244.0.0/24")
+	n1 := node("node1", "10.250.0.12", "10.244.1.0/24")
+	conflict := routes.Report{Conflicts: []routes.Conflict{{Dst: netip.MustParsePrefix("10.244.1.0/24"), Protocol: 4, Dev: "cni0"}}}
+	offLink := routes.Report{OffLink: []routes.OffLink{{Dst: netip.MustParsePrefix("10.244.1.0/24"), Via: netip.MustParseAddr("10.250.0.12")}}}
+	for _, tc := range []struct {
+		name     string
+		routes   bool
+		events   bool
+		self     nodenet.Node
+		rep      routes.Report
+		ready    bool
+		notReady string // what Status().NotInPlace says
+	}{
+		{name: "in place", routes: true, self: self, ready: true},
+		{name: "--routes=false", self: self, notReady: "--routes=false"},
+		{name: "no podCIDR", routes: true, self: node("node0", "10.250.0.11", ""), notReady: `Node "node0" has no spec.podCIDRs`},
+		{name: "conflict", routes: true, self: self, rep: conflict, notReady: "1 pod ranges held by routes of another owner (first: 10.244.1.0/24"},
+		{name: "off-link unreported", routes: true, self: self, rep: offLink, notReady: "next hop off-link, and no Event reports it"},
+		{name: "off-link reported", routes: true, events: true, self: self, rep: offLink, ready: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ns := &nodes{ch: make(chan struct{}, 1)}
+			ns.set(true, tc.self, n1)
+			var readies int
+			cfg := controller.Config{Self: "node0", Nodes: ns, Resync: time.Hour, Masquerade: &masqCalls{},
+				Ready: func(context.Context) error { readies++; return nil }}
+			rt := &reportRoutes{rep: tc.rep}
+			if tc.routes {
+				cfg.Routes = rt
+			}
+			if tc.events {
+				cfg.Events = &recorder{}
+			}
+			c, err := controller.New(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			c.Reconcile(ctx)
+			c.Reconcile(ctx)
+			st := c.Status()
+			if st.Err != "" || c.Waiting() != "" {
+				t.Fatalf("reconciliation error %q, waiting %q; want none", st.Err, c.Waiting())
+			}
+			if (readies == 1) != tc.ready || readies > 1 || st.Ready != tc.ready || !strings.Contains(st.NotInPlace, tc.notReady) || (tc.notReady == "") != (st.NotInPlace == "") {
+				t.Fatalf("Ready ran %d times, status ready %v, not in place %q; want ready %v, not in place %q", readies, st.Ready, st.NotInPlace, tc.ready, tc.notReady)
+			}
+			if tc.ready || !tc.routes {
+				return
+			}
+			// the cause goes: the condition is set at the next reconciliation
+			rt.rep = routes.Report{}
+			ns.set(true, self, n1)
+			c.Reconcile(ctx)
+			if readies != 1 || !c.Status().Ready {
+				t.Fatalf("once the routes are in place: Ready ran %d times, status ready %v; want once, true", readies, c.Status().Ready)
+			}
+		})
 	}
 }
