@@ -149,7 +149,7 @@ func Ensure(r Recipe, logf Logf) (string, error) {
 		return r.BinDir(), nil
 	}
 	say := progress(logf)
-	t0 := time.Now()
+	t0, cpu0 := time.Now(), childCPU()
 	say("buildcache: building %s %s (%s) into %s ...", r.Name, r.Version, coldText(r.Cold), r.BinDir())
 	stop := ticker(say, r, t0)
 	err = build(r)
@@ -158,7 +158,7 @@ func Ensure(r Recipe, logf Logf) (string, error) {
 		say("buildcache: building %s %s failed after %v", r.Name, r.Version, time.Since(t0).Round(time.Second))
 		return "", err
 	}
-	say("buildcache: built %s %s in %v", r.Name, r.Version, time.Since(t0).Round(time.Second))
+	say("buildcache: built %s %s in %v (%v of CPU in the go commands)", r.Name, r.Version, time.Since(t0).Round(time.Second), (childCPU() - cpu0).Round(time.Second))
 	if !r.Cached() {
 		return "", fmt.Errorf("buildcache: %s %s built but %s does not validate: %w", r.Name, r.Version, r.BinDir(), ErrIncomplete)
 	}
@@ -265,6 +265,16 @@ func ticker(say Logf, r Recipe, t0 time.Time) (stop func()) {
 	return func() { close(done); <-exited }
 }
 
+// childCPU is the user and system time of this process's waited-for
+// children: the go commands and, through them, the compilers and linker.
+func childCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_CHILDREN, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
 // goBin is the go command: from PATH, else where this project's machines
 // have it.
 func goBin() string {
@@ -285,6 +295,8 @@ func Go(dir string, env []string, args ...string) ([]byte, error) {
 	cmd := exec.Command(goBin(), args...)
 	cmd.Dir = dir
 	cmd.Env = append(append(os.Environ(), GoEnv...), env...)
+	// A test that times out or is killed takes its build with it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
