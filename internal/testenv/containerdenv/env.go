@@ -361,7 +361,11 @@ func (e *Env) waitReady(done chan struct{}) error {
 	return fmt.Errorf("containerdenv: CRI at %s not ready after %v: %v", e.Endpoint(), e.opts.StartTimeout, last)
 }
 
-// importImage imports the pause image into the k8s.io namespace.
+// ImportImage imports a docker-archive into the k8s.io namespace (the
+// CRI's) with the env's own ctr and snapshotter.
+func (e *Env) ImportImage(tarPath string) error { return e.importImage(tarPath) }
+
+// importImage imports an image archive into the k8s.io namespace.
 func (e *Env) importImage(tarPath string) error {
 	cmd := exec.Command(filepath.Join(e.ctdBin, "ctr"), "--address", e.sock, "-n", "k8s.io", "images", "import",
 		"--snapshotter", e.snapshotter, tarPath)
