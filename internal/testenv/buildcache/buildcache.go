@@ -24,7 +24,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -148,7 +147,8 @@ func Ensure(r Recipe, logf Logf) (string, error) {
 	if r.Cached() {
 		return r.BinDir(), nil
 	}
-	say := progress(logf)
+	say, closeTTY := progress(logf)
+	defer closeTTY()
 	t0, cpu0 := time.Now(), childCPU()
 	say("buildcache: building %s %s (%s) into %s ...", r.Name, r.Version, coldText(r.Cold), r.BinDir())
 	stop := ticker(say, r, t0)
@@ -226,18 +226,24 @@ func coldText(d time.Duration) string {
 	return fmt.Sprintf("cold, about %d min on 2 cores", int((d+30*time.Second)/time.Minute))
 }
 
-// progress writes each line to logf and to the terminal, if any.
-func progress(logf Logf) Logf {
-	var tty io.Writer
-	if f, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
-		tty = f
+// progress writes each line to logf and to the terminal, if any, until
+// closeTTY.
+func progress(logf Logf) (say Logf, closeTTY func()) {
+	tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0)
+	if err != nil {
+		tty = nil
 	}
-	return func(format string, args ...any) {
+	say = func(format string, args ...any) {
 		if logf != nil {
 			logf(format, args...)
 		}
 		if tty != nil {
 			fmt.Fprintf(tty, format+"\n", args...)
+		}
+	}
+	return say, func() {
+		if tty != nil {
+			tty.Close()
 		}
 	}
 }
