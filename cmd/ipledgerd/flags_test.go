@@ -120,7 +120,7 @@ func TestInstallCNIFlags(t *testing.T) {
 	}
 	errb.Reset()
 	dir := t.TempDir()
-	if code := installCNI([]string{"--conflist", dir + "/absent", "--cni-bin-dir", dir, "--cni-conf-dir", dir}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "conflist") {
+	if code := installCNI([]string{"--conflist", dir + "/absent", "--cni-bin-dir", dir, "--cni-conf-dir", dir, "--cri-endpoint", ""}, &out, &errb); code != 1 || !strings.Contains(errb.String(), "conflist") {
 		t.Errorf("missing conflist: exit %d, stderr %q", code, errb.String())
 	}
 }
@@ -167,7 +167,7 @@ func TestUninstallCNIFlags(t *testing.T) {
 			}
 			dirs := []string{"--cni-bin-dir", bin, "--cni-conf-dir", confd}
 			var out, errb strings.Builder
-			if code := installCNI(append([]string{"--src-dir", src, "--conflist", filepath.Join(d, "conflist")}, dirs...), &out, &errb); code != 0 {
+			if code := installCNI(append([]string{"--src-dir", src, "--conflist", filepath.Join(d, "conflist"), "--cri-endpoint", ""}, dirs...), &out, &errb); code != 0 {
 				t.Fatalf("install-cni: exit %d, stderr %q", code, errb.String())
 			}
 			if got := strings.Contains(out.String(), "kept portmap"); got != nodeHasPortmap {

@@ -1,16 +1,19 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/ipledger/ipledger/internal/cniinstall"
+	"github.com/ipledger/ipledger/internal/cri"
 	"github.com/ipledger/ipledger/internal/nodenet/masq"
 	"github.com/ipledger/ipledger/internal/nodenet/routes"
 )
@@ -27,15 +30,30 @@ func installCNI(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&shared, "shared-plugins", "portmap", "comma-separated plugins other networks may use too, copied from --src-dir only where --cni-bin-dir has none (or the one there was installed by install-cni)")
 	cniFlags(fs, &o)
 	fs.StringVar(&o.Conflist, "conflist", "/etc/ipledger/ipledger.conflist", "conflist file to install (the ConfigMap's key)")
+	fs.StringVar(&o.CNIVersion, "cni-version", cniinstall.VersionAuto, "the installed conflist's cniVersion: auto (the newest the runtime at --cri-endpoint loads: 1.1.0 on containerd 2.0.1+ and CRI-O 1.32+, where the runtime calls STATUS and a Node follows the agent's readiness; else 1.0.0), keep (the conflist's own), or 1.1.0 or 1.0.0 (checked against the runtime)")
+	endpoint := fs.String("cri-endpoint", "unix:///run/containerd/containerd.sock", "the node's CRI socket, asked for the runtime's name and version (Version call); empty: not asked (auto keeps the conflist's cniVersion)")
 	if code := parseFlags(fs, args, stderr); code >= 0 {
 		return code
 	}
 	o.Plugins, o.Shared = splitList(plugins), splitList(shared)
+	if *endpoint != "" {
+		rt, err := askRuntime(*endpoint)
+		switch {
+		case err == nil:
+			o.Runtime = rt
+		case o.CNIVersion == cniinstall.VersionAuto || o.CNIVersion == "":
+			fmt.Fprintf(stderr, "ipledgerd install-cni: --cni-version auto needs the runtime's version: %v; mount the runtime's socket or give --cni-version\n", err)
+			return 1
+		default:
+			fmt.Fprintf(stderr, "ipledgerd install-cni: cniVersion %s not checked against the runtime: %v\n", o.CNIVersion, err)
+		}
+	}
 	done, err := cniinstall.Install(o)
 	if err != nil {
 		fmt.Fprintln(stderr, "ipledgerd install-cni:", err)
 		return 1
 	}
+	fmt.Fprintf(stdout, "cniVersion %s: %s\n", done.CNIVersion, done.CNIVersionReason)
 	for _, f := range done.Files {
 		fmt.Fprintln(stdout, "installed", f)
 	}
@@ -44,6 +62,22 @@ func installCNI(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stdout, "recorded in", done.Record)
 	return 0
+}
+
+// askRuntime asks the CRI runtime at endpoint for its name and version.
+func askRuntime(endpoint string) (*cniinstall.RuntimeInfo, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := cri.Dial(ctx, endpoint, 10*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	v, err := c.Version(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return &cniinstall.RuntimeInfo{Name: v.Name, Version: v.Version}, nil
 }
 
 // uninstallCNI is `ipledgerd uninstall-cni`: install-cni's reverse. It removes the

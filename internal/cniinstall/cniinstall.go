@@ -25,19 +25,6 @@ import (
 	"strings"
 )
 
-// ErrBadConflist is returned for a conflist that no runtime would load.
-var ErrBadConflist = errors.New("cniinstall: bad conflist")
-
-// ErrNotFound is returned by Uninstall when the conflist or a plugin it was asked to
-// remove is not there (and no record says an earlier Uninstall removed it): the
-// directories are not the host's CNI dirs, or ipledger was not installed there.
-var ErrNotFound = errors.New("cniinstall: not found")
-
-// ErrBadRecord is returned for a record of installed plugins (RecordPath) that
-// cannot be read as one: Install stops, Uninstall removes only Options.Plugins
-// and the conflist and keeps the record for the operator to look at.
-var ErrBadRecord = errors.New("cniinstall: bad record of installed plugins")
-
 // RecordSuffix ends the name of the record of installed plugins, beside the
 // conflist (10-ipledger.conflist.installed): not .conf, .conflist or .json, so
 // no runtime reads it as a network.
@@ -63,6 +50,14 @@ type Options struct {
 	// ConfName is the installed conflist's file name, e.g. 10-ipledger.conflist
 	// (runtimes use the lexically first file of the dir).
 	ConfName string
+	// CNIVersion is the installed conflist's cniVersion: VersionAuto (also
+	// when empty: what Runtime loads, 1.1.0 on containerd 2.0.1+), VersionKeep
+	// (the conflist's own) or one of Versions (the operator's: it wins, unless
+	// Runtime would refuse it).
+	CNIVersion string
+	// Runtime is the node's runtime as its CRI Version call named it; nil:
+	// not asked (VersionAuto then keeps the conflist's own).
+	Runtime *RuntimeInfo
 	// Cleanups are what Uninstall runs once the conflist and plugins are gone,
 	// for state of the network beyond its files (routes, netfilter rules).
 	Cleanups []Cleanup
@@ -81,6 +76,9 @@ type Installed struct {
 	Kept []string
 	// Record is the record of the installed plugins (RecordPath).
 	Record string
+	// CNIVersion is the installed conflist's cniVersion, and
+	// CNIVersionReason why (ChooseCNIVersion).
+	CNIVersion, CNIVersionReason string
 }
 
 // RecordPath is the record of the plugins Install installed: ConfName with
@@ -148,6 +146,16 @@ func Install(o Options) (Installed, error) {
 	types, err := check(conf)
 	if err != nil {
 		return done, fmt.Errorf("%w: %s: %v", ErrBadConflist, o.Conflist, err)
+	}
+	own := conflistVersion(conf)
+	done.CNIVersion, done.CNIVersionReason, err = ChooseCNIVersion(o.CNIVersion, own, o.Runtime)
+	if err != nil {
+		return done, err
+	}
+	if done.CNIVersion != own {
+		if conf, err = WithCNIVersion(conf, done.CNIVersion); err != nil {
+			return done, err
+		}
 	}
 	for _, p := range append(slices.Clone(o.Plugins), o.Shared...) {
 		if err := checkPluginName(p); err != nil {
@@ -322,7 +330,7 @@ func check(conf []byte) ([]string, error) {
 		return nil, fmt.Errorf("not JSON: %v", err)
 	}
 	if c.CNIVersion == "" {
-		return nil, errors.New(`"cniVersion" is missing: set one the node's runtime accepts (containerd 1.6: "1.0.0")`)
+		return nil, errors.New(`"cniVersion" is missing: set one, e.g. "1.0.0" (install-cni's --cni-version auto then writes the one the node's runtime loads)`)
 	}
 	if c.Name == "" {
 		return nil, errors.New(`"name" is missing: name the network (it names the pool)`)

@@ -1,7 +1,8 @@
-// Package runtime_test runs ipledgerd's reconciler against a real containerd 1.6
-// (Debian's containerd and runc, private root/state/socket, a locally built pause
-// image) driven through our CRI client, with Debian's bridge plugin delegating IPAM
-// to ipledger.
+// Package runtime_test runs ipledgerd's reconciler against a real containerd
+// (Debian's 1.6.20, or the version IPLEDGER_CONTAINERD names, built from its
+// module; Debian's runc; private root/state/socket, a locally built pause image)
+// driven through our CRI client, with Debian's bridge plugin delegating IPAM to
+// ipledger.
 package runtime_test
 
 import (

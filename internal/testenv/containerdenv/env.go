@@ -57,6 +57,9 @@ type Options struct {
 	CallTimeout time.Duration
 	// LogLevel of containerd (default "info").
 	LogLevel string
+	// Version is the containerd to run: a key of Versions (built from its
+	// Go module, cached) or Debian. Empty: what VersionEnv selects.
+	Version string
 }
 
 // Env is one private containerd. Methods are safe for concurrent use.
@@ -68,6 +71,9 @@ type Env struct {
 	sock, cfgPath, logPath      string
 	confDir, binDir             string
 	snapshotter, image          string
+	version                     string
+	major                       int
+	ctdBin                      string // the directory of containerd, its shim and ctr
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
@@ -95,6 +101,22 @@ func Start(tb testing.TB, opts Options) *Env {
 	if err := ensureDeps(); err != nil {
 		tb.Fatal(err)
 	}
+	version := opts.Version
+	if version == "" {
+		v, err := Selected()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		version = v
+	}
+	ctdBin, err := Binaries(version, tb.Logf)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	major := 1
+	if r, ok := Versions[version]; ok {
+		major = r.Major
+	}
 	image, tarPath, err := pauseImage()
 	if err != nil {
 		tb.Fatal(err)
@@ -106,6 +128,7 @@ func Start(tb testing.TB, opts Options) *Env {
 	}
 	e := &Env{
 		tb: tb, opts: opts, base: base, image: image,
+		version: version, major: major, ctdBin: ctdBin,
 		root:     filepath.Join(base, "root"),
 		state:    filepath.Join(base, "state"),
 		runcRoot: filepath.Join(base, "state", "runc"),
@@ -149,6 +172,9 @@ func Start(tb testing.TB, opts Options) *Env {
 	}
 	return e
 }
+
+// Version is the containerd the env runs: a key of Versions, or Debian.
+func (e *Env) Version() string { return e.version }
 
 // Endpoint returns the CRI endpoint, "unix:///tmp/ctd…/c.sock".
 func (e *Env) Endpoint() string { return "unix://" + e.sock }
@@ -282,9 +308,10 @@ func (e *Env) start() error {
 		return err
 	}
 	fmt.Fprintf(logf, "---- containerdenv: start %s\n", time.Now().Format(time.RFC3339Nano))
-	cmd := exec.Command("containerd", "--config", e.cfgPath)
+	cmd := exec.Command(filepath.Join(e.ctdBin, "containerd"), "--config", e.cfgPath)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:"+os.Getenv("PATH"))
+	// The shim is looked up on PATH: this version's first, then Debian's runc.
+	cmd.Env = append(os.Environ(), "PATH="+e.ctdBin+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:"+os.Getenv("PATH"))
 	// Own process group (a ^C to the test does not hit it first); killed if
 	// the test process dies without cleanup (see spawn for the thread).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
@@ -334,9 +361,13 @@ func (e *Env) waitReady(done chan struct{}) error {
 	return fmt.Errorf("containerdenv: CRI at %s not ready after %v: %v", e.Endpoint(), e.opts.StartTimeout, last)
 }
 
-// importImage imports the pause image into the k8s.io namespace.
+// ImportImage imports a docker-archive into the k8s.io namespace (the
+// CRI's) with the env's own ctr and snapshotter.
+func (e *Env) ImportImage(tarPath string) error { return e.importImage(tarPath) }
+
+// importImage imports an image archive into the k8s.io namespace.
 func (e *Env) importImage(tarPath string) error {
-	cmd := exec.Command("ctr", "--address", e.sock, "-n", "k8s.io", "images", "import",
+	cmd := exec.Command(filepath.Join(e.ctdBin, "ctr"), "--address", e.sock, "-n", "k8s.io", "images", "import",
 		"--snapshotter", e.snapshotter, tarPath)
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("containerdenv: ctr images import %s: %v\n%s", tarPath, err, out)
@@ -396,28 +427,14 @@ func (e *Env) setupBinDir() error {
 	return nil
 }
 
-// config renders containerd's config.toml.
+// config renders containerd's config.toml for the env's version.
 func (e *Env) config() string {
-	const cri = `plugins."io.containerd.grpc.v1.cri"`
-	var b strings.Builder
-	fmt.Fprintf(&b, "version = 2\nroot = %q\nstate = %q\noom_score = 0\n", e.root, e.state)
-	b.WriteString(`disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]` + "\n\n")
-	fmt.Fprintf(&b, "[grpc]\n  address = %q\n[ttrpc]\n  address = \"\"\n[debug]\n  address = \"\"\n  level = %q\n[metrics]\n  address = \"\"\n\n", e.sock, e.opts.LogLevel)
-	fmt.Fprintf(&b, "[plugins.\"io.containerd.internal.v1.opt\"]\n  path = %q\n\n", filepath.Join(e.root, "opt"))
-	fmt.Fprintf(&b, "[%s]\n", cri)
-	fmt.Fprintf(&b, "  sandbox_image = %q\n", e.image)
-	// Root here lacks CAP_SYS_RESOURCE: never lower a process's oom_score_adj.
-	b.WriteString("  restrict_oom_score_adj = true\n")
-	// netns bind mounts under our state dir, not /var/run/netns.
-	b.WriteString("  netns_mounts_under_state_dir = true\n")
-	b.WriteString("  disable_apparmor = true\n")
-	// Port 0: parallel envs must not fight over the default 10010.
-	b.WriteString("  stream_server_address = \"127.0.0.1\"\n  stream_server_port = \"0\"\n")
-	fmt.Fprintf(&b, "  [%s.containerd]\n    snapshotter = %q\n    default_runtime_name = \"runc\"\n", cri, e.snapshotter)
-	fmt.Fprintf(&b, "    [%s.containerd.runtimes.runc]\n      runtime_type = \"io.containerd.runc.v2\"\n", cri)
-	fmt.Fprintf(&b, "      [%s.containerd.runtimes.runc.options]\n        Root = %q\n", cri, e.runcRoot)
-	fmt.Fprintf(&b, "  [%s.cni]\n    bin_dir = %q\n    conf_dir = %q\n    max_conf_num = 1\n", cri, e.binDir, e.confDir)
-	return b.String()
+	return Config{
+		Root: e.root, State: e.state, Socket: e.sock, Sandbox: e.image, Snapshotter: e.snapshotter,
+		RuncRoot: e.runcRoot, CNIBinDir: e.binDir, CNIConfDir: e.confDir,
+		// netns bind mounts under our state dir, not /var/run/netns.
+		NetnsUnderState: true, LogLevel: e.opts.LogLevel,
+	}.Render(e.major)
 }
 
 // killTasks kills every sandbox process (by the init.pid in its bundle,

@@ -1,20 +1,15 @@
 package e2eenv
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ipledger/ipledger/internal/image"
 	"github.com/ipledger/ipledger/internal/testenv"
+	"github.com/ipledger/ipledger/internal/testenv/buildcache"
 	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
@@ -30,90 +25,41 @@ func coreDNSDir() string {
 	return filepath.Join(filepath.Dir(kubeenv.CacheDir()), "coredns", CoreDNSVersion)
 }
 
-func coreDNSKey() string {
-	h := sha256.Sum256([]byte("github.com/coredns/coredns@" + CoreDNSVersion + "\x00" + runtime.Version()))
-	return hex.EncodeToString(h[:])[:16]
+// coreDNSRecipe builds coredns from its Go module at CoreDNSVersion (no
+// cgo). Its key (module, version, toolchain) is the one the cache was
+// stamped with before.
+func coreDNSRecipe() buildcache.Recipe {
+	const module = "github.com/coredns/coredns"
+	return buildcache.Recipe{
+		Name: "coredns", Version: CoreDNSVersion,
+		Dir:     coreDNSDir(),
+		Key:     []string{module + "@" + CoreDNSVersion, buildcache.Toolchain()},
+		Outputs: []string{"coredns"},
+		Cold:    4 * time.Minute,
+		Build: func(src, out string) error {
+			if err := buildcache.WriteModule(src, buildcache.ModFile("corednsbuild", "")); err != nil {
+				return err
+			}
+			if _, err := buildcache.Go(src, nil, "get", module+"@"+CoreDNSVersion); err != nil {
+				return err
+			}
+			_, err := buildcache.Go(src, nil, "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(out, "coredns"), module)
+			return err
+		},
+	}
 }
 
 // CoreDNS returns the path of the coredns binary, built from its Go module at
-// CoreDNSVersion (no cgo) once per machine and cached by version and Go
-// toolchain, under a lock. Under -short it skips tb.
+// CoreDNSVersion once per machine and cached by version and Go toolchain
+// (buildcache). Under -short it skips tb.
 func CoreDNS(tb testing.TB) string {
 	tb.Helper()
 	testenv.SkipIfShort(tb, "needs a CoreDNS build")
-	dir := coreDNSDir()
-	bin := filepath.Join(dir, "bin", "coredns")
-	stamp := filepath.Join(dir, "bin", ".stamp")
-	valid := func() bool {
-		b, err := os.ReadFile(stamp)
-		fi, serr := os.Stat(bin)
-		return err == nil && strings.TrimSpace(string(b)) == coreDNSKey() && serr == nil && fi.Size() > 0
-	}
-	if valid() {
-		return bin
-	}
-	if err := os.MkdirAll(filepath.Join(dir, "src"), 0o755); err != nil {
+	r := coreDNSRecipe()
+	if _, err := buildcache.Ensure(r, tb.Logf); err != nil {
 		tb.Fatal(err)
 	}
-	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		tb.Fatal(err)
-	}
-	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-	if valid() {
-		return bin
-	}
-	t0 := time.Now()
-	src := filepath.Join(dir, "src")
-	if err := os.WriteFile(filepath.Join(src, "go.mod"), []byte("module ipledger.test/corednsbuild\n\ngo 1.26.0\n"), 0o644); err != nil {
-		tb.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(src, "doc.go"), []byte("// Package corednsbuild only pins the module coredns is built from.\npackage corednsbuild\n"), 0o644); err != nil {
-		tb.Fatal(err)
-	}
-	tmp := filepath.Join(dir, "bin.tmp")
-	if err := os.MkdirAll(tmp, 0o755); err != nil {
-		tb.Fatal(err)
-	}
-	for _, args := range [][]string{
-		{"get", "github.com/coredns/coredns@" + CoreDNSVersion},
-		{"build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(tmp, "coredns"), "github.com/coredns/coredns"},
-	} {
-		cmd := exec.Command(goBin(), args...)
-		cmd.Dir = src
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=mod -buildvcs=false", "GOWORK=off", "GOTOOLCHAIN=local")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			tb.Fatalf("e2eenv: go %s: %v\n%s", strings.Join(args, " "), err, tailString(string(out), 30))
-		}
-	}
-	if err := os.WriteFile(filepath.Join(tmp, ".stamp"), []byte(coreDNSKey()+"\n"), 0o644); err != nil {
-		tb.Fatal(err)
-	}
-	os.RemoveAll(filepath.Join(dir, "bin"))
-	if err := os.Rename(tmp, filepath.Join(dir, "bin")); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Logf("e2eenv: built coredns %s in %v", CoreDNSVersion, time.Since(t0).Round(time.Second))
-	return bin
-}
-
-func goBin() string {
-	if p, err := exec.LookPath("go"); err == nil {
-		return p
-	}
-	return "/usr/local/go/bin/go"
-}
-
-func tailString(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
+	return r.Path("coredns")
 }
 
 // CoreDNSImage writes the CoreDNS image (the binary alone, as upstream's

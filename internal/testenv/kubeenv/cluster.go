@@ -299,10 +299,8 @@ func sharedMount(dir string) error {
 
 // ImportImage imports a docker-archive into the node's containerd.
 func (c *Cluster) ImportImage(path string) error {
-	sock := strings.TrimPrefix(c.Containerd.Endpoint(), "unix://")
-	out, err := exec.Command("ctr", "--address", sock, "-n", "k8s.io", "images", "import", path).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("kubeenv: ctr images import %s: %v\n%s", path, err, out)
+	if err := c.Containerd.ImportImage(path); err != nil {
+		return fmt.Errorf("kubeenv: %w", err)
 	}
 	return nil
 }

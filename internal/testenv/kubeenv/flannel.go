@@ -2,22 +2,17 @@ package kubeenv
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/ipledger/ipledger/internal/testenv"
+	"github.com/ipledger/ipledger/internal/testenv/buildcache"
 )
 
 // FlannelModule at FlannelVersion is the flannel the benchmark runs beside
@@ -46,21 +41,38 @@ func FlannelCacheDir() string {
 	return filepath.Join(filepath.Dir(filepath.Dir(CacheDir())), "flannel", FlannelVersion)
 }
 
-// flannelKey is the recipe of the flanneld build: module, version, flags, the
-// dropped backends, the toolchain. The cache is valid while bin/.stamp holds it.
-func flannelKey() string {
-	h := sha256.Sum256([]byte(FlannelModule + "@" + FlannelVersion + "\x00" + flannelLdflags() + "\x00" +
-		strings.Join(flannelDropped, ",") + "\x00" + runtime.Version()))
-	return hex.EncodeToString(h[:])[:16]
-}
-
-func flannelCached(bin string) bool {
-	stamp, err := os.ReadFile(filepath.Join(bin, ".stamp"))
-	if err != nil || strings.TrimSpace(string(stamp)) != flannelKey() {
-		return false
+// flannelRecipe builds flanneld from its Go module's source (copied to src,
+// built as the main module with its own go.mod and go.sum), the dropped
+// backends taken out of main.go. Its key (module, version, flags, the dropped
+// backends, the toolchain) is the one the cache was stamped with before.
+func flannelRecipe() buildcache.Recipe {
+	return buildcache.Recipe{
+		Name: "flanneld", Version: FlannelVersion,
+		Dir:     FlannelCacheDir(),
+		Key:     []string{FlannelModule + "@" + FlannelVersion, flannelLdflags(), strings.Join(flannelDropped, ","), buildcache.Toolchain()},
+		Outputs: []string{"flanneld"},
+		Cold:    3 * time.Minute,
+		Build: func(src, out string) error {
+			if err := buildcache.CopyModule(filepath.Dir(src), FlannelModule, FlannelVersion, src); err != nil {
+				return err
+			}
+			mainGo := filepath.Join(src, "main.go")
+			b, err := os.ReadFile(mainGo)
+			if err != nil {
+				return err
+			}
+			for _, imp := range flannelDropped {
+				if !bytes.Contains(b, []byte(imp)) {
+					return fmt.Errorf("kubeenv: flannel %s main.go does not import %s", FlannelVersion, imp)
+				}
+				b = bytes.Replace(b, []byte(imp), nil, 1)
+			}
+			if err := os.WriteFile(mainGo, b, 0o644); err != nil {
+				return err
+			}
+			return goIn(src, "build", "-trimpath", "-ldflags", flannelLdflags(), "-o", filepath.Join(out, "flanneld"), ".")
+		},
 	}
-	fi, err := os.Stat(filepath.Join(bin, "flanneld"))
-	return err == nil && fi.Size() > 0
 }
 
 var (
@@ -71,122 +83,20 @@ var (
 
 // FlannelBinary returns the path of flanneld FlannelVersion, built from its Go
 // module (the source as the module proxy serves it, with its own go.mod and
-// go.sum) with -trimpath and CGO_ENABLED=0, cached by version with a stamp and
-// built under a lock as Binaries does; a warm run builds nothing. Under -short
-// it skips tb.
+// go.sum) with -trimpath and CGO_ENABLED=0, cached by version (buildcache); a
+// warm run builds nothing. Under -short it skips tb.
 func FlannelBinary(tb testing.TB) string {
 	tb.Helper()
 	testenv.SkipIfShort(tb, "needs a flannel build")
-	flannelOnce.Do(func() { flannelBin, flannelErr = ensureFlannel(tb) })
+	flannelOnce.Do(func() {
+		r := flannelRecipe()
+		_, flannelErr = buildcache.Ensure(r, tb.Logf)
+		flannelBin = r.Path("flanneld")
+	})
 	if flannelErr != nil {
 		tb.Fatal(flannelErr)
 	}
 	return flannelBin
-}
-
-func ensureFlannel(tb testing.TB) (string, error) {
-	dir := FlannelCacheDir()
-	bin := filepath.Join(dir, "bin")
-	if flannelCached(bin) {
-		return filepath.Join(bin, "flanneld"), nil
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
-	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return "", err
-	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return "", err
-	}
-	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-	if flannelCached(bin) {
-		return filepath.Join(bin, "flanneld"), nil
-	}
-	t0 := time.Now()
-	tb.Logf("kubeenv: building flanneld %s into %s", FlannelVersion, bin)
-	// The module's source as downloaded (read-only in the module cache), copied
-	// to src/ so that it builds as the main module, with its own go.sum.
-	dl := filepath.Join(dir, "dl")
-	if err := os.MkdirAll(dl, 0o755); err != nil {
-		return "", err
-	}
-	if err := os.WriteFile(filepath.Join(dl, "go.mod"), []byte("module ipledger.test/flanneldl\n\ngo 1.26.0\n"), 0o644); err != nil {
-		return "", err
-	}
-	out, err := goOut(dl, "mod", "download", "-json", FlannelModule+"@"+FlannelVersion)
-	if err != nil {
-		return "", err
-	}
-	var mod struct{ Dir, Error string }
-	if err := json.Unmarshal(out, &mod); err != nil || mod.Dir == "" {
-		return "", fmt.Errorf("kubeenv: go mod download %s@%s: %v %s", FlannelModule, FlannelVersion, err, mod.Error)
-	}
-	src := filepath.Join(dir, "src")
-	if err := os.RemoveAll(src); err != nil {
-		return "", err
-	}
-	if out, err := exec.Command("cp", "-r", mod.Dir, src).CombinedOutput(); err != nil {
-		return "", fmt.Errorf("kubeenv: copy %s: %v: %s", mod.Dir, err, out)
-	}
-	if out, err := exec.Command("chmod", "-R", "u+w", src).CombinedOutput(); err != nil {
-		return "", fmt.Errorf("kubeenv: chmod %s: %v: %s", src, err, out)
-	}
-	mainGo := filepath.Join(src, "main.go")
-	b, err := os.ReadFile(mainGo)
-	if err != nil {
-		return "", err
-	}
-	for _, imp := range flannelDropped {
-		if !bytes.Contains(b, []byte(imp)) {
-			return "", fmt.Errorf("kubeenv: flannel %s main.go does not import %s", FlannelVersion, imp)
-		}
-		b = bytes.Replace(b, []byte(imp), nil, 1)
-	}
-	if err := os.WriteFile(mainGo, b, 0o644); err != nil {
-		return "", err
-	}
-	tmp := filepath.Join(dir, "bin.tmp")
-	if err := os.MkdirAll(tmp, 0o755); err != nil {
-		return "", err
-	}
-	if err := goIn(src, "build", "-trimpath", "-ldflags", flannelLdflags(), "-o", filepath.Join(tmp, "flanneld"), "."); err != nil {
-		return "", err
-	}
-	if err := os.WriteFile(filepath.Join(tmp, ".stamp"), []byte(flannelKey()+"\n"), 0o644); err != nil {
-		return "", err
-	}
-	if err := os.RemoveAll(bin); err != nil {
-		return "", err
-	}
-	if err := os.Rename(tmp, bin); err != nil {
-		return "", err
-	}
-	tb.Logf("kubeenv: built flanneld %s in %v", FlannelVersion, time.Since(t0).Round(time.Second))
-	if !flannelCached(bin) {
-		return "", fmt.Errorf("kubeenv: flanneld built but its cache does not validate")
-	}
-	return filepath.Join(bin, "flanneld"), nil
-}
-
-// goOut is goIn returning stdout.
-func goOut(src string, args ...string) ([]byte, error) {
-	gobin := "go"
-	if _, err := exec.LookPath("go"); err != nil {
-		gobin = "/usr/local/go/bin/go"
-	}
-	cmd := exec.Command(gobin, args...)
-	cmd.Dir = src
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=-mod=mod -buildvcs=false", "GOWORK=off", "GOTOOLCHAIN=local")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		return nil, fmt.Errorf("kubeenv: go %s: %v\n%s", strings.Join(args, " "), err, tail(stderr.String(), 40))
-	}
-	return out, nil
 }
 
 // FlannelHostGW is a flannel net-conf.json for the host-gw backend over
