@@ -17,6 +17,8 @@ import (
 	"github.com/ipledger/ipledger/internal/nodenet/routes"
 )
 
+var _ controller.Pools = (*cluster.Manager)(nil)
+
 // startNetwork starts the Kubernetes features of the agent (--node-name): the Node
 // watch, which resolves usePodCidr, and the node network's controller (routes to the
 // other nodes' pods, masquerade), in the background until ctx ends. m is cluster
@@ -102,7 +104,7 @@ func startLeaseNetwork(ctx context.Context, o *options, m *cluster.Manager, log 
 // ends.
 func runController(ctx context.Context, o *options, cfg controller.Config, m *cluster.Manager, log *slog.Logger) (*controller.Controller, error) {
 	if m != nil {
-		cfg.Blocks, cfg.BlocksChanged = m, m.BlocksChanged()
+		cfg.Blocks, cfg.BlocksChanged, cfg.Pools = m, m.BlocksChanged(), m
 		go m.WatchOwners(ctx)
 	}
 	if o.network.Routes {

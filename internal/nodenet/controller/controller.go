@@ -40,6 +40,12 @@ type Blocks interface {
 	Owners(ctx context.Context) ([]nodenet.Block, error)
 }
 
+// Pools is cluster mode's view of the pools' ranges (the block manager): every
+// network's ranges, claimed or not. An error means "unknown", never "none".
+type Pools interface {
+	PoolRanges(ctx context.Context) ([]netip.Prefix, error)
+}
+
 // Routes applies the desired routes (routes.Reconciler).
 type Routes interface {
 	Sync(desired []nodenet.Route) (routes.Report, error)
@@ -79,6 +85,10 @@ type Config struct {
 	Blocks Blocks
 	// BlocksChanged receives a value when a block changed owner (cluster mode).
 	BlocksChanged <-chan struct{}
+	// Pools: cluster mode's pool ranges, all of them pod ranges not masqueraded
+	// (a block claimed a moment ago is inside them before this node sees the
+	// claim); nil: the blocks alone.
+	Pools         Pools
 	Routes        Routes     // nil: --routes=false
 	Masquerade    Masquerade // nil: --masquerade=false
 	NonMasquerade []netip.Prefix
@@ -224,8 +234,24 @@ func (c *Controller) Reconcile(ctx context.Context) {
 	for _, p := range plan.Problems {
 		st.ProblemText = append(st.ProblemText, p.Err.Error())
 	}
-	st.PodCIDRs = nodenet.ClusterCIDRs(nodes, blocks)
 	var errs []error
+	// the pod ranges not masqueraded: node mode's podCIDRs, cluster mode's blocks
+	// and, where known, the pools' ranges around them
+	podRanges, rangesKnown := blocks, true
+	if c.cfg.Pools != nil && c.cfg.Masquerade != nil {
+		ranges, err := c.cfg.Pools.PoolRanges(ctx)
+		if err != nil {
+			// unknown: the masquerade rules stay as they are (never narrowed to the
+			// claimed blocks, which would masquerade the pods of a new block)
+			errs = append(errs, fmt.Errorf("masquerade: reading the pools' ranges: %w (rules kept as they are)", err))
+			rangesKnown = false
+		}
+		podRanges = slices.Clone(blocks)
+		for _, r := range ranges {
+			podRanges = append(podRanges, nodenet.Block{Prefix: r})
+		}
+	}
+	st.PodCIDRs = nodenet.ClusterCIDRs(nodes, podRanges)
 	if c.cfg.Routes != nil {
 		rep, err := c.cfg.Routes.Sync(plan.Routes)
 		st.Report = rep
@@ -243,7 +269,7 @@ func (c *Controller) Reconcile(ctx context.Context) {
 		}
 		c.offLinkEvents(rep.OffLink, st.byVia, err == nil)
 	}
-	if c.cfg.Masquerade != nil && len(st.PodCIDRs) > 0 {
+	if c.cfg.Masquerade != nil && len(st.PodCIDRs) > 0 && rangesKnown {
 		// no pod range known yet: masquerading nothing is right, and the rules of
 		// an earlier run stay until the ranges are known
 		if err := c.cfg.Masquerade.Sync(st.PodCIDRs, c.cfg.NonMasquerade); err != nil {

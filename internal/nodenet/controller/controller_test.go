@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -294,5 +295,45 @@ func TestOffLinkEvents(t *testing.T) {
 	c.Reconcile(ctx)
 	if len(ev.notes) != 3 || ev.notes[2] != want {
 		t.Fatalf("events after node1's condition cleared and came back: %q", ev.notes)
+	}
+}
+
+type pools struct {
+	err  error
+	list []netip.Prefix
+}
+
+func (p *pools) PoolRanges(context.Context) ([]netip.Prefix, error) { return p.list, p.err }
+
+// TestMasqueradePoolRanges: cluster mode's masquerade spares the pools' whole
+// ranges, not only the blocks claimed so far, so a pod of a block another node
+// claimed a moment ago keeps its address towards this node's pods; with the
+// pools unknown, the rules stay as they are.
+func TestMasqueradePoolRanges(t *testing.T) {
+	ns := &nodes{ch: make(chan struct{}, 1)}
+	ns.set(true, node("node0", "10.250.0.11", ""), node("node1", "10.250.0.12", ""))
+	mq := &masqCalls{}
+	bl := &blocks{list: []nodenet.Block{{Prefix: netip.MustParsePrefix("10.244.0.0/26"), Owner: "node0"}}}
+	pl := &pools{list: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/56")}}
+	c, err := controller.New(controller.Config{Self: "node0", Nodes: ns, Blocks: bl, Pools: pl, Masquerade: mq, Resync: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Reconcile(context.Background())
+	want := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/56")}
+	if len(mq.calls) != 1 || !slices.Equal(mq.calls[0], want) {
+		t.Fatalf("masquerade synced with %v, want once with the pools' ranges %v", mq.calls, want)
+	}
+	if st := c.Status(); st.Err != "" || !slices.Equal(st.PodCIDRs, want) {
+		t.Errorf("status %+v", st)
+	}
+
+	pl.err = errors.New("etcd unreachable")
+	c.Reconcile(context.Background())
+	if len(mq.calls) != 1 {
+		t.Errorf("pools unknown: masquerade synced again with %v; want the rules left as they are", mq.calls[1:])
+	}
+	if st := c.Status(); !strings.Contains(st.Err, "pools' ranges") {
+		t.Errorf("pools unknown: status error %q, want it named", st.Err)
 	}
 }
