@@ -13,6 +13,7 @@ import (
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/nodenet"
 	"github.com/ipledger/ipledger/internal/nodenet/controller"
+	"github.com/ipledger/ipledger/internal/nodenet/masq"
 	"github.com/ipledger/ipledger/internal/nodenet/routes"
 	"github.com/ipledger/ipledger/internal/testenv/netnodes"
 )
@@ -335,5 +336,73 @@ func TestMasqueradePoolRanges(t *testing.T) {
 	}
 	if st := c.Status(); !strings.Contains(st.Err, "pools' ranges") {
 		t.Errorf("pools unknown: status error %q, want it named", st.Err)
+	}
+}
+
+// failingMasq fails its first Sync and signals each call.
+type failingMasq struct {
+	mu    sync.Mutex
+	calls int
+	ch    chan int
+}
+
+func (m *failingMasq) Sync(_, _ []netip.Prefix) error {
+	m.mu.Lock()
+	m.calls++
+	n := m.calls
+	m.mu.Unlock()
+	m.ch <- n
+	if n == 1 {
+		return errors.New("nftables: transaction refused")
+	}
+	return nil
+}
+
+// TestRetryAfterFailure: a reconciliation that failed is tried again soon, not at
+// the next resync (an hour here) or the next change.
+func TestRetryAfterFailure(t *testing.T) {
+	ns := &nodes{ch: make(chan struct{}, 1)}
+	ns.set(true, node("node0", "10.250.0.11", "10.244.0.0/24"))
+	mq := &failingMasq{ch: make(chan int, 4)}
+	c, err := controller.New(controller.Config{Self: "node0", Nodes: ns, Masquerade: mq, Resync: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	if n := <-mq.ch; n != 1 {
+		t.Fatalf("call %d first", n)
+	}
+	select {
+	case <-mq.ch:
+	case <-time.After(time.Minute): // a bound on the test, far below the hour's resync
+		t.Fatal("the failed masquerade sync was not retried before the resync")
+	}
+}
+
+// TestForwardChecks: doctor names forwarding off and a FORWARD DROP without the
+// accepts, each with its fix; nothing for a family without pod ranges.
+func TestForwardChecks(t *testing.T) {
+	pods := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}
+	text := func(cs []api.Check) string { return checksText(cs) }
+	if got := text(controller.ForwardChecks("n1", "IPv6", masq.FamilyStatus{}, pods)); got != "" {
+		t.Errorf("no IPv6 range: %q", got)
+	}
+	got := text(controller.ForwardChecks("n1", "IPv4", masq.FamilyStatus{Ranges: true, Filter: true, Policy: "DROP", Err: "nftables: EPERM"}, pods))
+	for _, want := range []string{"FAIL node network: IPv4 forwarding is off on node n1", "sysctl -w net.ipv4.ip_forward=1",
+		"FAIL node network: the iptables FORWARD policy of node n1 is DROP", "10.244.0.0/16", "iptables -A FORWARD -s RANGE -j ACCEPT"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("checks lack %q:\n%s", want, got)
+		}
+	}
+	ok := masq.FamilyStatus{Ranges: true, Filter: true, Policy: "DROP", Accepts: true, Forwarding: true}
+	if got := text(controller.ForwardChecks("n1", "IPv4", ok, pods)); got != "" {
+		t.Errorf("accepts in place, forwarding on: %q", got)
+	}
+	ok.Legacy = true
+	if got := text(controller.ForwardChecks("n1", "IPv4", ok, pods)); !strings.Contains(got, "WARN") || !strings.Contains(got, "iptables-legacy -S FORWARD") {
+		t.Errorf("legacy filter table: %q", got)
 	}
 }
