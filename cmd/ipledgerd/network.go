@@ -117,6 +117,9 @@ func runController(ctx context.Context, o *options, cfg controller.Config, m *cl
 	if o.network.Masquerade {
 		cfg.Masquerade = masq.New(netns.None())
 	}
+	// the FORWARD accepts of the pod ranges: pods are forwarded through this node
+	// whether it routes or masquerades them
+	cfg.Forward = masq.NewForward(netns.None())
 	c, err := controller.New(cfg)
 	if err != nil {
 		return nil, err

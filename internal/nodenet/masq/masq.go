@@ -329,19 +329,30 @@ func masqRule(proto byte, saddr, daddr, n uint32, pods, nomasq *nftables.Set) []
 	}
 }
 
-// Remove deletes ipledger's table; no table is success.
+// Remove deletes ipledger's table; no table is success, and then nothing is
+// written.
 func (m *Masq) Remove() error {
+	_, err := m.RemoveIfPresent()
+	return err
+}
+
+// RemoveIfPresent deletes ipledger's table and reports whether there was one.
+func (m *Masq) RemoveIfPresent() (bool, error) {
 	c, err := m.conn()
 	if err != nil {
-		return err
+		return false, err
+	}
+	found, err := findTable(c)
+	if err != nil || found == nil {
+		return false, err
 	}
 	t := table()
 	c.AddTable(t)
 	c.DelTable(t)
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("nftables: delete table inet %s: %w", TableName, err)
+		return false, fmt.Errorf("nftables: delete table inet %s: %w", TableName, err)
 	}
-	return nil
+	return true, nil
 }
 
 // State is the masquerade table as read back from the kernel.
