@@ -90,7 +90,7 @@ func uninstallCNI(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("ipledgerd uninstall-cni", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&plugins, "plugins", "ipledger,ipledger-veth", "comma-separated plugin binaries to remove even where install-cni's record does not name them")
-	fs.BoolVar(&network, "network", true, "also remove the node network of this network namespace: every route of ipledger's route protocol and the nftables table inet ipledger (masquerade)")
+	fs.BoolVar(&network, "network", true, "also remove the node network of this network namespace: every route of ipledger's route protocol, the nftables table inet ipledger (masquerade) and the FORWARD accepts (chain IPLEDGER-FWD)")
 	cniFlags(fs, &o)
 	if code := parseFlags(fs, args, stderr); code >= 0 {
 		return code
@@ -111,6 +111,15 @@ func uninstallCNI(args []string, stdout, stderr io.Writer) int {
 				return err
 			}
 			fmt.Fprintln(stdout, "removed the nftables table inet ipledger (masquerade), if there was one")
+			return nil
+		}, func() error {
+			removed, err := masq.NewForward(netns.None()).Remove()
+			if err != nil {
+				return err
+			}
+			if removed {
+				fmt.Fprintln(stdout, "removed the FORWARD accepts of the pod ranges (chain "+masq.ForwardChain+")")
+			}
 			return nil
 		})
 	}

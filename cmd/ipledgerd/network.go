@@ -17,6 +17,8 @@ import (
 	"github.com/ipledger/ipledger/internal/nodenet/routes"
 )
 
+var _ controller.Pools = (*cluster.Manager)(nil)
+
 // startNetwork starts the Kubernetes features of the agent (--node-name): the Node
 // watch, which resolves usePodCidr, and the node network's controller (routes to the
 // other nodes' pods, masquerade), in the background until ctx ends. m is cluster
@@ -108,7 +110,7 @@ func startLeaseNetwork(ctx context.Context, o *options, m *cluster.Manager, log 
 // ends.
 func runController(ctx context.Context, o *options, cfg controller.Config, m *cluster.Manager, log *slog.Logger) (*controller.Controller, error) {
 	if m != nil {
-		cfg.Blocks, cfg.BlocksChanged = m, m.BlocksChanged()
+		cfg.Blocks, cfg.BlocksChanged, cfg.Pools = m, m.BlocksChanged(), m
 		go m.WatchOwners(ctx)
 	}
 	if o.network.Routes {
@@ -121,6 +123,9 @@ func runController(ctx context.Context, o *options, cfg controller.Config, m *cl
 	if o.network.Masquerade {
 		cfg.Masquerade = masq.New(netns.None())
 	}
+	// the FORWARD accepts of the pod ranges: pods are forwarded through this node
+	// whether it routes or masquerades them
+	cfg.Forward = masq.NewForward(netns.None())
 	c, err := controller.New(cfg)
 	if err != nil {
 		return nil, err

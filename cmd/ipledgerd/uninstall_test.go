@@ -17,7 +17,8 @@ import (
 
 // TestUninstallRemovesTheNodeNetwork: `ipledgerd uninstall-cni`, run in a network
 // namespace standing for a node, removes every route of ipledger's protocol and the
-// masquerade table, and leaves another owner's route alone.
+// masquerade table and the FORWARD accepts, and leaves another owner's route and
+// the FORWARD policy alone.
 func TestUninstallRemovesTheNodeNetwork(t *testing.T) {
 	bin := agentenv.Bin(t)
 	name := netenv.Namespace(t, "ipl-uninst-").Name
@@ -44,6 +45,12 @@ func TestUninstallRemovesTheNodeNetwork(t *testing.T) {
 	if _, err := m.Current(); err != nil {
 		t.Fatalf("masquerade table not there before: %v", err)
 	}
+	if out, err := exec.Command("ip", "netns", "exec", name, "iptables-nft", "-P", "FORWARD", "DROP").CombinedOutput(); err != nil {
+		t.Fatalf("iptables-nft -P FORWARD DROP: %v\n%s", err, out)
+	}
+	if st, err := masq.NewForward(h).Sync([]netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}); err != nil || !st.IPv4.Accepts {
+		t.Fatalf("forward accepts before: %+v, %v", st, err)
+	}
 	dir := t.TempDir()
 	// what install-cni leaves on a node (uninstall-cni fails when it finds none of it)
 	for _, f := range []string{"conf/10-ipledger.conflist", "bin/ipledger", "bin/ipledger-veth"} {
@@ -69,5 +76,11 @@ func TestUninstallRemovesTheNodeNetwork(t *testing.T) {
 	}
 	if _, err := m.Current(); err == nil {
 		t.Error("the masquerade table is still there")
+	}
+	if !strings.Contains(string(out), "removed the FORWARD accepts") {
+		t.Errorf("uninstall-cni did not report the FORWARD accepts")
+	}
+	if rules, err := exec.Command("ip", "netns", "exec", name, "iptables-nft", "-S").CombinedOutput(); err != nil || strings.Contains(string(rules), masq.ForwardChain) || !strings.Contains(string(rules), "-P FORWARD DROP") {
+		t.Errorf("iptables -S after uninstall-cni (%v):\n%s\nwant the accepts gone, the policy kept", err, rules)
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/nodenet"
+	"github.com/ipledger/ipledger/internal/nodenet/masq"
 	"github.com/ipledger/ipledger/internal/nodenet/routes"
 )
 
@@ -40,6 +41,12 @@ type Blocks interface {
 	Owners(ctx context.Context) ([]nodenet.Block, error)
 }
 
+// Pools is cluster mode's view of the pools' ranges (the block manager): every
+// network's ranges, claimed or not. An error means "unknown", never "none".
+type Pools interface {
+	PoolRanges(ctx context.Context) ([]netip.Prefix, error)
+}
+
 // Routes applies the desired routes (routes.Reconciler).
 type Routes interface {
 	Sync(desired []nodenet.Route) (routes.Report, error)
@@ -51,6 +58,17 @@ var _ Routes = (*routes.Reconciler)(nil)
 type Masquerade interface {
 	Sync(podCIDRs, nonMasq []netip.Prefix) error
 }
+
+// Forward keeps the forwarding accepts of the pod ranges in the iptables FORWARD
+// chain and checks forwarding (masq.Forward).
+type Forward interface {
+	Sync(podCIDRs []netip.Prefix) (masq.ForwardStatus, error)
+}
+
+var (
+	_ Masquerade = (*masq.Masq)(nil)
+	_ Forward    = (*masq.Forward)(nil)
+)
 
 // Events records Kubernetes Events on this agent's own Node (kubenode.Events), so
 // that what the controller finds wrong shows in `kubectl describe node` and
@@ -79,8 +97,15 @@ type Config struct {
 	Blocks Blocks
 	// BlocksChanged receives a value when a block changed owner (cluster mode).
 	BlocksChanged <-chan struct{}
-	Routes        Routes     // nil: --routes=false
-	Masquerade    Masquerade // nil: --masquerade=false
+	// Pools: cluster mode's pool ranges, all of them pod ranges not masqueraded
+	// (a block claimed a moment ago is inside them before this node sees the
+	// claim); nil: the blocks alone.
+	Pools      Pools
+	Routes     Routes     // nil: --routes=false
+	Masquerade Masquerade // nil: --masquerade=false
+	// Forward: the accepts of the pod ranges in FORWARD and the forwarding
+	// check; nil: none.
+	Forward       Forward
 	NonMasquerade []netip.Prefix
 	Resync        time.Duration
 	// Ready runs after the first reconciliation that left no error and left this
@@ -109,8 +134,11 @@ type Status struct {
 	// ProblemText: Problems as text (their errors do not marshal).
 	ProblemText []string       `json:"problems,omitempty"`
 	PodCIDRs    []netip.Prefix `json:"podCIDRs,omitempty"` // the cluster's pod ranges (not masqueraded)
-	Err         string         `json:"error,omitempty"`
-	Ready       bool           `json:"ready"` // NetworkUnavailable set false
+	// Forward: the FORWARD accepts and forwarding, as the last sync left them
+	// (nil: not synced).
+	Forward *masq.ForwardStatus `json:"forward,omitempty"`
+	Err     string              `json:"error,omitempty"`
+	Ready   bool                `json:"ready"` // NetworkUnavailable set false
 	// NotInPlace: why this node's routes are not all in place, so that
 	// NetworkUnavailable is not set false (notInPlace); empty when they are.
 	NotInPlace string `json:"notInPlace,omitempty"`
@@ -155,21 +183,37 @@ func New(cfg Config) (*Controller, error) {
 	return &Controller{cfg: cfg}, nil
 }
 
-// Run reconciles until ctx ends.
+// Run reconciles until ctx ends: at each change, every resync interval, and after
+// a reconciliation that failed, again soon (after 500ms, doubling up to the resync
+// interval while it keeps failing).
 func (c *Controller) Run(ctx context.Context) {
 	t := time.NewTicker(c.cfg.Resync)
 	defer t.Stop()
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	var backoff time.Duration
 	for {
 		c.Reconcile(ctx)
+		if c.Status().Err != "" {
+			backoff = min(max(2*backoff, RetryMin), c.cfg.Resync)
+			retry.Reset(backoff)
+		} else {
+			backoff = 0
+			retry.Stop()
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-c.cfg.Nodes.Changed():
 		case <-c.cfg.BlocksChanged:
 		case <-t.C:
+		case <-retry.C:
 		}
 	}
 }
+
+// RetryMin is the first pause before a failed reconciliation is tried again.
+const RetryMin = 500 * time.Millisecond
 
 // Status returns the last reconciliation's outcome.
 func (c *Controller) Status() Status {
@@ -250,8 +294,24 @@ func (c *Controller) Reconcile(ctx context.Context) {
 	for _, p := range plan.Problems {
 		st.ProblemText = append(st.ProblemText, p.Err.Error())
 	}
-	st.PodCIDRs = nodenet.ClusterCIDRs(nodes, blocks)
 	var errs []error
+	// the pod ranges not masqueraded: node mode's podCIDRs, cluster mode's blocks
+	// and, where known, the pools' ranges around them
+	podRanges, rangesKnown := blocks, true
+	if c.cfg.Pools != nil && c.cfg.Masquerade != nil {
+		ranges, err := c.cfg.Pools.PoolRanges(ctx)
+		if err != nil {
+			// unknown: the masquerade rules stay as they are (never narrowed to the
+			// claimed blocks, which would masquerade the pods of a new block)
+			errs = append(errs, fmt.Errorf("masquerade: reading the pools' ranges: %w (rules kept as they are)", err))
+			rangesKnown = false
+		}
+		podRanges = slices.Clone(blocks)
+		for _, r := range ranges {
+			podRanges = append(podRanges, nodenet.Block{Prefix: r})
+		}
+	}
+	st.PodCIDRs = nodenet.ClusterCIDRs(nodes, podRanges)
 	if c.cfg.Routes != nil {
 		rep, err := c.cfg.Routes.Sync(plan.Routes)
 		st.Report = rep
@@ -269,11 +329,21 @@ func (c *Controller) Reconcile(ctx context.Context) {
 		}
 		c.offLinkEvents(rep.OffLink, st.byVia, err == nil)
 	}
-	if c.cfg.Masquerade != nil && len(st.PodCIDRs) > 0 {
+	if c.cfg.Masquerade != nil && len(st.PodCIDRs) > 0 && rangesKnown {
 		// no pod range known yet: masquerading nothing is right, and the rules of
 		// an earlier run stay until the ranges are known
 		if err := c.cfg.Masquerade.Sync(st.PodCIDRs, c.cfg.NonMasquerade); err != nil {
 			errs = append(errs, fmt.Errorf("masquerade: %w", err))
+		}
+	}
+	if c.cfg.Forward != nil && len(st.PodCIDRs) > 0 && rangesKnown {
+		fs, err := c.cfg.Forward.Sync(st.PodCIDRs)
+		st.Forward = &fs
+		if err != nil {
+			errs = append(errs, fmt.Errorf("forwarding: %w", err))
+		}
+		if fs.IPv4.SetForwarding {
+			c.cfg.Log.Info("node network: net.ipv4.ip_forward was 0; turned it on (pods on other nodes and outside are reached through this node's forwarding)")
 		}
 	}
 	if err := errors.Join(errs...); err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/nodenet"
 	"github.com/ipledger/ipledger/internal/nodenet/controller"
+	"github.com/ipledger/ipledger/internal/nodenet/masq"
 	"github.com/ipledger/ipledger/internal/nodenet/routes"
 	"github.com/ipledger/ipledger/internal/testenv/netnodes"
 )
@@ -367,5 +369,113 @@ func TestNetworkUnavailableOnlyWhenRoutesInPlace(t *testing.T) {
 				t.Fatalf("once the routes are in place: Ready ran %d times, status ready %v; want once, true", readies, c.Status().Ready)
 			}
 		})
+	}
+}
+
+type pools struct {
+	err  error
+	list []netip.Prefix
+}
+
+func (p *pools) PoolRanges(context.Context) ([]netip.Prefix, error) { return p.list, p.err }
+
+// TestMasqueradePoolRanges: cluster mode's masquerade spares the pools' whole
+// ranges, not only the blocks claimed so far, so a pod of a block another node
+// claimed a moment ago keeps its address towards this node's pods; with the
+// pools unknown, the rules stay as they are.
+func TestMasqueradePoolRanges(t *testing.T) {
+	ns := &nodes{ch: make(chan struct{}, 1)}
+	ns.set(true, node("node0", "10.250.0.11", ""), node("node1", "10.250.0.12", ""))
+	mq := &masqCalls{}
+	bl := &blocks{list: []nodenet.Block{{Prefix: netip.MustParsePrefix("10.244.0.0/26"), Owner: "node0"}}}
+	pl := &pools{list: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/56")}}
+	c, err := controller.New(controller.Config{Self: "node0", Nodes: ns, Blocks: bl, Pools: pl, Masquerade: mq, Resync: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Reconcile(context.Background())
+	want := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/56")}
+	if len(mq.calls) != 1 || !slices.Equal(mq.calls[0], want) {
+		t.Fatalf("masquerade synced with %v, want once with the pools' ranges %v", mq.calls, want)
+	}
+	if st := c.Status(); st.Err != "" || !slices.Equal(st.PodCIDRs, want) {
+		t.Errorf("status %+v", st)
+	}
+
+	pl.err = errors.New("etcd unreachable")
+	c.Reconcile(context.Background())
+	if len(mq.calls) != 1 {
+		t.Errorf("pools unknown: masquerade synced again with %v; want the rules left as they are", mq.calls[1:])
+	}
+	if st := c.Status(); !strings.Contains(st.Err, "pools' ranges") {
+		t.Errorf("pools unknown: status error %q, want it named", st.Err)
+	}
+}
+
+// failingMasq fails its first Sync and signals each call.
+type failingMasq struct {
+	mu    sync.Mutex
+	calls int
+	ch    chan int
+}
+
+func (m *failingMasq) Sync(_, _ []netip.Prefix) error {
+	m.mu.Lock()
+	m.calls++
+	n := m.calls
+	m.mu.Unlock()
+	m.ch <- n
+	if n == 1 {
+		return errors.New("nftables: transaction refused")
+	}
+	return nil
+}
+
+// TestRetryAfterFailure: a reconciliation that failed is tried again soon, not at
+// the next resync (an hour here) or the next change.
+func TestRetryAfterFailure(t *testing.T) {
+	ns := &nodes{ch: make(chan struct{}, 1)}
+	ns.set(true, node("node0", "10.250.0.11", "10.244.0.0/24"))
+	mq := &failingMasq{ch: make(chan int, 4)}
+	c, err := controller.New(controller.Config{Self: "node0", Nodes: ns, Masquerade: mq, Resync: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { c.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	if n := <-mq.ch; n != 1 {
+		t.Fatalf("call %d first", n)
+	}
+	select {
+	case <-mq.ch:
+	case <-time.After(time.Minute): // a bound on the test, far below the hour's resync
+		t.Fatal("the failed masquerade sync was not retried before the resync")
+	}
+}
+
+// TestForwardChecks: doctor names forwarding off and a FORWARD DROP without the
+// accepts, each with its fix; nothing for a family without pod ranges.
+func TestForwardChecks(t *testing.T) {
+	pods := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}
+	text := func(cs []api.Check) string { return checksText(cs) }
+	if got := text(controller.ForwardChecks("n1", "IPv6", masq.FamilyStatus{}, pods)); got != "" {
+		t.Errorf("no IPv6 range: %q", got)
+	}
+	got := text(controller.ForwardChecks("n1", "IPv4", masq.FamilyStatus{Ranges: true, Filter: true, Policy: "DROP", Err: "nftables: EPERM"}, pods))
+	for _, want := range []string{"FAIL node network: IPv4 forwarding is off on node n1", "sysctl -w net.ipv4.ip_forward=1",
+		"FAIL node network: the iptables FORWARD policy of node n1 is DROP", "10.244.0.0/16", "iptables -A FORWARD -s RANGE -j ACCEPT"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("checks lack %q:\n%s", want, got)
+		}
+	}
+	ok := masq.FamilyStatus{Ranges: true, Filter: true, Policy: "DROP", Accepts: true, Forwarding: true}
+	if got := text(controller.ForwardChecks("n1", "IPv4", ok, pods)); got != "" {
+		t.Errorf("accepts in place, forwarding on: %q", got)
+	}
+	ok.Legacy = true
+	if got := text(controller.ForwardChecks("n1", "IPv4", ok, pods)); !strings.Contains(got, "WARN") || !strings.Contains(got, "iptables-legacy -S FORWARD") {
+		t.Errorf("legacy filter table: %q", got)
 	}
 }

@@ -134,3 +134,94 @@ func TestSyncRemove(t *testing.T) {
 		t.Errorf("tables after Remove: %v, want only the other owner's", all)
 	}
 }
+
+// TestSyncInPlace: a sync of an unchanged world sends nothing; a change of pod
+// ranges rewrites set elements only, so the rules (and their counters)
+// stay and keep counting; a table of an older form is rebuilt; masquerade is random-fully.
+func TestSyncInPlace(t *testing.T) {
+	env := netnodes.New(t, 1)
+	node := env.Node(0)
+	conn, err := nftables.New(nftables.WithNetNSFd(int(node.Handle)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	handles := func() {
+		t.Helper()
+		tbl := &nftables.Table{Name: masq.TableName, Family: nftables.TableFamilyINet}
+		rules, err := conn.GetRules(tbl, &nftables.Chain{Name: masq.ChainName, Table: tbl})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range rules {
+			if m, ok := r.Exprs[len(r.Exprs)-1].(*expr.Masq); !ok || !m.FullyRandom {
+				t.Errorf("rule %d ends in %#v, want masquerade random-fully", r.Handle, r.Exprs[len(r.Exprs)-1])
+			}
+		}
+	}
+
+	m := masq.New(node.Handle)
+	pods := prefixes("10.244.0.0/16", "10.96.0.0/24", "fd00:244::/56")
+	nonMasq := prefixes("192.168.0.0/16")
+	if err := m.Sync(pods, nonMasq); err != nil {
+		t.Fatal(err)
+	}
+	if m.Writes() != 1 {
+		t.Fatalf("first sync: %d transactions, want 1", m.Writes())
+	}
+	handles()
+	// one connection masqueraded: the IPv4 rule's counter moves
+	pod := env.AddPod(node, "a", netip.MustParseAddr("10.244.0.5"))
+	netnodes.ServeSource(t, env.Outside.NS, ":7000")
+	if src, err := pod.SourceSeen(netip.AddrPortFrom(netnodes.OutsideV4, 7000)); err != nil || src != node.Addr4 {
+		t.Fatalf("pod to outside: source %v, %v; want the node's %v", src, err, node.Addr4)
+	}
+	st, err := m.Current()
+	if err != nil || st.Packets == 0 {
+		t.Fatalf("after a masqueraded connection: %+v, %v; want packets counted", st, err)
+	}
+	counted := st.Packets
+	if err := m.Sync(pods, nonMasq); err != nil {
+		t.Fatal(err)
+	}
+	if m.Writes() != 1 {
+		t.Errorf("second sync of an unchanged world: %d transactions in all, want still 1", m.Writes())
+	}
+
+	// a range gone, one added that merges with an existing one, an IPv6 one added
+	pods2 := prefixes("10.244.0.0/16", "10.245.0.0/16", "fd00:244::/56", "fd00:245::/56")
+	if err := m.Sync(pods2, nonMasq); err != nil {
+		t.Fatal(err)
+	}
+	st, err = m.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := prefixes("10.244.0.0/15", "fd00:244::/56", "fd00:245::/56"); !slices.Equal(st.PodCIDRs, want) || !slices.Equal(st.NonMasq, nonMasq) {
+		t.Errorf("after the change: %+v, want pods %v", st, want)
+	}
+	if m.Writes() != 2 {
+		t.Errorf("%d transactions after the change, want 2", m.Writes())
+	}
+	if st.Packets < counted {
+		t.Errorf("%d packets counted after the change, want the %d before kept (the rules changed in place, not rebuilt)", st.Packets, counted)
+	}
+	handles()
+
+	// a table of an older release: same name, rules without the comment
+	if err := m.Remove(); err != nil {
+		t.Fatal(err)
+	}
+	tbl := conn.AddTable(&nftables.Table{Name: masq.TableName, Family: nftables.TableFamilyINet})
+	ch := conn.AddChain(&nftables.Chain{Name: masq.ChainName, Table: tbl, Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
+	conn.AddRule(&nftables.Rule{Table: tbl, Chain: ch, Exprs: []expr.Any{&expr.Counter{}, &expr.Masq{}}})
+	if err := conn.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Sync(pods2, nonMasq); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := m.Current(); err != nil || st.Rules != 2 || len(st.PodCIDRs) != 3 {
+		t.Errorf("older table rebuilt: %+v, %v", st, err)
+	}
+	handles()
+}
