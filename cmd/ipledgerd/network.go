@@ -106,11 +106,10 @@ func runController(ctx context.Context, o *options, cfg controller.Config, m *cl
 		go m.WatchOwners(ctx)
 	}
 	if o.network.Routes {
-		h, err := netlink.NewHandle()
-		if err != nil {
-			return nil, fmt.Errorf("netlink: %w", err)
-		}
-		cfg.Routes = routes.New(h)
+		// a new handle after a failed sync: a socket gone bad is not used twice
+		cfg.Routes = routes.NewOpener(func() (routes.Netlink, error) { return netlink.NewHandle() })
+		// a route of ours deleted by another program comes back at once, not at the resync
+		cfg.RoutesChanged = routes.Watch(ctx, netns.None(), cfg.Log)
 	}
 	if o.network.Masquerade {
 		cfg.Masquerade = masq.New(netns.None())

@@ -79,6 +79,9 @@ type Config struct {
 	Blocks Blocks
 	// BlocksChanged receives a value when a block changed owner (cluster mode).
 	BlocksChanged <-chan struct{}
+	// RoutesChanged receives a value when a route of ours left the table
+	// (routes.Watch); nil: only the resync puts it back.
+	RoutesChanged <-chan struct{}
 	Routes        Routes     // nil: --routes=false
 	Masquerade    Masquerade // nil: --masquerade=false
 	NonMasquerade []netip.Prefix
@@ -147,20 +150,49 @@ func New(cfg Config) (*Controller, error) {
 	return &Controller{cfg: cfg}, nil
 }
 
-// Run reconciles until ctx ends.
+// Retry bounds: a reconciliation that failed is tried again after MinRetry,
+// then after twice as long each time it fails again, up to the resync interval.
+const MinRetry = 200 * time.Millisecond
+
+// Run reconciles until ctx ends: at start, when the Nodes, the blocks or the
+// routes change, every resync interval, and soon after a reconciliation that
+// failed (MinRetry, doubling up to the resync interval).
 func (c *Controller) Run(ctx context.Context) {
 	t := time.NewTicker(c.cfg.Resync)
 	defer t.Stop()
+	retryTimer := time.NewTimer(time.Hour)
+	retryTimer.Stop()
+	defer retryTimer.Stop()
+	var backoff time.Duration
 	for {
 		c.Reconcile(ctx)
+		var retry <-chan time.Time
+		if c.failed() {
+			backoff = min(max(2*backoff, MinRetry), c.cfg.Resync)
+			retryTimer.Reset(backoff)
+			retry = retryTimer.C
+		} else {
+			backoff = 0
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-c.cfg.Nodes.Changed():
 		case <-c.cfg.BlocksChanged:
+		case <-c.cfg.RoutesChanged:
+		case <-retry:
 		case <-t.C:
 		}
+		retryTimer.Stop()
 	}
+}
+
+// failed reports whether the last reconciliation tried and failed (not: the
+// Nodes are not listed yet, which their watch tells the end of).
+func (c *Controller) failed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.status.Synced && c.status.Err != ""
 }
 
 // Status returns the last reconciliation's outcome.

@@ -3,6 +3,8 @@ package controller_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"net"
 	"net/netip"
 	"strings"
 	"sync"
@@ -14,6 +16,8 @@ import (
 	"github.com/ipledger/ipledger/internal/nodenet/controller"
 	"github.com/ipledger/ipledger/internal/nodenet/routes"
 	"github.com/ipledger/ipledger/internal/testenv/netnodes"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // nodes stands for the Node watch; what it answers changes under the test.
@@ -295,4 +299,125 @@ func TestOffLinkEvents(t *testing.T) {
 	if len(ev.notes) != 3 || ev.notes[2] != want {
 		t.Fatalf("events after node1's condition cleared and came back: %q", ev.notes)
 	}
+}
+
+// failingRoutes fails its first fails syncs, then succeeds; calls counts them.
+type failingRoutes struct {
+	mu           sync.Mutex
+	fails, calls int
+}
+
+func (r *failingRoutes) Sync([]nodenet.Route) (routes.Report, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls++
+	if r.calls <= r.fails {
+		return routes.Report{}, errors.New("netlink: no buffer space available")
+	}
+	return routes.Report{}, nil
+}
+
+// waitFor polls cond until it holds; failing after a minute is the bound of a
+// test that hangs, not a measure of speed.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited a minute for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestRetryAfterFailure: a failed reconciliation is tried again soon, not at the
+// resync (an hour here), until one succeeds; then no more.
+func TestRetryAfterFailure(t *testing.T) {
+	ns := &nodes{ch: make(chan struct{}, 1)}
+	ns.set(true, node("node0", "10.250.0.11", "10.244.0.0/24"), node("node1", "10.250.0.12", "10.244.1.0/24"))
+	r := &failingRoutes{fails: 3}
+	c, err := controller.New(controller.Config{Self: "node0", Nodes: ns, Routes: r, Resync: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { c.Run(ctx) })
+	defer wg.Wait()
+	defer cancel()
+	waitFor(t, "a reconciliation that succeeds", func() bool { return c.Syncs() == 1 })
+	r.mu.Lock()
+	calls := r.calls
+	r.mu.Unlock()
+	if calls != 4 {
+		t.Errorf("route syncs %d, want 4 (3 failed, then 1)", calls)
+	}
+	if k := c.Counts(); k.Errors != 3 {
+		t.Errorf("errors counted %d, want 3", k.Errors)
+	}
+}
+
+// TestDeletedRouteComesBack: a route of ours deleted by another program is back
+// as soon as the kernel tells of the deletion, with the resync an hour away. The
+// test waits for the kernel's events, not for a time.
+func TestDeletedRouteComesBack(t *testing.T) {
+	env := netnodes.New(t, 2)
+	h := env.Node(0)
+	ns := &nodes{ch: make(chan struct{}, 1)}
+	ns.set(true, node("node0", "10.250.0.11", "10.244.0.0/24"), node("node1", "10.250.0.12", "10.244.1.0/24"))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+
+	// the test's own view of the node's route events
+	events := make(chan netlink.RouteUpdate, 64)
+	done := make(chan struct{})
+	defer close(done)
+	if err := netlink.RouteSubscribeWithOptions(events, done, netlink.RouteSubscribeOptions{Namespace: &h.Handle}); err != nil {
+		t.Fatal(err)
+	}
+	dst := netip.MustParsePrefix("10.244.1.0/24")
+	await := func(typ uint16) {
+		t.Helper()
+		timeout := time.After(time.Minute)
+		for {
+			select {
+			case u := <-events:
+				if p, ok := netipx(u.Dst); ok && p == dst && u.Protocol == routes.Protocol && u.Type == typ {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("no route event %d for %s in a minute:\n%s", typ, dst, h.Dump())
+			}
+		}
+	}
+
+	rec := routes.NewOpener(func() (routes.Netlink, error) { return netlink.NewHandleAt(h.Handle) })
+	c, err := controller.New(controller.Config{Self: "node0", Nodes: ns, Routes: rec, Resync: time.Hour,
+		RoutesChanged: routes.Watch(ctx, h.Handle, slog.New(slog.DiscardHandler))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Go(func() { c.Run(ctx) })
+	await(unix.RTM_NEWROUTE)
+	for i := range 3 {
+		if err := h.Netlink.RouteDel(&netlink.Route{Dst: &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(24, 32)}, Protocol: routes.Protocol}); err != nil {
+			t.Fatalf("deleting the route (%d): %v", i, err)
+		}
+		await(unix.RTM_DELROUTE)
+		await(unix.RTM_NEWROUTE)
+	}
+	if got := ours(t, h); !strings.Contains(got["10.244.1.0/24"], "via 10.250.0.12") {
+		t.Fatalf("routes: %v", got)
+	}
+}
+
+func netipx(n *net.IPNet) (netip.Prefix, bool) {
+	if n == nil {
+		return netip.Prefix{}, false
+	}
+	a, ok := netip.AddrFromSlice(n.IP)
+	ones, _ := n.Mask.Size()
+	return netip.PrefixFrom(a.Unmap(), ones), ok
 }
