@@ -249,8 +249,10 @@ func (c *Controller) Reconcile(ctx context.Context) {
 	st.Routes, st.Problems = len(plan.Routes), plan.Problems
 	st.byVia = map[netip.Addr]string{}
 	for _, r := range plan.Routes {
-		if r.Via.IsValid() {
-			st.byVia[r.Via] = r.Node
+		for _, a := range append([]netip.Addr{r.Via}, r.Alt...) {
+			if a.IsValid() {
+				st.byVia[a] = r.Node
+			}
 		}
 	}
 	for _, p := range plan.Problems {

@@ -119,16 +119,16 @@ func TestController(t *testing.T) {
 	ns.set(true, self, n1, n2)
 	c.Reconcile(ctx)
 	got := ours(t, h)
-	if len(got) != 2 || !strings.Contains(got["10.244.1.0/24"], "via 10.250.0.12") || !strings.Contains(got["10.244.2.0/24"], "via 10.250.0.13") {
+	if len(got) != 3 || !strings.Contains(got["10.244.1.0/24"], "via 10.250.0.12") || !strings.Contains(got["10.244.2.0/24"], "via 10.250.0.13") || !strings.HasPrefix(got["10.244.0.0/24"], "unreachable") {
 		t.Fatalf("routes: %v", got)
 	}
 	if len(mq.calls) != 1 || len(mq.calls[0]) != 3 || readies != 1 {
 		t.Fatalf("masquerade calls %v, readies %d", mq.calls, readies)
 	}
-	if cs := checksText(c.Checks()); !strings.HasPrefix(cs, "OK node network: 2 routes") {
+	if cs := checksText(c.Checks()); !strings.HasPrefix(cs, "OK node network: 3 routes") {
 		t.Fatalf("checks:\n%s", cs)
 	}
-	if k := c.Counts(); k.Routes != 2 || !k.Ready || k.Syncs != 1 {
+	if k := c.Counts(); k.Routes != 3 || !k.Ready || k.Syncs != 1 {
 		t.Fatalf("counts %+v", k)
 	}
 
@@ -137,7 +137,7 @@ func TestController(t *testing.T) {
 	ns.set(true, self, n1, n3)
 	c.Reconcile(ctx)
 	got = ours(t, h)
-	if len(got) != 1 || got["10.244.1.0/24"] == "" {
+	if len(got) != 2 || got["10.244.1.0/24"] == "" || got["10.244.0.0/24"] == "" {
 		t.Fatalf("routes after node2's deletion and an off-link node3: %v", got)
 	}
 	cs := checksText(c.Checks())
@@ -420,4 +420,53 @@ func netipx(n *net.IPNet) (netip.Prefix, bool) {
 	a, ok := netip.AddrFromSlice(n.IP)
 	ones, _ := n.Mask.Size()
 	return netip.PrefixFrom(a.Unmap(), ones), ok
+}
+
+// TestNodeModeRoutes (node mode, real namespaces): an address of this node's
+// podCIDR that no pod holds is unreachable at once rather than sent out by the
+// default route; a Node listing first an InternalIP of a network this node is
+// not on is routed via the one that is; a foreign route inside another node's
+// pod range (a leftover blackhole of another CNI) fails doctor, naming it.
+func TestNodeModeRoutes(t *testing.T) {
+	env := netnodes.New(t, 2)
+	h := env.Node(0)
+	ns := &nodes{ch: make(chan struct{}, 1)}
+	n1 := node("node1", "192.0.2.12", "10.244.1.0/24")
+	n1.Addrs = append(n1.Addrs, netip.MustParseAddr("10.250.0.12"))
+	ns.set(true, node("node0", "10.250.0.11", "10.244.0.0/24"), n1)
+	eth, err := h.Netlink.LinkByName(h.Link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leftover := &netlink.Route{Dst: &net.IPNet{IP: net.ParseIP("10.244.1.64").To4(), Mask: net.CIDRMask(26, 32)}, Type: unix.RTN_BLACKHOLE, Protocol: unix.RTPROT_BOOT}
+	if err := h.Netlink.RouteAdd(leftover); err != nil {
+		t.Fatal(err)
+	}
+	c, err := controller.New(controller.Config{Self: "node0", Nodes: ns, Routes: routes.New(h.Netlink), Resync: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Reconcile(context.Background())
+
+	got := ours(t, h)
+	if !strings.HasPrefix(got["10.244.0.0/24"], "unreachable 10.244.0.0/24") {
+		t.Errorf("own podCIDR: %q, want an unreachable route\n%s", got["10.244.0.0/24"], h.Dump())
+	}
+	if _, err := h.Netlink.RouteGet(net.ParseIP("10.244.0.77")); !errors.Is(err, unix.EHOSTUNREACH) && !errors.Is(err, unix.ENETUNREACH) {
+		t.Errorf("route to an unassigned address of the own podCIDR: %v, want unreachable", err)
+	}
+	if r := got["10.244.1.0/24"]; !strings.Contains(r, "via 10.250.0.12 dev eth0") {
+		t.Errorf("route to node1's pods: %q, want via its on-link address 10.250.0.12\n%s", r, h.Dump())
+	}
+	if rs, err := h.Netlink.RouteGet(net.ParseIP("10.244.1.7")); err != nil || len(rs) != 1 || !rs[0].Gw.Equal(net.ParseIP("10.250.0.12")) || rs[0].LinkIndex != eth.Attrs().Index {
+		t.Errorf("route to a pod of node1: %v, %v", rs, err)
+	}
+	cs := checksText(c.Checks())
+	if !strings.Contains(cs, "FAIL node network: a route of another owner (blackhole 10.244.1.64/26 proto boot) lies inside 10.244.1.0/24") ||
+		!strings.Contains(cs, "ip route del 10.244.1.64/26 proto boot") {
+		t.Errorf("checks with a leftover blackhole in node1's range:\n%s", cs)
+	}
+	if k := c.Counts(); k.Routes != 2 || k.OffLink != 0 {
+		t.Errorf("counts %+v, want 2 routes, none off-link", k)
+	}
 }

@@ -2,6 +2,7 @@ package routes_test
 
 import (
 	"errors"
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
@@ -149,5 +150,57 @@ func TestApplyGoesOn(t *testing.T) {
 	}
 	if rep.Installed != 1 || rep.Removed != 1 {
 		t.Errorf("report %+v, want 1 installed 1 removed", rep)
+	}
+}
+
+// A Node listing first an address of a network this node is not on: the
+// route goes via its first address that is on-link.
+func TestOnLinkAddressChosen(t *testing.T) {
+	f := newFake()
+	desired := []nodenet.Route{
+		{Dst: pfx("10.244.2.0/24"), Via: ip("192.168.7.12"), Alt: []netip.Addr{ip("172.16.0.12"), ip("10.250.0.12"), ip("10.250.0.99")}, Type: nodenet.Unicast},
+		{Dst: pfx("10.244.3.0/24"), Via: ip("192.168.7.13"), Alt: []netip.Addr{ip("172.16.0.13")}, Type: nodenet.Unicast},
+	}
+	rep, err := routes.New(f).Sync(desired)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []routes.OffLink{{Dst: pfx("10.244.3.0/24"), Via: ip("192.168.7.13")}}; !slices.Equal(rep.OffLink, want) {
+		t.Errorf("off-link %v, want %v", rep.OffLink, want)
+	}
+	var got []string
+	for _, r := range listAll(t, f) {
+		if r.Protocol == routes.Protocol {
+			got = append(got, r.Dst.String()+" via "+r.Gw.String())
+		}
+	}
+	if want := []string{"10.244.2.0/24 via 10.250.0.12"}; !slices.Equal(got, want) {
+		t.Errorf("routes of ours %v, want %v", got, want)
+	}
+}
+
+// Foreign routes more specific than a desired destination are reported, except
+// the host routes of this node's own pods in its own range.
+func TestInsideReported(t *testing.T) {
+	f := newFake()
+	f.put("10.244.2.64/26", "", unix.RTPROT_BOOT, 0, unix.RTN_BLACKHOLE)  // another CNI's leftover
+	f.put("10.244.0.128/26", "", unix.RTPROT_BOOT, 0, unix.RTN_BLACKHOLE) // in our own range
+	f.routes = append(f.routes, netlink.Route{Table: unix.RT_TABLE_MAIN, Dst: ipNet(pfx("10.244.0.7/32")), LinkIndex: 9, Protocol: unix.RTPROT_BOOT, Type: unix.RTN_UNICAST, Scope: netlink.SCOPE_LINK})
+	f.put("10.244.3.0/24", "", unix.RTPROT_BOOT, 0, unix.RTN_BLACKHOLE) // outside every desired range
+	desired := []nodenet.Route{unreachable("10.244.0.0/24"), via("10.244.2.0/24", "10.250.0.12")}
+	plan, err := routes.Diff(desired, listAll(t, f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, in := range plan.Report.Inside {
+		got = append(got, in.String()+" in "+in.Range.String())
+	}
+	want := []string{"blackhole 10.244.0.128/26 proto boot in 10.244.0.0/24", "blackhole 10.244.2.64/26 proto boot in 10.244.2.0/24"}
+	if !slices.Equal(got, want) {
+		t.Errorf("inside:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+	if len(plan.Add) != 2 || len(plan.Report.Conflicts) != 0 {
+		t.Errorf("plan %+v: the routes of ours go in regardless", plan)
 	}
 }

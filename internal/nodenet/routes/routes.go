@@ -235,9 +235,10 @@ func (p Plan) Empty() bool { return len(p.Add)+len(p.Replace)+len(p.Delete) == 0
 // are ignored). It is pure. An invalid desired route is left out and named in
 // the error (ErrInvalidRoute); the plan holds the rest.
 //
-// A desired destination held by a route of another protocol is a Conflict, a
-// unicast route whose next hop is not on-link is OffLink: neither is planned,
-// and a route of ours there is deleted.
+// A unicast route goes via the first of its Via and Alt that is on-link. A
+// desired destination held by a route of another protocol is a Conflict, a
+// unicast route none of whose next hops is on-link is OffLink (naming Via):
+// neither is planned, and a route of ours there is deleted.
 func Diff(desired []nodenet.Route, actual []netlink.Route) (Plan, error) {
 	var plan Plan
 	var errs []error
@@ -306,10 +307,20 @@ func Diff(desired []nodenet.Route, actual []netlink.Route) (Plan, error) {
 		}
 		switch d.Type {
 		case nodenet.Unicast:
-			via := d.Via.Unmap()
-			idx, ok := onLinkDev(onLink, via)
-			if !ok {
-				rep.OffLink = append(rep.OffLink, OffLink{Dst: dst, Via: via})
+			// the first of the owner's addresses that is on-link
+			var via netip.Addr
+			var idx int
+			for _, a := range append([]netip.Addr{d.Via}, d.Alt...) {
+				if a = a.Unmap(); a.Is4() != dst.Addr().Is4() {
+					continue
+				}
+				if i, ok := onLinkDev(onLink, a); ok {
+					via, idx = a, i
+					break
+				}
+			}
+			if !via.IsValid() {
+				rep.OffLink = append(rep.OffLink, OffLink{Dst: dst, Via: d.Via.Unmap()})
 				continue
 			}
 			e.Type, e.Via, e.LinkIndex = unix.RTN_UNICAST, via, idx
