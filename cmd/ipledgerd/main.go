@@ -171,6 +171,7 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 	}
 	defer os.Remove(o.socket)
 	defer ln.Close()
+	removeRoutesIfOff(o, log)
 	cfg := agent.Config{Ledger: l, Socket: o.socket, SpoolDir: o.spoolDir, Logger: log}
 	if o.cluster.Cluster() {
 		m, stop, err := startCluster(ctx, &o.cluster, nodeIPs(o, log), l, log)

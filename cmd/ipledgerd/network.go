@@ -130,3 +130,29 @@ func nodesSource(o *options) string {
 	}
 	return "node leases"
 }
+
+// removeRoutesIfOff deletes, at start, every route of ipledger's protocol in the main
+// table when this run makes none (--routes=false, or neither --node-name nor
+// --datastore etcd): an earlier run's routes would otherwise stay, with next hops
+// nobody keeps up to date (a move to a cloud route table keeps stale ones). Routes
+// of any other protocol are never touched. A failure is logged, not fatal: the
+// addresses are served all the same.
+func removeRoutesIfOff(o *options, log *slog.Logger) {
+	if o.network.Routes && (o.cluster.Kubernetes() || o.cluster.LeaseNodes()) {
+		return
+	}
+	h, err := netlink.NewHandle()
+	if err != nil {
+		log.Error("routes off: cannot open netlink to remove ipledger's earlier routes", "err", err)
+		return
+	}
+	defer h.Close()
+	n, err := routes.New(h).Remove()
+	if err != nil {
+		log.Error("routes off: removing ipledger's earlier routes", "protocol", int(routes.Protocol), "removed", n, "err", err)
+		return
+	}
+	if n > 0 {
+		log.Info("routes off: removed ipledger's earlier routes", "protocol", int(routes.Protocol), "removed", n)
+	}
+}
