@@ -1,8 +1,9 @@
 // Package controller keeps a node's network in its desired state: the routes to
 // every other node's pods (nodenet.Desired over the Nodes, or the cluster's blocks)
 // and the masquerade of pod traffic leaving the cluster's pod ranges. It reconciles
-// at start, whenever the Nodes or the blocks change, and every resync interval, so a
-// route deleted behind its back (systemd-networkd, an operator) comes back, and a
+// at start, whenever the Nodes or the blocks change, when a route of ours is deleted
+// behind its back (systemd-networkd, an operator: RoutesChanged), soon after a
+// failure, and every resync interval, so such a route comes back at once, and a
 // route left by a Node deleted while the agent was down goes.
 //
 // When in doubt it keeps: before the Nodes have been listed once, or when the blocks
