@@ -174,6 +174,7 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 	// only now that this agent holds the state file and the socket: an agent
 	// waiting to take over must not undo what the running one keeps
 	removeNetfilterTurnedOff(o, log)
+	removeRoutesIfOff(o, log)
 	cfg := agent.Config{Ledger: l, Socket: o.socket, SpoolDir: o.spoolDir, Logger: log}
 	if o.cluster.Cluster() {
 		m, stop, err := startCluster(ctx, &o.cluster, nodeIPs(o, log), l, log)

@@ -114,11 +114,10 @@ func runController(ctx context.Context, o *options, cfg controller.Config, m *cl
 		go m.WatchOwners(ctx)
 	}
 	if o.network.Routes {
-		h, err := netlink.NewHandle()
-		if err != nil {
-			return nil, fmt.Errorf("netlink: %w", err)
-		}
-		cfg.Routes = routes.New(h)
+		// a new handle after a failed sync: a socket gone bad is not used twice
+		cfg.Routes = routes.NewOpener(func() (routes.Netlink, error) { return netlink.NewHandle() })
+		// a route of ours deleted by another program comes back at once, not at the resync
+		cfg.RoutesChanged = routes.Watch(ctx, netns.None(), cfg.Log)
 	}
 	if o.network.Masquerade {
 		cfg.Masquerade = masq.New(netns.None())
@@ -141,4 +140,30 @@ func nodesSource(o *options) string {
 		return "kubernetes"
 	}
 	return "node leases"
+}
+
+// removeRoutesIfOff deletes, at start, every route of ipledger's protocol in the main
+// table when this run makes none (--routes=false, or neither --node-name nor
+// --datastore etcd): an earlier run's routes would otherwise stay, with next hops
+// nobody keeps up to date (a move to a cloud route table keeps stale ones). Routes
+// of any other protocol are never touched. A failure is logged, not fatal: the
+// addresses are served all the same.
+func removeRoutesIfOff(o *options, log *slog.Logger) {
+	if o.network.Routes && (o.cluster.Kubernetes() || o.cluster.LeaseNodes()) {
+		return
+	}
+	h, err := netlink.NewHandle()
+	if err != nil {
+		log.Error("routes off: cannot open netlink to remove ipledger's earlier routes", "err", err)
+		return
+	}
+	defer h.Close()
+	n, err := routes.New(h).Remove()
+	if err != nil {
+		log.Error("routes off: removing ipledger's earlier routes", "protocol", int(routes.Protocol), "removed", n, "err", err)
+		return
+	}
+	if n > 0 {
+		log.Info("routes off: removed ipledger's earlier routes", "protocol", int(routes.Protocol), "removed", n)
+	}
 }

@@ -60,6 +60,11 @@ type Watch struct {
 	self     string
 	log      *slog.Logger
 	informer cache.SharedIndexInformer
+	// handler is the registration of the handler that fills nodes: synced
+	// only once it has been handed every Node of the first list.
+	handler cache.ResourceEventHandlerRegistration
+	// beforeEvent, when set (tests), runs before the handler takes each event.
+	beforeEvent func()
 
 	mu     sync.Mutex
 	nodes  map[string]Node
@@ -112,14 +117,22 @@ func newWatch(client corev1client.CoreV1Interface, lw cache.ListerWatcher, self 
 	// creation. Any later Add is one, whether a watch event or found by the list
 	// after a broken watch; a Node such a list misses comes as a
 	// DeletedFinalStateUnknown.
-	if _, err := w.informer.AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
-		AddFunc:    func(obj any, inFirstList bool) { w.put(obj, !inFirstList) },
-		UpdateFunc: func(_, obj any) { w.put(obj, false) },
-		DeleteFunc: w.remove,
-	}); err != nil {
+	reg, err := w.informer.AddEventHandler(cache.ResourceEventHandlerDetailedFuncs{
+		AddFunc:    func(obj any, inFirstList bool) { w.event(); w.put(obj, !inFirstList) },
+		UpdateFunc: func(_, obj any) { w.event(); w.put(obj, false) },
+		DeleteFunc: func(obj any) { w.event(); w.remove(obj) },
+	})
+	if err != nil {
 		return nil, fmt.Errorf("kubenode: %w", err)
 	}
+	w.handler = reg
 	return w, nil
+}
+
+func (w *Watch) event() {
+	if w.beforeEvent != nil {
+		w.beforeEvent()
+	}
 }
 
 // Subscribe adds s to those told of deletions and creations. Call before Run.
@@ -133,11 +146,14 @@ func (w *Watch) Subscribe(s Subscriber) {
 func (w *Watch) Self() string { return w.self }
 
 // Run watches until ctx ends. It returns at once; Synced and Changed tell when the
-// Nodes are known and when they change.
+// Nodes are known and when they change. Known means that the handler has taken
+// every Node of the first list (its registration's HasSynced), not only the
+// informer's cache: before that, Nodes would answer a part of them, and the
+// node network would delete the routes to the rest.
 func (w *Watch) Run(ctx context.Context) {
 	go w.informer.RunWithContext(ctx)
 	go func() {
-		if !cache.WaitForCacheSync(ctx.Done(), w.informer.HasSynced) {
+		if !cache.WaitForCacheSync(ctx.Done(), w.handler.HasSynced) {
 			return
 		}
 		w.mu.Lock()

@@ -3,6 +3,7 @@ package kubenode
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"sync/atomic"
@@ -124,4 +125,43 @@ func TestRelistReports(t *testing.T) {
 	failing.Store(false)
 	got(t, "gone", r.gone, "node-e")
 	quiet(t, r, 500*time.Millisecond)
+}
+
+// TestSyncedWhenTheHandlerHasEveryNode: the watch is synced only once its handler
+// has taken every Node of the first list, not when the informer's cache has them:
+// with the handler held, Synced stays false (a second after the informer's cache
+// synced; the old code turned true within its 100 ms poll), and once released,
+// Nodes answers every Node the moment Synced is true.
+func TestSyncedWhenTheHandlerHasEveryNode(t *testing.T) {
+	src := fcache.NewFakeControllerSource()
+	const n = 50
+	for i := range n {
+		src.Add(node(fmt.Sprintf("node-%02d", i)))
+	}
+	w, err := newWatch(nil, src, "node-00", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	release := make(chan struct{})
+	w.beforeEvent = func() { <-release }
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	w.Run(ctx)
+	sctx, scancel := context.WithTimeout(ctx, 30*time.Second)
+	defer scancel()
+	if !cache.WaitForCacheSync(sctx.Done(), w.informer.HasSynced) {
+		t.Fatal("the informer did not list the Nodes within 30s")
+	}
+	held, hcancel := context.WithTimeout(ctx, time.Second)
+	defer hcancel()
+	if w.WaitSynced(held) {
+		t.Errorf("synced with the handler held: Nodes answers %d of %d", len(w.Nodes()), n)
+	}
+	close(release)
+	if !w.WaitSynced(sctx) {
+		t.Fatal("not synced within 30s after the handler was released")
+	}
+	if got := len(w.Nodes()); got != n {
+		t.Errorf("synced with %d Nodes known, want %d", got, n)
+	}
 }

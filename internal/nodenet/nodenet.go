@@ -41,7 +41,7 @@ type RouteType uint8
 const (
 	// Unicast: Dst via the owning node's address.
 	Unicast RouteType = iota
-	// Unreachable: Dst is a block of this node. Its assigned addresses have
+	// Unreachable: Dst is a pod range of this node. Its assigned addresses have
 	// more specific host routes (the pods' veths); the rest of the block must
 	// fail at once instead of leaving by the default route, from where the
 	// network would route it back here.
@@ -60,8 +60,13 @@ func (t RouteType) String() string {
 
 // Route is one route this node needs.
 type Route struct {
-	Dst  netip.Prefix
-	Via  netip.Addr // Unicast only: the owner's address of Dst's family
+	Dst netip.Prefix
+	Via netip.Addr // Unicast only: the owner's first usable address of Dst's family
+	// Alt (Unicast only): the owner's other usable addresses of Dst's family,
+	// in the Node's order. The route goes via the first of Via and Alt that
+	// is on a directly connected network of this node (a Node may list an
+	// address of a network only some nodes share first).
+	Alt  []netip.Addr
 	Type RouteType
 	Node string // the node Dst belongs to
 }
@@ -104,10 +109,11 @@ type claim struct {
 
 // Desired is the node network of node self given every node and, in cluster
 // mode, every block. blocks == nil is node mode: for every other node, one
-// route per podCIDR via that node's first usable address of the same family.
-// blocks != nil (even empty) is cluster mode: a route per block another node
-// owns, via the owner's address, and an Unreachable route per block self owns;
-// free blocks get nothing, and podCIDRs are ignored.
+// route per podCIDR via that node's usable addresses of the same family, and
+// an Unreachable route per podCIDR of self. blocks != nil (even empty) is
+// cluster mode: a route per block another node owns, via the owner's
+// addresses, and an Unreachable route per block self owns; free blocks get
+// nothing, and podCIDRs are ignored.
 //
 // Never planned: a route via one of self's addresses, a route into one of
 // self's pod ranges, a route whose destination holds a node's address, two
@@ -191,9 +197,7 @@ func Desired(self string, nodes []Node, blocks []Block) Plan {
 			continue
 		}
 		if c.owner == self {
-			if cluster {
-				plan.Routes = append(plan.Routes, Route{Dst: c.prefix, Type: Unreachable, Node: self})
-			}
+			plan.Routes = append(plan.Routes, Route{Dst: c.prefix, Type: Unreachable, Node: self})
 			continue
 		}
 		owner := byName[c.owner]
@@ -201,12 +205,16 @@ func Desired(self string, nodes []Node, blocks []Block) Plan {
 			problem(c.owner, c.prefix, ErrUnknownOwner)
 			continue
 		}
-		via, err := nextHop(owner, c.prefix.Addr().Is4(), selfAddrs)
+		hops, err := nextHops(owner, c.prefix.Addr().Is4(), selfAddrs)
 		if err != nil {
 			problem(c.owner, c.prefix, err)
 			continue
 		}
-		plan.Routes = append(plan.Routes, Route{Dst: c.prefix, Via: via, Type: Unicast, Node: c.owner})
+		r := Route{Dst: c.prefix, Via: hops[0], Type: Unicast, Node: c.owner}
+		if len(hops) > 1 {
+			r.Alt = hops[1:]
+		}
+		plan.Routes = append(plan.Routes, r)
 	}
 
 	slices.SortFunc(plan.Routes, func(a, b Route) int { return comparePrefix(a.Dst, b.Dst) })
@@ -309,14 +317,15 @@ func holdsAddr(p netip.Prefix, sorted []netip.Addr) (netip.Addr, bool) {
 	return netip.Addr{}, false
 }
 
-// nextHop is n's first address of the family that can carry a route: not
-// one of self's, nor unspecified, loopback, link-local or multicast.
-func nextHop(n *Node, v4 bool, self map[netip.Addr]bool) (netip.Addr, error) {
+// nextHops are n's addresses of the family that can carry a route, in n's
+// order, at least one: not one of self's, nor unspecified, loopback,
+// link-local or multicast.
+func nextHops(n *Node, v4 bool, self map[netip.Addr]bool) ([]netip.Addr, error) {
 	fam := "IPv6"
 	if v4 {
 		fam = "IPv4"
 	}
-	var bad []netip.Addr
+	var good, bad []netip.Addr
 	for _, a := range n.Addrs {
 		a = normAddr(a)
 		if !a.IsValid() || a.Is4() != v4 {
@@ -326,12 +335,17 @@ func nextHop(n *Node, v4 bool, self map[netip.Addr]bool) (netip.Addr, error) {
 			bad = append(bad, a)
 			continue
 		}
-		return a, nil
+		if !slices.Contains(good, a) {
+			good = append(good, a)
+		}
+	}
+	if len(good) > 0 {
+		return good, nil
 	}
 	if len(bad) > 0 {
-		return netip.Addr{}, fmt.Errorf("%w: %v (no other %s address)", ErrBadAddress, bad, fam)
+		return nil, fmt.Errorf("%w: %v (no other %s address)", ErrBadAddress, bad, fam)
 	}
-	return netip.Addr{}, fmt.Errorf("%w: %s", ErrNoAddress, fam)
+	return nil, fmt.Errorf("%w: %s", ErrNoAddress, fam)
 }
 
 // normAddr drops a zone and turns an IPv4-mapped IPv6 address into IPv4.

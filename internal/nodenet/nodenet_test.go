@@ -28,6 +28,11 @@ func via(dst, gw, node string) Route {
 	return Route{Dst: netip.MustParsePrefix(dst), Via: netip.MustParseAddr(gw), Type: Unicast, Node: node}
 }
 
+// sameRoute compares routes field by field (Alt is a slice).
+func sameRoute(a, b Route) bool {
+	return a.Dst == b.Dst && a.Via == b.Via && slices.Equal(a.Alt, b.Alt) && a.Type == b.Type && a.Node == b.Node
+}
+
 func unreachable(dst, node string) Route {
 	return Route{Dst: netip.MustParsePrefix(dst), Type: Unreachable, Node: node}
 }
@@ -58,21 +63,26 @@ func TestDesired(t *testing.T) {
 		problems []problem
 	}{
 		{
-			name:  "node mode: one route per other node's podCIDR, family by family",
+			name:  "node mode: one route per other node's podCIDR, family by family; own podCIDRs unreachable",
 			self:  "a",
 			nodes: threeNodes(),
 			routes: []Route{
+				unreachable("10.244.1.0/24", "a"),
 				via("10.244.2.0/24", "10.250.0.12", "b"),
 				via("10.244.3.0/24", "10.250.0.13", "c"),
+				unreachable("fd00:244:0:1::/64", "a"),
 				via("fd00:244:0:2::/64", "fd00:250::12", "b"),
 			},
 			problems: []problem{{"c", "fd00:244:0:3::/64", ErrNoAddress}},
 		},
 		{
-			name:   "node mode: the node alone needs no route",
-			self:   "a",
-			nodes:  threeNodes()[:1],
-			routes: nil,
+			name:  "node mode: the node alone needs only its own podCIDRs unreachable",
+			self:  "a",
+			nodes: threeNodes()[:1],
+			routes: []Route{
+				unreachable("10.244.1.0/24", "a"),
+				unreachable("fd00:244:0:1::/64", "a"),
+			},
 		},
 		{
 			name: "node mode: a node without podCIDR is named, self included",
@@ -86,14 +96,15 @@ func TestDesired(t *testing.T) {
 			problems: []problem{{"a", "", ErrNoPodCIDR}, {"c", "", ErrNoPodCIDR}},
 		},
 		{
-			name: "node mode: first usable address of the family; unusable ones skipped",
+			name: "node mode: usable addresses of the family in the Node's order; unusable ones skipped",
 			self: "a",
 			nodes: []Node{
 				{Name: "a", Addrs: addrs("10.250.0.11"), PodCIDRs: prefixes("10.244.1.0/24")},
-				{Name: "b", Addrs: addrs("fe80::1", "127.0.0.1", "::ffff:10.250.0.12", "10.250.0.99", "fd00:250::12"), PodCIDRs: prefixes("10.244.2.0/24", "fd00:244:0:2::/64")},
+				{Name: "b", Addrs: addrs("fe80::1", "127.0.0.1", "::ffff:10.250.0.12", "10.250.0.99", "10.250.0.11", "10.250.0.12", "fd00:250::12"), PodCIDRs: prefixes("10.244.2.0/24", "fd00:244:0:2::/64")},
 			},
 			routes: []Route{
-				via("10.244.2.0/24", "10.250.0.12", "b"),
+				unreachable("10.244.1.0/24", "a"),
+				{Dst: netip.MustParsePrefix("10.244.2.0/24"), Via: netip.MustParseAddr("10.250.0.12"), Alt: addrs("10.250.0.99"), Type: Unicast, Node: "b"},
 				via("fd00:244:0:2::/64", "fd00:250::12", "b"),
 			},
 		},
@@ -104,6 +115,7 @@ func TestDesired(t *testing.T) {
 				{Name: "a", Addrs: addrs("10.250.0.11"), PodCIDRs: prefixes("10.244.1.0/24")},
 				{Name: "b", Addrs: addrs("10.250.0.11"), PodCIDRs: prefixes("10.244.2.0/24")},
 			},
+			routes:   []Route{unreachable("10.244.1.0/24", "a")},
 			problems: []problem{{"b", "10.244.2.0/24", ErrBadAddress}},
 		},
 		{
@@ -114,7 +126,7 @@ func TestDesired(t *testing.T) {
 				{Name: "b", Addrs: addrs("10.250.0.12"), PodCIDRs: prefixes("10.244.0.0/16")},
 				{Name: "c", Addrs: addrs("10.250.0.13"), PodCIDRs: prefixes("10.244.1.128/25", "10.245.0.0/24")},
 			},
-			routes: []Route{via("10.245.0.0/24", "10.250.0.13", "c")},
+			routes: []Route{unreachable("10.244.1.0/24", "a"), via("10.245.0.0/24", "10.250.0.13", "c")},
 			problems: []problem{
 				{"b", "10.244.0.0/16", ErrOverlap},
 				{"c", "10.244.1.128/25", ErrOverlap},
@@ -128,7 +140,7 @@ func TestDesired(t *testing.T) {
 				{Name: "b", Addrs: addrs("10.250.0.12"), PodCIDRs: prefixes("10.244.2.0/24")},
 				{Name: "c", Addrs: addrs("10.250.0.13"), PodCIDRs: prefixes("10.244.2.0/24", "10.244.3.0/24")},
 			},
-			routes: []Route{via("10.244.3.0/24", "10.250.0.13", "c")},
+			routes: []Route{unreachable("10.244.1.0/24", "a"), via("10.244.3.0/24", "10.250.0.13", "c")},
 			problems: []problem{
 				{"b", "10.244.2.0/24", ErrOverlap},
 				{"c", "10.244.2.0/24", ErrOverlap},
@@ -142,7 +154,7 @@ func TestDesired(t *testing.T) {
 				{Name: "b", Addrs: addrs("10.250.0.12"), PodCIDRs: prefixes("10.250.0.0/16", "0.0.0.0/0", "10.244.2.7/24")},
 				{Name: "b", Addrs: addrs("10.250.0.99"), PodCIDRs: prefixes("10.244.9.0/24")},
 			},
-			routes: []Route{via("10.244.2.0/24", "10.250.0.12", "b")},
+			routes: []Route{unreachable("10.244.1.0/24", "a"), via("10.244.2.0/24", "10.250.0.12", "b")},
 			problems: []problem{
 				{"b", "", ErrDuplicateNode},
 				{"b", "0.0.0.0/0", ErrInvalidPrefix},
@@ -198,7 +210,7 @@ func TestDesired(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			plan := Desired(tt.self, tt.nodes, tt.blocks)
-			if !slices.Equal(plan.Routes, tt.routes) {
+			if !slices.EqualFunc(plan.Routes, tt.routes, sameRoute) {
 				t.Errorf("routes:\n got %v\nwant %v", plan.Routes, tt.routes)
 			}
 			if len(plan.Problems) != len(tt.problems) {
@@ -225,7 +237,7 @@ func TestProblemString(t *testing.T) {
 	if want := "node c: fd00:244:0:3::/64: node has no address of the family: IPv6"; got != want {
 		t.Errorf("got %q, want %q", got, want)
 	}
-	if got := plan.Routes[0].String(); got != "10.244.2.0/24 via 10.250.0.12 (node b)" {
+	if got := plan.Routes[1].String(); got != "10.244.2.0/24 via 10.250.0.12 (node b)" {
 		t.Errorf("route string %q", got)
 	}
 	if got := unreachable("10.96.0.0/26", "a").String(); got != "unreachable 10.96.0.0/26 (node a)" {
@@ -348,8 +360,10 @@ func checkPlan(t *testing.T, self string, nodes []Node, blocks []Block, plan Pla
 			if selfAddrs[r.Via] || !r.Via.IsValid() || r.Via.Is4() != r.Dst.Addr().Is4() || r.Via.Zone() != "" {
 				t.Errorf("route %v: next hop is self's, or of the wrong family", r)
 			}
-			if r.Via.IsLoopback() || r.Via.IsUnspecified() || r.Via.IsMulticast() || r.Via.IsLinkLocalUnicast() {
-				t.Errorf("route %v: unusable next hop", r)
+			for _, via := range append([]netip.Addr{r.Via}, r.Alt...) {
+				if via.IsLoopback() || via.IsUnspecified() || via.IsMulticast() || via.IsLinkLocalUnicast() || selfAddrs[via] || via.Is4() != r.Dst.Addr().Is4() {
+					t.Errorf("route %v: unusable next hop %s", r, via)
+				}
 			}
 			for _, p := range own {
 				if p.Overlaps(r.Dst) {
@@ -357,8 +371,8 @@ func checkPlan(t *testing.T, self string, nodes []Node, blocks []Block, plan Pla
 				}
 			}
 		case Unreachable:
-			if !cluster || r.Node != self || !slices.Contains(own, r.Dst) {
-				t.Errorf("unreachable route %v not for a block of self's", r)
+			if r.Node != self || !slices.Contains(own, r.Dst) {
+				t.Errorf("unreachable route %v not for a pod range of self's", r)
 			}
 		default:
 			t.Errorf("route %v of unknown type", r)

@@ -252,10 +252,16 @@ func (c *cluster) routes(i int) ([]route, string) {
 	return out, raw.String()
 }
 
-// nodeRoutes is what node self must hold in node mode: each other node's podCIDRs
-// via its address of the family, for the nodes in others.
-func (c *cluster) nodeRoutes(others ...int) []route {
+// nodeRoutes is what node self must hold in node mode: its own podCIDRs
+// unreachable (self < 0: a node without podCIDR), and each other node's podCIDRs
+// via that node's address of the family.
+func (c *cluster) nodeRoutes(self int, others ...int) []route {
 	var want []route
+	if self >= 0 {
+		for _, p := range podCIDRs(self) {
+			want = append(want, route("unreachable "+p.String()))
+		}
+	}
 	for _, j := range others {
 		h := c.net.Node(j)
 		for _, p := range podCIDRs(j) {

@@ -68,7 +68,7 @@ func TestNodeMode(t *testing.T) {
 	t.Run("routes", func(t *testing.T) {
 		c := c.in(t)
 		for i := range nodes {
-			c.waitRoutes(i, c.nodeRoutes(others(i, nodes)...), 20*time.Second)
+			c.waitRoutes(i, c.nodeRoutes(i, others(i, nodes)...), 20*time.Second)
 		}
 		t.Logf("3 agents started in %v; every node held its routes %v after the first start",
 			started.Round(time.Millisecond), time.Since(t0).Round(time.Millisecond))
@@ -186,7 +186,7 @@ func TestNodeMode(t *testing.T) {
 		t1 := time.Now()
 		// ipledger's own route for dst goes (the other owner's route decides)
 		var want []route
-		for _, r := range c.nodeRoutes(1, 2) {
+		for _, r := range c.nodeRoutes(0, 1, 2) {
 			if !strings.HasPrefix(string(r), dst.String()+" ") {
 				want = append(want, r)
 			}
@@ -224,7 +224,7 @@ func TestNodeMode(t *testing.T) {
 		if out, err := exec.Command("ip", "-n", node0, "route", "del", dst.String(), "proto", "static").CombinedOutput(); err != nil {
 			t.Fatalf("ip route del: %v %s", err, out)
 		}
-		d = c.waitRoutes(0, c.nodeRoutes(1, 2), 3*resync)
+		d = c.waitRoutes(0, c.nodeRoutes(0, 1, 2), 3*resync)
 		t.Logf("the other owner's route deleted: ipledger's route back in %v (resync %v)", d.Round(time.Millisecond), resync)
 		if out, code := c.doctor(0); strings.Contains(out, "FAIL node network") {
 			t.Errorf("doctor on node0 after the conflict ended (exit %d):\n%s", code, out)
@@ -235,9 +235,9 @@ func TestNodeMode(t *testing.T) {
 		c := c.in(t)
 		t1 := time.Now()
 		c.deleteNode(2)
-		c.waitRoutes(0, c.nodeRoutes(1), 5*resync)
+		c.waitRoutes(0, c.nodeRoutes(0, 1), 5*resync)
 		d0 := time.Since(t1)
-		c.waitRoutes(1, c.nodeRoutes(0), 5*resync)
+		c.waitRoutes(1, c.nodeRoutes(1, 0), 5*resync)
 		d1 := time.Since(t1)
 		t.Logf("Node node2 deleted: its routes gone from node0 in %v, from node1 in %v (from the delete; resync %v)",
 			d0.Round(time.Millisecond), d1.Round(time.Millisecond), resync)
@@ -248,7 +248,7 @@ func TestNodeMode(t *testing.T) {
 		t1 := time.Now()
 		c.createNode(2, podCIDRs(2), networkUnavailableTrue())
 		for i := range nodes {
-			c.waitRoutes(i, c.nodeRoutes(others(i, nodes)...), 5*resync)
+			c.waitRoutes(i, c.nodeRoutes(i, others(i, nodes)...), 5*resync)
 		}
 		d := time.Since(t1)
 		dn := c.waitNetworkAvailable(2, 5*resync)
@@ -263,15 +263,15 @@ func TestNodeMode(t *testing.T) {
 		c.agents[1].Kill()
 		t1 := time.Now()
 		c.deleteNode(2)
-		d0 := c.waitRoutes(0, c.nodeRoutes(1), 5*resync)
-		if have, _ := c.routes(1); !slices.Equal(have, c.nodeRoutes(0, 2)) {
-			t.Fatalf("node1 (agent down) routes %v, want the stale ones %v", have, c.nodeRoutes(0, 2))
+		d0 := c.waitRoutes(0, c.nodeRoutes(0, 1), 5*resync)
+		if have, _ := c.routes(1); !slices.Equal(have, c.nodeRoutes(1, 0, 2)) {
+			t.Fatalf("node1 (agent down) routes %v, want the stale ones %v", have, c.nodeRoutes(1, 0, 2))
 		}
 		time.Sleep(time.Second)
 		t2 := time.Now()
 		c.agents[1].Restart()
 		up := time.Since(t2)
-		d1 := c.waitRoutes(1, c.nodeRoutes(0), 5*resync)
+		d1 := c.waitRoutes(1, c.nodeRoutes(1, 0), 5*resync)
 		t.Logf("node1's agent killed (SIGKILL), Node node2 deleted: node0 dropped the route in %v; node1's stale route gone %v after its restart (agent answering after %v); %v after the delete",
 			d0.Round(time.Millisecond), (up + d1).Round(time.Millisecond), up.Round(time.Millisecond), time.Since(t1).Round(time.Millisecond))
 		if src, err := sourceSeen(pods[0].NS, pods[1].addr(false)); err != nil || src != pods[0].addr(false) {
@@ -285,7 +285,7 @@ func TestNodeMode(t *testing.T) {
 		c.createNode(i, nil, networkUnavailableTrue())
 		c.startAgent(i)
 		// its agent routes to the others; the others route nothing to it
-		c.waitRoutes(i, c.nodeRoutes(0, 1), 5*resync)
+		c.waitRoutes(i, c.nodeRoutes(-1, 0, 1), 5*resync)
 		t1 := time.Now()
 		_, out, code := c.addPodRaw(i, "b3", podRanges)
 		took := time.Since(t1)
@@ -314,7 +314,7 @@ func TestNodeMode(t *testing.T) {
 			t.Errorf("Node node3 (no podCIDR): NetworkUnavailable %q (err %v), want True kept", st, err)
 		}
 		for _, j := range []int{0, 1} {
-			if have, _ := c.routes(j); !slices.Equal(have, c.nodeRoutes(others(j, 2)...)) {
+			if have, _ := c.routes(j); !slices.Equal(have, c.nodeRoutes(j, others(j, 2)...)) {
 				t.Errorf("%s routes %v with node3 (no podCIDR) present", c.net.Node(j).Name, have)
 			}
 		}

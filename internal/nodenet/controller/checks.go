@@ -35,6 +35,9 @@ func (c *Controller) Checks() []api.Check {
 	for _, cf := range st.Report.Conflicts {
 		add(api.CheckFail, "node network: a route of another owner (%s) holds %s, a pod range of the cluster; ipledger leaves it alone, so the pods there may be unreachable from this node; fix: delete that route (ip route del %s) or, if the underlay routes pod addresses, run with --routes=false", cf.String(), cf.Dst, cf.Dst)
 	}
+	for _, in := range st.Report.Inside {
+		add(api.CheckFail, "node network: a route of another owner (%s) lies inside %s, a pod range of the cluster, and takes its addresses from ipledger's route (a leftover of another CNI?); ipledger leaves it alone; fix: delete it (ip route del %s proto %s) if nothing on this node needs it", in.String(), in.Range, in.Dst, in.Protocol)
+	}
 	for _, o := range st.Report.OffLink {
 		add(api.CheckFail, "node network: node %s's pods (%s) would be routed via %s, which is not on a directly connected network of node %s: no route was made (never through a gateway); fix: put the nodes on one L2 network, or run with --routes=false where the underlay routes pod addresses", st.byVia[o.Via], o.Dst, o.Via, c.cfg.Self)
 	}

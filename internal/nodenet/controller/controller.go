@@ -1,8 +1,9 @@
 // Package controller keeps a node's network in its desired state: the routes to
 // every other node's pods (nodenet.Desired over the Nodes, or the cluster's blocks)
 // and the masquerade of pod traffic leaving the cluster's pod ranges. It reconciles
-// at start, whenever the Nodes or the blocks change, and every resync interval, so a
-// route deleted behind its back (systemd-networkd, an operator) comes back, and a
+// at start, whenever the Nodes or the blocks change, when a route of ours is deleted
+// behind its back (systemd-networkd, an operator: RoutesChanged), soon after a
+// failure, and every resync interval, so such a route comes back at once, and a
 // route left by a Node deleted while the agent was down goes.
 //
 // When in doubt it keeps: before the Nodes have been listed once, or when the blocks
@@ -100,12 +101,15 @@ type Config struct {
 	// Pools: cluster mode's pool ranges, all of them pod ranges not masqueraded
 	// (a block claimed a moment ago is inside them before this node sees the
 	// claim); nil: the blocks alone.
-	Pools      Pools
-	Routes     Routes     // nil: --routes=false
-	Masquerade Masquerade // nil: --masquerade=false
+	Pools Pools
+	// RoutesChanged receives a value when a route of ours left the table
+	// (routes.Watch); nil: only the resync puts it back.
+	RoutesChanged <-chan struct{}
+	Routes        Routes     // nil: --routes=false
+	Masquerade    Masquerade // nil: --masquerade=false
 	// Forward: the accepts of the pod ranges in FORWARD and the forwarding
 	// check; nil: none.
-	Forward       Forward
+	Forward Forward
 	NonMasquerade []netip.Prefix
 	Resync        time.Duration
 	// Ready runs after the first reconciliation that left no error and left this
@@ -183,37 +187,50 @@ func New(cfg Config) (*Controller, error) {
 	return &Controller{cfg: cfg}, nil
 }
 
-// Run reconciles until ctx ends: at each change, every resync interval, and after
-// a reconciliation that failed, again soon (after 500ms, doubling up to the resync
-// interval while it keeps failing).
+// Retry bounds: a reconciliation that failed is tried again after MinRetry,
+// then after twice as long each time it fails again, up to the resync interval.
+const MinRetry = 200 * time.Millisecond
+
+// Run reconciles until ctx ends: at start, when the Nodes, the blocks or the
+// routes change, every resync interval, and soon after a reconciliation that
+// failed (MinRetry, doubling up to the resync interval).
 func (c *Controller) Run(ctx context.Context) {
 	t := time.NewTicker(c.cfg.Resync)
 	defer t.Stop()
-	retry := time.NewTimer(time.Hour)
-	retry.Stop()
+	retryTimer := time.NewTimer(time.Hour)
+	retryTimer.Stop()
+	defer retryTimer.Stop()
 	var backoff time.Duration
 	for {
 		c.Reconcile(ctx)
-		if c.Status().Err != "" {
-			backoff = min(max(2*backoff, RetryMin), c.cfg.Resync)
-			retry.Reset(backoff)
+		var retry <-chan time.Time
+		if c.failed() {
+			backoff = min(max(2*backoff, MinRetry), c.cfg.Resync)
+			retryTimer.Reset(backoff)
+			retry = retryTimer.C
 		} else {
 			backoff = 0
-			retry.Stop()
 		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-c.cfg.Nodes.Changed():
 		case <-c.cfg.BlocksChanged:
+		case <-c.cfg.RoutesChanged:
+		case <-retry:
 		case <-t.C:
-		case <-retry.C:
 		}
+		retryTimer.Stop()
 	}
 }
 
-// RetryMin is the first pause before a failed reconciliation is tried again.
-const RetryMin = 500 * time.Millisecond
+// failed reports whether the last reconciliation tried and failed (not: the
+// Nodes are not listed yet, which their watch tells the end of).
+func (c *Controller) failed() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.status.Synced && c.status.Err != ""
+}
 
 // Status returns the last reconciliation's outcome.
 func (c *Controller) Status() Status {
@@ -287,8 +304,10 @@ func (c *Controller) Reconcile(ctx context.Context) {
 	st.Routes, st.Problems = len(plan.Routes), plan.Problems
 	st.byVia = map[netip.Addr]string{}
 	for _, r := range plan.Routes {
-		if r.Via.IsValid() {
-			st.byVia[r.Via] = r.Node
+		for _, a := range append([]netip.Addr{r.Via}, r.Alt...) {
+			if a.IsValid() {
+				st.byVia[a] = r.Node
+			}
 		}
 	}
 	for _, p := range plan.Problems {

@@ -3,6 +3,8 @@ package controller_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -16,6 +18,8 @@ import (
 	"github.com/ipledger/ipledger/internal/nodenet/masq"
 	"github.com/ipledger/ipledger/internal/nodenet/routes"
 	"github.com/ipledger/ipledger/internal/testenv/netnodes"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // nodes stands for the Node watch; what it answers changes under the test.
@@ -26,9 +30,12 @@ type nodes struct {
 	ch     chan struct{}
 }
 
-func (n *nodes) Synced() bool             { n.mu.Lock(); defer n.mu.Unlock(); return n.synced }
-func (n *nodes) Nodes() []nodenet.Node    { n.mu.Lock(); defer n.mu.Unlock(); return n.list }
+func (n *nodes) Synced() bool { n.mu.Lock(); defer n.mu.Unlock(); return n.synced }
+
+func (n *nodes) Nodes() []nodenet.Node { n.mu.Lock(); defer n.mu.Unlock(); return n.list }
+
 func (n *nodes) Changed() <-chan struct{} { return n.ch }
+
 func (n *nodes) set(synced bool, list ...nodenet.Node) {
 	n.mu.Lock()
 	n.synced, n.list = synced, list
@@ -117,16 +124,16 @@ func TestController(t *testing.T) {
 	ns.set(true, self, n1, n2)
 	c.Reconcile(ctx)
 	got := ours(t, h)
-	if len(got) != 2 || !strings.Contains(got["10.244.1.0/24"], "via 10.250.0.12") || !strings.Contains(got["10.244.2.0/24"], "via 10.250.0.13") {
+	if len(got) != 3 || !strings.Contains(got["10.244.1.0/24"], "via 10.250.0.12") || !strings.Contains(got["10.244.2.0/24"], "via 10.250.0.13") || !strings.HasPrefix(got["10.244.0.0/24"], "unreachable") {
 		t.Fatalf("routes: %v", got)
 	}
 	if len(mq.calls) != 1 || len(mq.calls[0]) != 3 || readies != 1 {
 		t.Fatalf("masquerade calls %v, readies %d", mq.calls, readies)
 	}
-	if cs := checksText(c.Checks()); !strings.HasPrefix(cs, "OK node network: 2 routes") {
+	if cs := checksText(c.Checks()); !strings.HasPrefix(cs, "OK node network: 3 routes") {
 		t.Fatalf("checks:\n%s", cs)
 	}
-	if k := c.Counts(); k.Routes != 2 || !k.Ready || k.Syncs != 1 {
+	if k := c.Counts(); k.Routes != 3 || !k.Ready || k.Syncs != 1 {
 		t.Fatalf("counts %+v", k)
 	}
 
@@ -135,7 +142,7 @@ func TestController(t *testing.T) {
 	ns.set(true, self, n1, n3)
 	c.Reconcile(ctx)
 	got = ours(t, h)
-	if len(got) != 1 || got["10.244.1.0/24"] == "" {
+	if len(got) != 2 || got["10.244.1.0/24"] == "" || got["10.244.0.0/24"] == "" {
 		t.Fatalf("routes after node2's deletion and an off-link node3: %v", got)
 	}
 	cs := checksText(c.Checks())
@@ -431,9 +438,9 @@ func (m *failingMasq) Sync(_, _ []netip.Prefix) error {
 	return nil
 }
 
-// TestRetryAfterFailure: a reconciliation that failed is tried again soon, not at
+// TestRetryAfterMasqueradeFailure: a reconciliation that failed is tried again soon, not at
 // the next resync (an hour here) or the next change.
-func TestRetryAfterFailure(t *testing.T) {
+func TestRetryAfterMasqueradeFailure(t *testing.T) {
 	ns := &nodes{ch: make(chan struct{}, 1)}
 	ns.set(true, node("node0", "10.250.0.11", "10.244.0.0/24"))
 	mq := &failingMasq{ch: make(chan int, 4)}
@@ -452,6 +459,33 @@ func TestRetryAfterFailure(t *testing.T) {
 	case <-mq.ch:
 	case <-time.After(time.Minute): // a bound on the test, far below the hour's resync
 		t.Fatal("the failed masquerade sync was not retried before the resync")
+	}
+}
+
+// TestRetryAfterRouteFailure: a failed reconciliation is tried again soon, not at the
+// resync (an hour here), until one succeeds; then no more.
+func TestRetryAfterRouteFailure(t *testing.T) {
+	ns := &nodes{ch: make(chan struct{}, 1)}
+	ns.set(true, node("node0", "10.250.0.11", "10.244.0.0/24"), node("node1", "10.250.0.12", "10.244.1.0/24"))
+	r := &failingRoutes{fails: 3}
+	c, err := controller.New(controller.Config{Self: "node0", Nodes: ns, Routes: r, Resync: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { c.Run(ctx) })
+	defer wg.Wait()
+	defer cancel()
+	waitFor(t, "a reconciliation that succeeds", func() bool { return c.Syncs() == 1 })
+	r.mu.Lock()
+	calls := r.calls
+	r.mu.Unlock()
+	if calls != 4 {
+		t.Errorf("route syncs %d, want 4 (3 failed, then 1)", calls)
+	}
+	if k := c.Counts(); k.Errors != 3 {
+		t.Errorf("errors counted %d, want 3", k.Errors)
 	}
 }
 
@@ -477,5 +511,148 @@ func TestForwardChecks(t *testing.T) {
 	ok.Legacy = true
 	if got := text(controller.ForwardChecks("n1", "IPv4", ok, pods)); !strings.Contains(got, "WARN") || !strings.Contains(got, "iptables-legacy -S FORWARD") {
 		t.Errorf("legacy filter table: %q", got)
+	}
+}
+
+// failingRoutes fails its first fails syncs, then succeeds; calls counts them.
+type failingRoutes struct {
+	mu           sync.Mutex
+	fails, calls int
+}
+
+func (r *failingRoutes) Sync([]nodenet.Route) (routes.Report, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls++
+	if r.calls <= r.fails {
+		return routes.Report{}, errors.New("netlink: no buffer space available")
+	}
+	return routes.Report{}, nil
+}
+
+// waitFor polls cond until it holds; failing after a minute is the bound of a
+// test that hangs, not a measure of speed.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited a minute for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestDeletedRouteComesBack: a route of ours deleted by another program is back
+// as soon as the kernel tells of the deletion, with the resync an hour away. The
+// test waits for the kernel's events, not for a time.
+func TestDeletedRouteComesBack(t *testing.T) {
+	env := netnodes.New(t, 2)
+	h := env.Node(0)
+	ns := &nodes{ch: make(chan struct{}, 1)}
+	ns.set(true, node("node0", "10.250.0.11", "10.244.0.0/24"), node("node1", "10.250.0.12", "10.244.1.0/24"))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+
+	// the test's own view of the node's route events
+	events := make(chan netlink.RouteUpdate, 64)
+	done := make(chan struct{})
+	defer close(done)
+	if err := netlink.RouteSubscribeWithOptions(events, done, netlink.RouteSubscribeOptions{Namespace: &h.Handle}); err != nil {
+		t.Fatal(err)
+	}
+	dst := netip.MustParsePrefix("10.244.1.0/24")
+	await := func(typ uint16) {
+		t.Helper()
+		timeout := time.After(time.Minute)
+		for {
+			select {
+			case u := <-events:
+				if p, ok := netipx(u.Dst); ok && p == dst && u.Protocol == routes.Protocol && u.Type == typ {
+					return
+				}
+			case <-timeout:
+				t.Fatalf("no route event %d for %s in a minute:\n%s", typ, dst, h.Dump())
+			}
+		}
+	}
+
+	rec := routes.NewOpener(func() (routes.Netlink, error) { return netlink.NewHandleAt(h.Handle) })
+	c, err := controller.New(controller.Config{Self: "node0", Nodes: ns, Routes: rec, Resync: time.Hour,
+		RoutesChanged: routes.Watch(ctx, h.Handle, slog.New(slog.DiscardHandler))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wg.Go(func() { c.Run(ctx) })
+	await(unix.RTM_NEWROUTE)
+	for i := range 3 {
+		if err := h.Netlink.RouteDel(&netlink.Route{Dst: &net.IPNet{IP: dst.Addr().AsSlice(), Mask: net.CIDRMask(24, 32)}, Protocol: routes.Protocol}); err != nil {
+			t.Fatalf("deleting the route (%d): %v", i, err)
+		}
+		await(unix.RTM_DELROUTE)
+		await(unix.RTM_NEWROUTE)
+	}
+	if got := ours(t, h); !strings.Contains(got["10.244.1.0/24"], "via 10.250.0.12") {
+		t.Fatalf("routes: %v", got)
+	}
+}
+
+func netipx(n *net.IPNet) (netip.Prefix, bool) {
+	if n == nil {
+		return netip.Prefix{}, false
+	}
+	a, ok := netip.AddrFromSlice(n.IP)
+	ones, _ := n.Mask.Size()
+	return netip.PrefixFrom(a.Unmap(), ones), ok
+}
+
+// TestNodeModeRoutes (node mode, real namespaces): an address of this node's
+// podCIDR that no pod holds is unreachable at once rather than sent out by the
+// default route; a Node listing first an InternalIP of a network this node is
+// not on is routed via the one that is; a foreign route inside another node's
+// pod range (a leftover blackhole of another CNI) fails doctor, naming it.
+func TestNodeModeRoutes(t *testing.T) {
+	env := netnodes.New(t, 2)
+	h := env.Node(0)
+	ns := &nodes{ch: make(chan struct{}, 1)}
+	n1 := node("node1", "192.0.2.12", "10.244.1.0/24")
+	n1.Addrs = append(n1.Addrs, netip.MustParseAddr("10.250.0.12"))
+	ns.set(true, node("node0", "10.250.0.11", "10.244.0.0/24"), n1)
+	eth, err := h.Netlink.LinkByName(h.Link)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leftover := &netlink.Route{Dst: &net.IPNet{IP: net.ParseIP("10.244.1.64").To4(), Mask: net.CIDRMask(26, 32)}, Type: unix.RTN_BLACKHOLE, Protocol: unix.RTPROT_BOOT}
+	if err := h.Netlink.RouteAdd(leftover); err != nil {
+		t.Fatal(err)
+	}
+	c, err := controller.New(controller.Config{Self: "node0", Nodes: ns, Routes: routes.New(h.Netlink), Resync: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Reconcile(context.Background())
+
+	got := ours(t, h)
+	if !strings.HasPrefix(got["10.244.0.0/24"], "unreachable 10.244.0.0/24") {
+		t.Errorf("own podCIDR: %q, want an unreachable route\n%s", got["10.244.0.0/24"], h.Dump())
+	}
+	if _, err := h.Netlink.RouteGet(net.ParseIP("10.244.0.77")); !errors.Is(err, unix.EHOSTUNREACH) && !errors.Is(err, unix.ENETUNREACH) {
+		t.Errorf("route to an unassigned address of the own podCIDR: %v, want unreachable", err)
+	}
+	if r := got["10.244.1.0/24"]; !strings.Contains(r, "via 10.250.0.12 dev eth0") {
+		t.Errorf("route to node1's pods: %q, want via its on-link address 10.250.0.12\n%s", r, h.Dump())
+	}
+	if rs, err := h.Netlink.RouteGet(net.ParseIP("10.244.1.7")); err != nil || len(rs) != 1 || !rs[0].Gw.Equal(net.ParseIP("10.250.0.12")) || rs[0].LinkIndex != eth.Attrs().Index {
+		t.Errorf("route to a pod of node1: %v, %v", rs, err)
+	}
+	cs := checksText(c.Checks())
+	if !strings.Contains(cs, "FAIL node network: a route of another owner (blackhole 10.244.1.64/26 proto boot) lies inside 10.244.1.0/24") ||
+		!strings.Contains(cs, "ip route del 10.244.1.64/26 proto boot") {
+		t.Errorf("checks with a leftover blackhole in node1's range:\n%s", cs)
+	}
+	if k := c.Counts(); k.Routes != 2 || k.OffLink != 0 {
+		t.Errorf("counts %+v, want 2 routes, none off-link", k)
 	}
 }

@@ -6,3 +6,6 @@ import "errors"
 // destination, a unicast route without a next hop of its family, an unknown
 // type, or a destination asked twice).
 var ErrInvalidRoute = errors.New("invalid route")
+
+// ErrWatchClosed: the kernel's route events stopped without an error said.
+var ErrWatchClosed = errors.New("route event subscription closed")
