@@ -9,6 +9,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/ipledger/ipledger/internal/agent"
+	"github.com/ipledger/ipledger/internal/clock"
 	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/datastore/kubeds"
 	"github.com/ipledger/ipledger/internal/kubenode"
@@ -44,7 +45,7 @@ func startNetwork(ctx context.Context, o *options, m *cluster.Manager, log *slog
 		w.Subscribe(m)
 	}
 	w.Run(ctx)
-	pods, err := kubenode.NewPods(rc, o.cluster.NodeName, log.With("part", "pods"))
+	pods, err := kubenode.NewPods(rc, o.cluster.NodeName, clock.NewSystem(), log.With("part", "pods"))
 	if err != nil {
 		return nil, err
 	}
