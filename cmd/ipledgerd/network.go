@@ -78,8 +78,9 @@ type kubeParts struct {
 }
 
 var (
-	_ agent.Pods   = (*kubenode.Pods)(nil)
-	_ agent.Events = (*kubenode.Events)(nil)
+	_ agent.Pods     = (*kubenode.Pods)(nil)
+	_ agent.PodWatch = (*kubenode.Pods)(nil)
+	_ agent.Events   = (*kubenode.Events)(nil)
 )
 
 // startLeaseNetwork starts the node network of cluster mode on the etcd datastore,
