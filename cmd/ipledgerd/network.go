@@ -9,6 +9,7 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/ipledger/ipledger/internal/agent"
+	"github.com/ipledger/ipledger/internal/clock"
 	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/datastore/kubeds"
 	"github.com/ipledger/ipledger/internal/kubenode"
@@ -46,7 +47,7 @@ func startNetwork(ctx context.Context, o *options, m *cluster.Manager, log *slog
 		w.Subscribe(m)
 	}
 	w.Run(ctx)
-	pods, err := kubenode.NewPods(rc, o.cluster.NodeName, log.With("part", "pods"))
+	pods, err := kubenode.NewPods(rc, o.cluster.NodeName, clock.NewSystem(), log.With("part", "pods"))
 	if err != nil {
 		return nil, err
 	}
@@ -83,8 +84,9 @@ type kubeParts struct {
 }
 
 var (
-	_ agent.Pods   = (*kubenode.Pods)(nil)
-	_ agent.Events = (*kubenode.Events)(nil)
+	_ agent.Pods     = (*kubenode.Pods)(nil)
+	_ agent.PodWatch = (*kubenode.Pods)(nil)
+	_ agent.Events   = (*kubenode.Events)(nil)
 )
 
 // startLeaseNetwork starts the node network of cluster mode on the etcd datastore,

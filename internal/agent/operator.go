@@ -224,6 +224,7 @@ func (s *Server) doctor(ctx context.Context) *api.Response {
 		d.NetworkChecks = s.cfg.NodeNetwork.Checks()
 	}
 	d.NetworkChecks = append(d.NetworkChecks, s.podCIDRChecks()...)
+	d.NetworkChecks = append(d.NetworkChecks, s.podWatchChecks()...)
 	d.NetworkChecks = append(d.NetworkChecks, s.netnsChecks()...)
 	return &api.Response{Doctor: d}
 }

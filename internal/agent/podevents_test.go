@@ -202,3 +202,38 @@ func TestReconciledEvents(t *testing.T) {
 	}
 	t.Logf("superseded Event: %s", got[0].note)
 }
+
+// watchedPods is fixedPods whose watch reports problems.
+type watchedPods struct {
+	fixedPods
+	problems []string
+}
+
+var _ agent.PodWatch = (*watchedPods)(nil)
+
+func (w *watchedPods) Problems() []string { return w.problems }
+
+// TestDoctorPodWatch: doctor WARNs of each problem of the pod watch (broken,
+// blind), with what it means for releases, and says nothing when there is none.
+func TestDoctorPodWatch(t *testing.T) {
+	blind := "pod watch blind: READY sandbox ns/p (u1) not in the cache listed with spec.nodeName=n1; is --node-name the kubelet's Node name?"
+	pods := &watchedPods{fixedPods: fixedPods{listed: true}, problems: []string{blind}}
+	s, _ := podServer(t, agent.Config{Pods: pods})
+	warns := func() []string {
+		d := s.Handle(t.Context(), api.Request{Version: api.Version, Op: api.OpDoctor}).Doctor
+		var out []string
+		for _, c := range d.NetworkChecks {
+			if c.Level == api.CheckWarn {
+				out = append(out, c.Text)
+			}
+		}
+		return out
+	}
+	if w := warns(); len(w) != 1 || !strings.HasPrefix(w[0], blind) || !strings.Contains(w[0], "takes no pod as deleted") {
+		t.Fatalf("doctor warnings %q, want the blind watch", w)
+	}
+	pods.problems = nil
+	if w := warns(); len(w) != 0 {
+		t.Fatalf("doctor warnings %q, want none", w)
+	}
+}

@@ -21,6 +21,27 @@ type Pods interface {
 	Pod(namespace, name, uid string) (phase string, inAPI, known bool)
 }
 
+// PodWatch is the health of the watch behind Pods, when it tells one
+// (kubenode.Pods): why its word that a pod is absent is not taken now (its watch
+// broken since a time, or blind to a READY sandbox's pod), one line each, naming
+// the node and the field selector. Doctor shows each as a WARN.
+type PodWatch interface {
+	Problems() []string
+}
+
+// podWatchChecks are doctor's lines on the pod watch.
+func (s *Server) podWatchChecks() []api.Check {
+	w, ok := s.cfg.Pods.(PodWatch)
+	if !ok {
+		return nil
+	}
+	var out []api.Check
+	for _, p := range w.Problems() {
+		out = append(out, api.Check{Level: api.CheckWarn, Text: p + " (the reconciler takes no pod as deleted from the API meanwhile)"})
+	}
+	return out
+}
+
 // Events records Kubernetes Events regarding pods. Contract: PodEvent never blocks
 // and never fails (an Event that cannot be sent is logged and dropped), and may drop
 // repeats; eventType is "Normal" or "Warning".

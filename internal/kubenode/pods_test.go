@@ -50,7 +50,7 @@ func TestPods(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	pods, err := kubenode.NewPods(api.Config(), "node-a", logger(t))
+	pods, err := kubenode.NewPods(api.Config(), "node-a", nil, logger(t))
 	if err != nil {
 		t.Fatal(err)
 	}

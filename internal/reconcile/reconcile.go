@@ -115,8 +115,14 @@
 // only about a lease whose sandbox this round judged NOTREADY or GONE, in a round
 // the listing made trustworthy, and it only ever turns a lease the runtime alone
 // would keep into one that may go. "Finished" means the pod named by the lease's
-// UID (else its namespace and name) is absent from the watch's synced cache, or
-// its phase is Succeeded or Failed; a watch that has not listed yet says nothing.
+// UID (else its namespace and name) is absent from the watch's cache, or its phase
+// is Succeeded or Failed. An absence counts only when the cache can vouch for it
+// (see PodWitness): it listed after the lease was created, has had no watch error
+// since, and is not blind; a watch that has not listed says nothing. Each round
+// tells the witness of every READY sandbox's pod, so that a cache lacking one
+// stops vouching. An act (a release, an interface removed) that rests on a pod's
+// deletion first asks the API server itself; unless it answers that the pod is
+// gone, the lease is kept and the act waits for a later round.
 // It decides two cases the runtime cannot:
 //
 //   - a NOTREADY sandbox whose namespace was not recorded at ADD (otherwise kept
@@ -269,31 +275,62 @@ type Options struct {
 // PodWitness tells what the Kubernetes API says of this node's pods. Implemented
 // by *kubenode.Pods.
 //
-// Contract: Pod never calls the API server (it answers from a watch's cache) and
-// is safe for concurrent use. known is false when nothing can be told (the watch
-// has not listed yet); then inAPI says whether the pod exists and phase is its
-// status.phase ("" when it has none yet). A non-empty uid is matched by UID only, so
-// a pod re-created under the same name is another pod; without one, the pod is
-// matched by namespace and name.
+// Contract: PodSince never calls the API server (it answers from a watch's cache)
+// and is safe for concurrent use, as are the others. known is false when nothing
+// can be told; then inAPI says whether the pod exists and phase is its
+// status.phase ("" when it has none yet). A pod's absence is an answer only when
+// the cache listed after since (the lease's creation), is not broken since, and is
+// not blind. A non-empty uid is matched by UID only, so a pod re-created under the
+// same name is another pod; without one, the pod is matched by namespace and name.
+//
+// ReadySandbox is told of every lease's pod whose sandbox the runtime reports
+// READY, so that a cache lacking such a pod stops vouching for absences (it is
+// blind: a field selector that lists nothing). It may ask the API server, bounded
+// by ctx.
+//
+// Deleted asks the API server itself (not the cache) whether the pod is deleted:
+// not found, or another UID under its name. An error means nothing is known.
 type PodWitness interface {
-	Pod(namespace, name, uid string) (phase string, inAPI, known bool)
+	PodSince(namespace, name, uid string, since time.Time) (phase string, inAPI, known bool)
+	ReadySandbox(ctx context.Context, namespace, name, uid string)
+	Deleted(ctx context.Context, namespace, name, uid string) (bool, error)
 }
 
-// podFinished is what w says of the pod of lease ls: why it is finished ("pod
-// deleted from the API", "pod Succeeded in the API"), or "" when it is not, or w
-// cannot tell, or the lease names no pod.
-func podFinished(w PodWitness, p ledger.Pod) string {
-	if w == nil || (p.UID == "" && (p.Namespace == "" || p.Name == "")) {
+// podDeleted is the API's evidence that a pod is deleted: its absence from the
+// watch's cache, confirmed by the API server itself before anything is done on it.
+const podDeleted = "pod deleted from the API"
+
+// podFinished is what w says of the pod of lease ls: why it is finished
+// (podDeleted, "pod Succeeded in the API"), or "" when it is not, or w cannot
+// tell, or the lease names no pod.
+func podFinished(w PodWitness, ls ledger.Lease) string {
+	p := ls.Pod
+	if w == nil || !namesPod(p) {
 		return ""
 	}
-	phase, in, known := w.Pod(p.Namespace, p.Name, p.UID)
+	phase, in, known := w.PodSince(p.Namespace, p.Name, p.UID, ls.Created)
 	switch {
 	case !known:
 		return ""
 	case !in:
-		return "pod deleted from the API"
+		return podDeleted
 	case phase == "Succeeded" || phase == "Failed":
 		return "pod " + phase + " in the API"
+	}
+	return ""
+}
+
+func namesPod(p ledger.Pod) bool { return p.UID != "" || (p.Namespace != "" && p.Name != "") }
+
+// confirmDeleted asks the API server whether the pod of ls is deleted, before an
+// act that rests on it: "" when it is, else why the act waits.
+func confirmDeleted(ctx context.Context, w PodWitness, ls ledger.Lease) string {
+	deleted, err := w.Deleted(ctx, ls.Pod.Namespace, ls.Pod.Name, ls.Pod.UID)
+	switch {
+	case err != nil:
+		return "the API server could not confirm the pod's deletion (" + err.Error() + ")"
+	case !deleted:
+		return "the API server still has the pod (the watch's cache lacked it)"
 	}
 	return ""
 }

@@ -137,7 +137,10 @@ func (r *Reconciler) observe(ctx context.Context, sbs []cri.Sandbox, boot bootRe
 		}
 		if o.sandbox == SandboxGone || o.sandbox == SandboxNotReady {
 			o.ns, o.nsInfo = r.probe(ls, boot, wit)
-			o.api = podFinished(r.o.API, ls.Pod)
+			o.api = podFinished(r.o.API, ls)
+		}
+		if o.sandbox == SandboxReady && r.o.API != nil && namesPod(ls.Pod) {
+			r.o.API.ReadySandbox(ctx, ls.Pod.Namespace, ls.Pod.Name, ls.Pod.UID)
 		}
 		obs = append(obs, o)
 	}
@@ -297,6 +300,16 @@ func (r *Reconciler) apply(ctx context.Context, decisions []decision, acts []act
 		r.logDecision(ctx, d, now)
 	}
 	for _, a := range acts {
+		if a.s != nil && a.s.byAPI && a.o.api == podDeleted {
+			// the cache's word alone never removes an interface or releases
+			if why := confirmDeleted(ctx, r.o.API, a.o.ls); why != "" {
+				a.level, a.what = slog.LevelWarn, "keep: "+why
+				r.logDecision(ctx, a.decision, now)
+				continue
+			}
+			a.o.api += " (confirmed by the API server)"
+			a.detail += " (confirmed by the API server)"
+		}
 		if a.reclaim {
 			what, err := r.o.Netns.Reclaim(a.o.ls.NetNS, a.o.ls.Key.IfName, a.o.ls.IPs)
 			if err != nil {

@@ -1,6 +1,7 @@
 package reconcile
 
 import (
+	"context"
 	"errors"
 	"strings"
 	"sync"
@@ -12,11 +13,16 @@ import (
 )
 
 // fakeAPI is a PodWitness whose answers the test sets: the pods by UID (with their
-// name), as a synced watch's cache holds them.
+// name), as a synced watch's cache holds them, and what the API server itself
+// answers a GET with (live; the cache's pods when nil, an error when liveErr).
 type fakeAPI struct {
-	mu     sync.Mutex
-	synced bool
-	pods   map[string]fakePod // by UID
+	mu      sync.Mutex
+	synced  bool
+	pods    map[string]fakePod // by UID
+	live    map[string]fakePod // by UID; nil: as pods
+	liveErr error
+	gets    int      // Deleted calls
+	ready   []string // the UIDs ReadySandbox was told of
 }
 
 type fakePod struct{ namespace, name, phase string }
@@ -25,7 +31,7 @@ var _ PodWitness = (*fakeAPI)(nil)
 
 func newFakeAPI() *fakeAPI { return &fakeAPI{synced: true, pods: map[string]fakePod{}} }
 
-func (a *fakeAPI) Pod(namespace, name, uid string) (string, bool, bool) {
+func (a *fakeAPI) PodSince(namespace, name, uid string, _ time.Time) (string, bool, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if !a.synced {
@@ -41,6 +47,35 @@ func (a *fakeAPI) Pod(namespace, name, uid string) (string, bool, bool) {
 		}
 	}
 	return "", false, true
+}
+
+func (a *fakeAPI) ReadySandbox(_ context.Context, _, _, uid string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.ready = append(a.ready, uid)
+}
+
+func (a *fakeAPI) Deleted(_ context.Context, namespace, name, uid string) (bool, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.gets++
+	if a.liveErr != nil {
+		return false, a.liveErr
+	}
+	src := a.live
+	if src == nil {
+		src = a.pods
+	}
+	if uid != "" {
+		_, ok := src[uid]
+		return !ok, nil
+	}
+	for _, p := range src {
+		if p.namespace == namespace && p.name == name {
+			return false, nil
+		}
+	}
+	return true, nil
 }
 
 func (a *fakeAPI) set(uid, phase string) {
@@ -254,5 +289,66 @@ func TestNetnsNotVisible(t *testing.T) {
 	}
 	if s := f.r.Summary(); s.Suspect != 1 || s.Leaked != 0 {
 		t.Fatalf("summary %+v, want one suspect, none leaked", s)
+	}
+}
+
+// TestWitnessDeletionConfirmedLive: a pod absent from the watch's cache is only
+// taken as deleted once the API server itself says so. While its GET finds the pod
+// (the cache is stale: a broken watch, a field selector that misses it) or fails
+// (the API server is unreachable), a NOTREADY sandbox whose namespace was not
+// recorded is kept and a stranded interface is not removed; once the GET answers
+// NotFound, both go. A READY sandbox's pod is reported to the witness.
+func TestWitnessDeletionConfirmedLive(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		stale func(a *fakeAPI)
+	}{
+		{"API server has the pod", func(a *fakeAPI) {
+			a.live = map[string]fakePod{"u1": {"ns", "p-u1", "Running"}, "u2": {"ns", "p-u2", "Running"}}
+		}},
+		{"API server unreachable", func(a *fakeAPI) { a.liveErr = errTest }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			api := newFakeAPI()
+			f := newFixture(t, withAPI(api))
+			api.set("u1", "Running")
+			api.set("u2", "Running")
+			api.set("u3", "Running")
+			unrec, _, err := f.l.Allocate(ledger.AllocateRequest{Key: key("unrec"), Pod: ledger.Pod{Namespace: "ns", Name: "p-u1", UID: "u1"}, Ranges: ranges})
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.add("strand", "u2")
+			f.add("ready", "u3")
+			f.clk.Advance(time.Hour)
+			f.rt.set("unrec", cri.StateNotReady)
+			f.rt.set("strand", cri.StateNotReady)
+			f.ns.set("/ns/strand", NSAddrPresent)
+			f.rt.set("ready", cri.StateReady)
+			c.stale(api)
+			api.del("u1") // the cache lacks both pods
+			api.del("u2")
+			if n := f.rounds(40); n != 0 || !f.held("unrec") || !f.held("strand") || len(f.ns.reclaimed) != 0 {
+				t.Fatalf("released %d, reclaimed %v on the cache's word alone", n, f.ns.reclaimed)
+			}
+			if api.gets == 0 {
+				t.Fatal("the API server was never asked")
+			}
+			if len(api.ready) == 0 || api.ready[0] != "u3" {
+				t.Fatalf("READY sandboxes' pods reported: %v, want u3", api.ready)
+			}
+			api.mu.Lock()
+			api.live, api.liveErr = nil, nil // the API server confirms
+			api.mu.Unlock()
+			f.untilReleased("unrec", 5)
+			f.untilReleased("strand", 5)
+			if len(f.ns.reclaimed) != 1 {
+				t.Fatalf("reclaimed %v", f.ns.reclaimed)
+			}
+			h, err := f.l.History("net", unrec.IPs[0].Addr())
+			if err != nil || len(h) != 1 || !strings.Contains(h[0].Detail, "pod deleted from the API") || !strings.Contains(h[0].Detail, "(confirmed by the API server)") {
+				t.Fatalf("history %+v %v", h, err)
+			}
+		})
 	}
 }
