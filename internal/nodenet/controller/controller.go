@@ -109,7 +109,7 @@ type Config struct {
 	Masquerade    Masquerade // nil: --masquerade=false
 	// Forward: the accepts of the pod ranges in FORWARD and the forwarding
 	// check; nil: none.
-	Forward Forward
+	Forward       Forward
 	NonMasquerade []netip.Prefix
 	Resync        time.Duration
 	// Ready runs after the first reconciliation that left no error and left this
