@@ -22,12 +22,16 @@ import (
 )
 
 // allOffLink stands for a route reconciler on a node that shares no network with
-// the others: every desired route is off-link.
+// the others: every desired route through another node is off-link (the node's
+// own unreachable routes have no next hop).
 type allOffLink struct{}
 
 func (allOffLink) Sync(desired []nodenet.Route) (routes.Report, error) {
 	var rep routes.Report
 	for _, d := range desired {
+		if d.Type == nodenet.Unreachable {
+			continue
+		}
 		rep.OffLink = append(rep.OffLink, routes.OffLink{Dst: d.Dst, Via: d.Via})
 	}
 	return rep, nil
