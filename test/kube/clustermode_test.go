@@ -96,6 +96,11 @@ func clusterMode(t *testing.T, n *node) {
 	if err != nil {
 		t.Fatalf("deploy/cluster/ipledger.yaml: %v", err)
 	}
+	// cluster mode's RBAC, which the overlay adds to the node-mode manifest
+	rbac, err := os.ReadFile(filepath.Join(src, "rbac.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	server, err := c.Kubectl("config", "view", "--minify", "-o", "jsonpath={.clusters[0].cluster.server}")
 	if err != nil {
 		t.Fatal(err)
@@ -107,6 +112,7 @@ func clusterMode(t *testing.T, n *node) {
 	for p, b := range map[string]string{
 		filepath.Join(dir, "cluster", "kustomization.yaml"): string(kust),
 		filepath.Join(dir, "cluster", "ipledger.yaml"):      m,
+		filepath.Join(dir, "cluster", "rbac.yaml"):          string(rbac),
 		filepath.Join(dir, "access", "kustomization.yaml"):  fmt.Sprintf(apiAccess, u.Port()),
 	} {
 		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
