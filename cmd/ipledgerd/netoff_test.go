@@ -45,9 +45,6 @@ func TestMasqueradeOn(t *testing.T) {
 // network and masquerade off) in a network namespace holding the table inet
 // ipledger and the FORWARD accepts of an earlier run removes both before it serves.
 func TestMasqueradeOffRemovesTable(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts the agent")
-	}
 	name := netenv.Namespace(t, "ipl-masqoff-").Name
 	h, err := netns.GetFromName(name)
 	if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/ipledger/ipledger/internal/nodenet/controller"
 	"github.com/ipledger/ipledger/internal/nodenet/masq"
 	"github.com/ipledger/ipledger/internal/nodenet/routes"
+	"github.com/ipledger/ipledger/internal/testenv/debpkg"
 	"github.com/ipledger/ipledger/internal/testenv/netnodes"
 )
 
@@ -30,8 +31,9 @@ func (n staticNodes) Changed() <-chan struct{} { return nil }
 // controller on each node (routes, masquerade, FORWARD accepts) and they do,
 // both ways, with their own addresses between pods and the node's outside.
 func TestTrafficThroughForwardDrop(t *testing.T) {
+	debpkg.Need(t, debpkg.IPTables) // iptables-nft reads the rules back as iptables would
 	if _, err := exec.LookPath("iptables-nft"); err != nil {
-		t.Skip("iptables-nft is not installed (scripts/install-deps.sh installs it)")
+		t.Fatalf("Debian's iptables package is installed but iptables-nft is not on PATH: %v", err)
 	}
 	env := netnodes.New(t, 3)
 	var nodes []nodenet.Node

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/ipledger/ipledger/internal/nodenet/masq"
+	"github.com/ipledger/ipledger/internal/testenv/debpkg"
 	"github.com/ipledger/ipledger/internal/testenv/netnodes"
 )
 
@@ -18,8 +19,9 @@ import (
 // the accepts as its own rules, and a second Sync writes nothing; after Remove it
 // drops again and FORWARD is as the operator left it.
 func TestForwardDropPolicy(t *testing.T) {
+	debpkg.Need(t, debpkg.IPTables) // iptables-nft reads the rules back as iptables would
 	if _, err := exec.LookPath("iptables-nft"); err != nil {
-		t.Skip("iptables-nft is not installed (scripts/install-deps.sh installs it)")
+		t.Fatalf("Debian's iptables package is installed but iptables-nft is not on PATH: %v", err)
 	}
 	env := netnodes.New(t, 1)
 	router := env.Node(0)
