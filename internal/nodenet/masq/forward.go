@@ -8,12 +8,12 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"github.com/ipledger/ipledger/internal/nsenter"
 	"github.com/vishvananda/netns"
 )
 
@@ -483,28 +483,5 @@ func inNS(ns netns.NsHandle, fn func() error) error {
 	if !ns.IsOpen() {
 		return fn()
 	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := netns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("current network namespace: %w", err)
-			return
-		}
-		defer orig.Close()
-		if err := netns.Set(ns); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("entering the network namespace: %w", err)
-			return
-		}
-		ferr := fn()
-		if err := netns.Set(orig); err != nil {
-			errc <- errors.Join(ferr, fmt.Errorf("leaving the network namespace: %w", err))
-			return // thread stays locked: retired with this goroutine
-		}
-		runtime.UnlockOSThread()
-		errc <- ferr
-	}()
-	return <-errc
+	return nsenter.Do(int(ns), fn)
 }
