@@ -12,7 +12,7 @@ CNI_PLUGINS_VERSION = $(shell $(GO) list -m -f '{{.Version}}' github.com/contain
 # Tests build the binaries themselves; keep the whole suite well under 30 minutes.
 TESTFLAGS ?= -count=1 -timeout 25m
 
-.PHONY: all build image manifests test deps bench bench-smoke demo lint fuzz clean conformance
+.PHONY: all build image manifests test deps bench bench-smoke demo lint fuzz clean conformance runtime-matrix
 
 all: build
 
@@ -67,6 +67,25 @@ bench: deps build
 CONFORMANCE_ARGS ?=
 conformance: deps build
 	$(GO) test -tags conformance -count=1 -timeout 4h -run '^TestConformance$$' -v ./test/kubenodes -args $(CONFORMANCE_ARGS)
+
+# runtime-matrix: test/kube's seed 001, containerd#10744, seed 004 and churn scenarios
+# under a real kubelet on each containerd of MATRIX_RUNTIMES in turn (one cluster
+# each; host-local as the control in the same run), then the table of their cells
+# into docs/runtimes.md. A runtime whose run fails still leaves the cells it wrote;
+# the target fails at the end. Long: about 15 minutes a runtime on 2 cores.
+MATRIX_RUNTIMES ?= debian 1.7.30 2.2.1 2.3.7
+MATRIX_CELLS    ?= $(CURDIR)/$(BIN)/runtime-matrix.jsonl
+runtime-matrix: deps build
+	@rm -f $(MATRIX_CELLS)
+	@status=0; for v in $(MATRIX_RUNTIMES); do \
+		echo "== containerd $$v"; \
+		IPLEDGER_CONTAINERD=$$v IPLEDGER_MATRIX_OUT=$(MATRIX_CELLS) $(GO) test -count=1 -timeout 60m -v \
+			-run '^TestKubernetesNode$$/^(Churn|Seed004ContainerdRestarts|Seed001ChainedTeardownFails|Issue10744TeardownSkipped)$$' \
+			./test/kube > $(BIN)/runtime-matrix-$$v.log 2>&1 || { status=1; tail -40 $(BIN)/runtime-matrix-$$v.log; }; \
+		grep -E -- '^\s*--- (PASS|FAIL)' $(BIN)/runtime-matrix-$$v.log; \
+	done; \
+	$(GO) run ./test/kube/matrixdoc -in $(MATRIX_CELLS) -doc docs/runtimes.md; \
+	exit $$status
 
 # bench: the whole benchmark in one run (as root, minutes): a Markdown table of
 # ipledger vs host-local/ptp vs the exec floor on stdout and in bench-results.md.

@@ -1,7 +1,6 @@
 package kube_test
 
 import (
-	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -10,8 +9,8 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
-	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
+	"github.com/ipledger/ipledger/test/kube/matrix"
 )
 
 // seed001 (../shared/seeds/001): a chained plugin after ipledger-veth fails
@@ -27,17 +26,9 @@ import (
 func seed001(t *testing.T, n *node) {
 	const ns, pods = "seed001", 6
 	n.failPlugin(t)
-	fpState := t.TempDir()
-	n.withConflist(t, fmt.Sprintf(`{
-  "cniVersion": "1.0.0",
-  "name": "seed001",
-  "plugins": [
-    {"type": "ipledger-veth", "mtu": 1500,
-     "ipam": {"type": "ipledger", "socket": %q, "spoolDir": %q,
-              "ranges": [[{"subnet": "10.236.1.0/24"}]]}},
-    {"type": "ipledger-testfail", "failAdd": 2, "failDel": 2, "failPods": ["leak-"], "stateDir": %q}
-  ]
-}`, n.sock, filepath.Join(n.stateDir, "spool"), fpState))
+	ctl := newControl(t, "seed001-control", "10.236.6.0/24")
+	fpState := ctl.state
+	n.withConflist(t, n.chain("seed001", "10.236.1.0/24", ctl, `"failAdd": 2, "failDel": 2, "failPods": ["leak-"]`))
 	n.namespace(t, ns)
 	n.c.Apply(t, deployment(ns, "leak", pods))
 	// Follow every lease of the network until the pods run and the leaks are
@@ -74,15 +65,9 @@ func seed001(t *testing.T, n *node) {
 				leases[k] = &seen{first: now, last: now, l: l}
 			}
 		}
-		all, err := n.c.Pods(ns, "app=leak")
+		running, err = n.readyPods(ns, "app=leak")
 		if err != nil {
 			return false, err
-		}
-		running = running[:0]
-		for _, p := range all {
-			if ready(p) {
-				running = append(running, p)
-			}
 		}
 		live := 0
 		for _, l := range ls {
@@ -108,23 +93,15 @@ func seed001(t *testing.T, n *node) {
 		}
 	}
 	// The ledger's history: every released holder of the pool's addresses.
+	rels := n.history(t, "seed001", "10.236.1.", 80)
+	falseRel := n.readyReleased(t, rels)
 	leaked, worst := 0, time.Duration(0)
 	reasons := map[string]int{}
-	for host := 2; host <= 80; host++ {
-		out, _, err := n.ctl("history", "--network", "seed001", "--ip", fmt.Sprintf("10.236.1.%d", host), "-o", "json")
-		if err != nil {
-			t.Fatal(err)
-		}
-		var hist []ledger.Release
-		if err := json.Unmarshal([]byte(out), &hist); err != nil {
-			t.Fatalf("history -o json: %v: %q", err, out)
-		}
-		for _, r := range hist {
-			leaked++
-			reasons[string(r.Reason)]++
-			if d := r.To.Sub(r.From); d > worst {
-				worst = d
-			}
+	for _, r := range rels {
+		leaked++
+		reasons[string(r.Reason)]++
+		if d := r.To.Sub(r.From); d > worst {
+			worst = d
 		}
 	}
 	t.Logf("%d pods Running after %v; the chained plugin failed %d ADDs and %d DELs; %d leases of failed sandboxes released (reasons %v), the longest held %v; %d leases seen while sampling; %d double assignments seen",
@@ -137,5 +114,9 @@ func seed001(t *testing.T, n *node) {
 	}
 	n.c.MustKubectl(t, "scale", "-n", ns, "deployment/leak", "--replicas=0")
 	n.waitGone(t, ns, "app=leak", 2*time.Minute)
-	n.settle(t, time.Minute)
+	_, left := n.drain(t, time.Minute)
+	hl := ctl.held(t)
+	t.Logf("after the pods are gone: host-local holds %d addresses, ipledger %d", hl, left)
+	n.record(t, matrix.Cell{Scenario: "seed 001", Sandboxes: ctl.sandboxes(t), HostLocalLeaked: hl, IpledgerLeaked: left,
+		FalseReleases: falseRel, Reclaim: worst.Round(time.Second).String(), Note: fmt.Sprintf("%d ADDs and %d DELs failed", addFails, delFails)})
 }

@@ -7,14 +7,18 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ipledger/ipledger/test/kube/matrix"
 )
 
 // seed004 (../shared/seeds/004): containerd killed (SIGKILL) and restarted
 // three times while a Deployment churns. After each restart, once the kubelet
 // has settled, no false release: every Running pod's address is leased to it
-// and configured in its namespace. At the end, nothing leaked.
+// and configured in its namespace. At the end, nothing leaked. In a matrix
+// run, the host-local control is chained in beside ipledger.
 func seed004(t *testing.T, n *node) {
 	const ns, pods = "seed004", 30
+	ctl, withCtl := n.withControl(t, "10.236.8.0/24")
 	n.namespace(t, ns)
 	n.c.Apply(t, deployment(ns, "r004", 0))
 	restart := func(phase string) {
@@ -30,9 +34,13 @@ func seed004(t *testing.T, n *node) {
 	// from the host through the runtime's status: the kubelet's exec path may
 	// still be reconnecting to the restarted runtime).
 	crc := n.c.Containerd.Client(t)
+	falseRel := 0
 	checkRunning := func(phase string, want int) {
 		running := n.waitRunning(t, ns, "app=r004", want, 4*time.Minute)
 		n.checkLeases(t, running)
+		if withCtl {
+			falseRel += n.readyReleased(t, n.history(t, network, poolPrefix, 254))
+		}
 		sbs, err := crc.ListSandboxes(context.Background())
 		if err != nil {
 			t.Fatal(err)
@@ -76,6 +84,10 @@ func seed004(t *testing.T, n *node) {
 	checkRunning("after restart during scale-down", 10)
 	n.c.MustKubectl(t, "scale", "-n", ns, "deployment/r004", "--replicas=0")
 	n.waitGone(t, ns, "app=r004", 3*time.Minute)
-	d := n.settle(t, 2*time.Minute)
+	d, left := n.drain(t, 2*time.Minute)
 	t.Logf("after 3 containerd restarts: all pods gone, ledger empty %v later, audit balanced", d.Round(time.Millisecond))
+	if withCtl {
+		n.record(t, matrix.Cell{Scenario: "seed 004", Sandboxes: ctl.sandboxes(t), HostLocalLeaked: ctl.held(t), IpledgerLeaked: left,
+			FalseReleases: falseRel, Reclaim: d.Round(time.Second).String(), Note: fmt.Sprintf("%d pods, containerd SIGKILLed 3 times", pods)})
+	}
 }
