@@ -72,6 +72,9 @@ type AllocateRequest struct {
 	// (attachment and creation time): one whose attachment holds another lease by the
 	// time the request is applied (released and allocated again meanwhile) is kept.
 	SupersedeHolders []Holder
+	// Why is recorded on the lease (Lease.Why): why its addresses were chosen, when
+	// that was a choice. At most MaxDetailLen bytes.
+	Why string
 	// LogLater, when set, receives the allocation's log lines instead of their being
 	// written before Allocate returns (see LogLines).
 	LogLater *LogLines
@@ -100,6 +103,9 @@ func (req AllocateRequest) Validate() error {
 		return err
 	}
 	if err := req.NetNS.Validate(); err != nil {
+		return err
+	}
+	if err := boundedText("why", req.Why, MaxDetailLen); err != nil {
 		return err
 	}
 	if req.Ranges != nil {
@@ -168,7 +174,7 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 				return fmt.Errorf("network %q: allocation refused: %w", req.Key.Network, err)
 			}
 		}
-		ls := &Lease{Key: req.Key, Pod: req.Pod, NetNS: req.NetNS, Created: now, State: StateActive}
+		ls := &Lease{Key: req.Key, Pod: req.Pod, NetNS: req.NetNS, Created: now, State: StateActive, Why: req.Why}
 		if l.opts.Boot != nil {
 			if id, since, ok := l.opts.Boot.Boot(); ok {
 				ls.BootID, ls.SinceBoot = id, since

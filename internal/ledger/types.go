@@ -138,6 +138,10 @@ type Lease struct {
 	IPs     []netip.Prefix `json:"ips"` // one per range set, with the subnet's prefix length
 	Created time.Time      `json:"created"`
 	State   string         `json:"state"`
+	// Why says why the lease got its addresses when that was a choice rather than
+	// the next free address: "sticky for web-0 (StatefulSet default/web)", "sticky
+	// for web-0, borrowed from node node2". Empty for an ordinary allocation.
+	Why string `json:"why,omitempty"`
 	// BootID and SinceBoot are the machine's boot and its CLOCK_BOOTTIME reading at
 	// the allocation, when known (Options.Boot), stored in the allocation's own
 	// transaction. Unlike Created (a wall time) they measure the lease's age: a

@@ -80,6 +80,7 @@ func appendLease(b []byte, l *ledger.Lease) ([]byte, bool) {
 	e.Field(&first, "created")
 	e.Time(l.Created)
 	e.StrField(&first, "state", l.State, false)
+	e.StrField(&first, "why", l.Why, true)
 	e.StrField(&first, "bootID", l.BootID, true)
 	if l.SinceBoot < 0 {
 		return nil, false
@@ -148,6 +149,8 @@ func decodeLease(d *jsonlite.Decoder, l *ledger.Lease, in *Interner) bool {
 			return d.Time(&l.Created)
 		case "state":
 			return in.set(d, &l.State)
+		case "why":
+			return d.SetStr(&l.Why)
 		case "bootID":
 			return in.set(d, &l.BootID)
 		case "sinceBoot":
