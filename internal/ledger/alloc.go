@@ -245,6 +245,9 @@ func (s *setState) nextFresh(held map[netip.Addr]*Lease, set pool.RangeSet, size
 		if _, free := s.index[a]; free {
 			continue
 		}
+		if b := s.blockOf(a); b != nil && b.withheld[a] {
+			continue
+		}
 		return a, true
 	}
 	return netip.Addr{}, false

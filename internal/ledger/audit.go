@@ -93,6 +93,8 @@ type memIndex struct {
 	held   map[string]map[netip.Addr]Key
 	free   map[string][]netip.Addr
 	blocks map[blockKey]BlockRecord
+	// withheld: addresses of a block withheld (SetWithheld), in memory only
+	withheld map[blockKey][]netip.Addr
 }
 
 func (l *Ledger) memIndex() memIndex {
@@ -112,6 +114,12 @@ func (l *Ledger) memIndex() memIndex {
 			}
 			for _, b := range s.order {
 				m.blocks[blockKey{n, b.rec.Prefix}] = b.rec
+				if len(b.withheld) > 0 {
+					if m.withheld == nil {
+						m.withheld = map[blockKey][]netip.Addr{}
+					}
+					m.withheld[blockKey{n, b.rec.Prefix}] = sortedAddrs(b.withheld)
+				}
 			}
 		}
 	}
@@ -372,6 +380,15 @@ func auditCheck(rep *AuditReport, bad func(string, ...any), mem memIndex, holder
 		}
 		for _, off := range b.offsets {
 			if off < b.rec.NextFresh {
+				b.accounted++
+			}
+		}
+		// a withheld address neither held nor free is accounted for: lent to another
+		// node or kept for a pod
+		for _, a := range mem.withheld[bk] {
+			_, h := holders[addrKey{bk.network, a}]
+			_, f := free[addrKey{bk.network, a}]
+			if off, ok := b.clip.Offset(a); ok && !h && !f && off < b.rec.NextFresh {
 				b.accounted++
 			}
 		}

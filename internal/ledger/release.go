@@ -46,7 +46,8 @@ func (c *change) release(k Key, reason Reason, detail string, now time.Time, mon
 		}
 		// An address of a lost block is another node's now: its release is recorded
 		// here (history, counters) but the address is not kept free.
-		keepFree := b == nil || b.rec.State != BlockLost
+		// A withheld address (lent to another node, kept for a pod) is not free either.
+		keepFree := b == nil || b.rec.State != BlockLost && !b.withheld[a]
 		if keepFree {
 			s.addFree(f, mono)
 			// Undo by address, not by the item added here: a later step of the same

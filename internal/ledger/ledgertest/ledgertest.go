@@ -116,6 +116,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"BlocksLost", testBlocksLost},
 		{"BlocksDualStack", testBlocksDualStack},
 		{"BlocksFailedCommits", testBlocksFailedCommits},
+		{"BlocksWithheld", testBlocksWithheld},
 		{"ReuseDelayAcrossRestart", testReuseDelayAcrossRestart},
 		{"CreationBootReading", testCreationBootReading},
 		{"LogLater", testLogLater},
