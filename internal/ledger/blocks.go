@@ -236,9 +236,23 @@ func (c *change) touchBlock(b *blockState) {
 // epoch, and active: its addresses may be handed out (those never used here count as
 // fresh). Adding a block the ledger holds updates its epoch and activates it (a lost
 // block starts afresh; the leases it still holds keep their addresses); an epoch
-// older than the block's is refused (ErrBlockEpoch).
-func (l *Ledger) AddBlock(network string, prefix netip.Prefix, epoch uint64) error {
+// older than the block's is refused (ErrBlockEpoch). withheld, when given, become
+// the block's withheld addresses in the same transaction (SetWithheld): none of them
+// is handed out from the moment the block is.
+func (l *Ledger) AddBlock(network string, prefix netip.Prefix, epoch uint64, withheld ...netip.Addr) error {
 	return l.do(func(c *change) error {
+		if err := l.addBlock(c, network, prefix, epoch); err != nil {
+			return err
+		}
+		if withheld == nil {
+			return nil
+		}
+		return l.setWithheld(c, network, prefix, withheld)
+	})
+}
+
+func (l *Ledger) addBlock(c *change, network string, prefix netip.Prefix, epoch uint64) error {
+	{
 		ps, i, b, err := l.clusterBlock(network, prefix)
 		if err != nil {
 			return err
@@ -285,7 +299,7 @@ func (l *Ledger) AddBlock(network string, prefix netip.Prefix, epoch uint64) err
 			l.logAt(at, slog.LevelInfo, "block added", "network", network, "block", prefix.String(), "epoch", epoch)
 		})
 		return nil
-	})
+	}
 }
 
 // forgetFrees forgets b's free addresses within c: they leave the free index and are

@@ -19,7 +19,11 @@ import (
 // (ErrBlockInUse). The set lives in memory: the block manager sets it from the
 // block's datastore record before it resumes the block after a restart.
 func (l *Ledger) SetWithheld(network string, prefix netip.Prefix, addrs []netip.Addr) error {
-	return l.do(func(c *change) error {
+	return l.do(func(c *change) error { return l.setWithheld(c, network, prefix, addrs) })
+}
+
+func (l *Ledger) setWithheld(c *change, network string, prefix netip.Prefix, addrs []netip.Addr) error {
+	{
 		ps, i, b, err := l.heldClusterBlock(network, prefix)
 		if err != nil {
 			return err
@@ -65,7 +69,7 @@ func (l *Ledger) SetWithheld(network string, prefix netip.Prefix, addrs []netip.
 			})
 		}
 		return nil
-	})
+	}
 }
 
 // Withheld returns the addresses of the node's block prefix that SetWithheld
