@@ -3,6 +3,7 @@ package ledger
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 
 	"github.com/ipledger/ipledger/internal/pool"
@@ -225,6 +226,8 @@ func (l *Ledger) auditScan(tx ReadTx, rep *AuditReport, bad func(string, ...any)
 					bad("lease %s: %s is outside the pool of %q", ls.Key, p.Addr(), ls.Key.Network)
 				} else if seen[set] {
 					bad("lease %s: two addresses from range set %d", ls.Key, set)
+				} else if pools[ls.Key.Network].BlockBits != nil && slices.Contains(ls.Borrowed, p.Addr()) {
+					seen[set] = true // lent by another node's block: not accounted here
 				} else if pools[ls.Key.Network].BlockBits != nil {
 					seen[set] = true
 					b := blockOf(ls.Key.Network, set, p.Addr())

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -37,7 +38,8 @@ func (c *change) release(k Key, reason Reason, detail string, now time.Time, mon
 		}
 		s := ps.sets[set]
 		var b *blockState
-		if s.bits != 0 {
+		borrowed := slices.Contains(ls.Borrowed, a)
+		if s.bits != 0 && !borrowed {
 			if b = s.blockOf(a); b == nil {
 				return fmt.Errorf("%w: lease %s holds %s outside the node's blocks", ErrCorrupt, k, a)
 			}
@@ -47,7 +49,8 @@ func (c *change) release(k Key, reason Reason, detail string, now time.Time, mon
 		// An address of a lost block is another node's now: its release is recorded
 		// here (history, counters) but the address is not kept free.
 		// A withheld address (lent to another node, kept for a pod) is not free either.
-		keepFree := b == nil || b.rec.State != BlockLost && !b.withheld[a]
+		// A borrowed address goes back to the lender's block, not to this node's.
+		keepFree := !borrowed && (b == nil || b.rec.State != BlockLost && !b.withheld[a])
 		if keepFree {
 			s.addFree(f, mono)
 			// Undo by address, not by the item added here: a later step of the same

@@ -142,6 +142,11 @@ type Lease struct {
 	// the next free address: "sticky for web-0 (StatefulSet default/web)", "sticky
 	// for web-0, borrowed from node node2". Empty for an ordinary allocation.
 	Why string `json:"why,omitempty"`
+	// Borrowed are the lease's addresses lent to this node from another node's
+	// block (a StatefulSet pod's sticky address; the block record in the cluster
+	// datastore says so): held here outside the node's blocks, and not kept free
+	// here when released (the lender's block keeps them for the pod).
+	Borrowed []netip.Addr `json:"borrowed,omitempty"`
 	// BootID and SinceBoot are the machine's boot and its CLOCK_BOOTTIME reading at
 	// the allocation, when known (Options.Boot), stored in the allocation's own
 	// transaction. Unlike Created (a wall time) they measure the lease's age: a

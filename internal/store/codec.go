@@ -81,6 +81,17 @@ func appendLease(b []byte, l *ledger.Lease) ([]byte, bool) {
 	e.Time(l.Created)
 	e.StrField(&first, "state", l.State, false)
 	e.StrField(&first, "why", l.Why, true)
+	if len(l.Borrowed) > 0 {
+		e.Field(&first, "borrowed")
+		e.Raw("[")
+		for i, a := range l.Borrowed {
+			if i > 0 {
+				e.Raw(",")
+			}
+			e.Text(a)
+		}
+		e.Raw("]")
+	}
 	e.StrField(&first, "bootID", l.BootID, true)
 	if l.SinceBoot < 0 {
 		return nil, false
@@ -151,6 +162,12 @@ func decodeLease(d *jsonlite.Decoder, l *ledger.Lease, in *Interner) bool {
 			return in.set(d, &l.State)
 		case "why":
 			return d.SetStr(&l.Why)
+		case "borrowed":
+			l.Borrowed = make([]netip.Addr, 0, 1)
+			return d.Array(func() bool {
+				l.Borrowed = append(l.Borrowed, netip.Addr{})
+				return d.Addr(&l.Borrowed[len(l.Borrowed)-1])
+			})
 		case "bootID":
 			return in.set(d, &l.BootID)
 		case "sinceBoot":

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -573,5 +574,73 @@ func testBlocksWithheld(t *testing.T, newStore Factory) {
 	}
 	if err := l.RemoveBlock("net", block); err != nil {
 		t.Fatalf("removing the block once nothing is withheld: %v", err)
+	}
+}
+
+// testBlocksWant: a sticky address kept here (withheld) is given to the pod that
+// asks for it (AllocateRequest.Want) and to nobody else; one borrowed from
+// another node's block is held outside the node's blocks, survives a reopen,
+// and is not kept free here when released; an address neither free nor kept is
+// refused with ErrNotWanted, as is one held by another lease.
+func testBlocksWant(t *testing.T, newStore Factory) {
+	st, reopen := newStore(t)
+	clk := NewClock()
+	l, err := ledger.Open(st, ledger.Options{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Ranges(t, `[[{"subnet":"10.7.0.0/24"}]]`)
+	if err := l.DeclareCluster("net", r, []int{28}); err != nil {
+		t.Fatal(err)
+	}
+	block := pfx("10.7.0.16/28")
+	if err := l.AddBlock("net", block, 1); err != nil {
+		t.Fatal(err)
+	}
+	first, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("web-0-old"), Ranges: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := first.IPs[0].Addr()
+	if err := l.SetWithheld("net", block, []netip.Addr{x}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("thief"), Ranges: r, Want: []netip.Addr{x}}); !errors.Is(err, ledger.ErrNotWanted) {
+		t.Fatalf("asking for an address held by another lease: %v, want ErrNotWanted", err)
+	}
+	if _, _, err := l.Release(Key("web-0-old"), ledger.ReasonDEL, ""); err != nil {
+		t.Fatal(err)
+	}
+	if other, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("other"), Ranges: r}); err != nil || other.IPs[0].Addr() == x {
+		t.Fatalf("another pod got %v %v; never the kept %s", other.IPs, err, x)
+	}
+	const why = "sticky for web-0 (StatefulSet default/web)"
+	again, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("web-0-new"), Ranges: r, Want: []netip.Addr{x}, Why: why})
+	if err != nil || again.IPs[0].Addr() != x || again.Why != why || len(again.Borrowed) != 0 {
+		t.Fatalf("the re-created pod got %+v %v, want %s, why %q, nothing borrowed", again, err, x, why)
+	}
+	if _, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("fresh"), Ranges: r, Want: []netip.Addr{netip.MustParseAddr("10.7.0.30")}}); !errors.Is(err, ledger.ErrNotWanted) {
+		t.Fatalf("asking for an address neither free nor kept: %v, want ErrNotWanted", err)
+	}
+	y := netip.MustParseAddr("10.7.0.40") // in another node's block
+	lent, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("web-1"), Ranges: r, Want: []netip.Addr{y}, Why: "sticky for web-1, borrowed from node node-b"})
+	if err != nil || lent.IPs[0].Addr() != y || !slices.Equal(lent.Borrowed, []netip.Addr{y}) {
+		t.Fatalf("borrowed allocation %+v %v, want %s recorded as borrowed", lent, err, y)
+	}
+	Audit(t, l)
+	l2 := Open(t, reopen(), ledger.Options{Clock: clk})
+	if got, ok := l2.Lease(Key("web-1")); !ok || !slices.Equal(got.Borrowed, []netip.Addr{y}) {
+		t.Fatalf("after reopen web-1 = %+v (%v), want %s borrowed", got, ok, y)
+	}
+	if _, _, err := l2.Release(Key("web-1"), ledger.ReasonDEL, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range l2.FreeAddresses("net") {
+		if f.IP == y {
+			t.Fatalf("the borrowed %s is kept free here after its release", y)
+		}
+	}
+	if h, err := l2.History("net", y); err != nil || len(h) != 1 || h[0].Key != Key("web-1") {
+		t.Fatalf("history of %s: %+v %v, want web-1's release", y, h, err)
 	}
 }

@@ -117,6 +117,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"BlocksDualStack", testBlocksDualStack},
 		{"BlocksFailedCommits", testBlocksFailedCommits},
 		{"BlocksWithheld", testBlocksWithheld},
+		{"BlocksWant", testBlocksWant},
 		{"ReuseDelayAcrossRestart", testReuseDelayAcrossRestart},
 		{"CreationBootReading", testCreationBootReading},
 		{"LogLater", testLogLater},
