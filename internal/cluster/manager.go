@@ -113,7 +113,9 @@ type Manager struct {
 	log  *slog.Logger
 
 	claimMu sync.Mutex // one claim at a time (concurrent ADDs must not each claim)
-	stepMu  sync.Mutex // Renew, Sweep, verification: one at a time
+	// stickyMu: a sticky allocation's borrow and its lease, or the orphan sweep
+	stickyMu sync.Mutex
+	stepMu   sync.Mutex // Renew, Sweep, verification: one at a time
 
 	mu        sync.Mutex
 	fencing   fencing

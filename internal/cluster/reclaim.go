@@ -117,7 +117,7 @@ func (m *Manager) reclaim(ctx context.Context) error {
 		return now >= expiredAt+wait
 	}
 	var errs []error
-	errs = append(errs, m.returnDead(ctx, kvs, due))
+	errs = append(errs, m.returnDead(ctx, kvs, due), m.returnOrphans(ctx, kvs))
 	for _, kv := range kvs {
 		rec, err := decodeBlock(kv)
 		if err != nil || rec.Owner == "" {

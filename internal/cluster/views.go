@@ -218,6 +218,20 @@ func (o *ownersCopy) blocks() ([]nodenet.Block, bool) {
 	return out, true
 }
 
+// records returns the copy's records, and whether it is live.
+func (o *ownersCopy) records() ([]datastore.KV, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.live {
+		return nil, false
+	}
+	out := make([]datastore.KV, 0, len(o.kvs))
+	for _, kv := range o.kvs {
+		out = append(out, kv)
+	}
+	return out, true
+}
+
 // WatchOwners keeps the copy of every block record of the cluster that Owners
 // answers from, and makes BlocksChanged fire on every change of one until ctx ends,
 // those of networks this node has not set up included: a node without a pod of a
