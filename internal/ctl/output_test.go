@@ -146,7 +146,8 @@ func TestCommandOutputs(t *testing.T) {
 		out, code := runCtl(t, a, now, "history", "--network", "n1", "--ip", "10.90.0.2")
 		lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 		if code != 0 || len(lines) != 2 || !strings.HasPrefix(lines[0], "FROM ") ||
-			!strings.Contains(lines[1], " old-0 ") || !strings.Contains(lines[1], " ns1/old-0 ") || !strings.HasSuffix(lines[1], "DEL     pod deleted") {
+			!strings.Contains(lines[1], " old-0 ") || !strings.Contains(lines[1], " ns1/old-0 ") || !strings.Contains(lines[1], "DEL     pod deleted  ") ||
+			!strings.HasSuffix(lines[0], " WHY") || !strings.HasSuffix(lines[1], " -") {
 			t.Fatalf("history table: exit %d\n%s", code, out)
 		}
 		for _, format := range []string{"json", "yaml"} {

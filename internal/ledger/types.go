@@ -173,7 +173,10 @@ type Release struct {
 	To      time.Time  `json:"to"`
 	Reason  Reason     `json:"reason"`
 	Detail  string     `json:"detail,omitempty"`
-	Seq     uint64     `json:"seq"`
+	// Why is the released lease's Why: why it had the address (a sticky address,
+	// borrowed from a node).
+	Why string `json:"why,omitempty"`
+	Seq uint64 `json:"seq"`
 }
 
 // Free is a released address waiting to be reused, in release order.

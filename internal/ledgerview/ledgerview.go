@@ -46,7 +46,7 @@ func Pod(p ledger.Pod) api.Pod {
 // Release shows one entry of an address's history.
 func Release(r ledger.Release) api.Release {
 	return api.Release{Network: r.Network, IP: r.IP, Key: Key(r.Key), Pod: Pod(r.Pod), From: r.From, To: r.To,
-		Reason: string(r.Reason), Detail: r.Detail, Seq: r.Seq}
+		Reason: string(r.Reason), Detail: r.Detail, Why: r.Why, Seq: r.Seq}
 }
 
 // Releases shows an address's history; nil stays nil.

@@ -313,6 +313,7 @@ func appendRelease(b []byte, r *ledger.Release) ([]byte, bool) {
 	e.Time(r.To)
 	e.StrField(&first, "reason", string(r.Reason), false)
 	e.StrField(&first, "detail", r.Detail, true)
+	e.StrField(&first, "why", r.Why, true)
 	e.UintField(&first, "seq", r.Seq, false)
 	e.Raw("}")
 	return e.B, e.OK

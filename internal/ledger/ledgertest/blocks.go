@@ -640,7 +640,7 @@ func testBlocksWant(t *testing.T, newStore Factory) {
 			t.Fatalf("the borrowed %s is kept free here after its release", y)
 		}
 	}
-	if h, err := l2.History("net", y); err != nil || len(h) != 1 || h[0].Key != Key("web-1") {
-		t.Fatalf("history of %s: %+v %v, want web-1's release", y, h, err)
+	if h, err := l2.History("net", y); err != nil || len(h) != 1 || h[0].Key != Key("web-1") || h[0].Why != lent.Why {
+		t.Fatalf("history of %s: %+v %v, want web-1's release, why %q", y, h, err, lent.Why)
 	}
 }
