@@ -169,6 +169,10 @@ type LeaseView struct {
 	NetNSID     string    `json:"netnsID,omitempty"`
 	Created     time.Time `json:"created"`
 	State       string    `json:"state"`
+	// Why the lease's addresses were chosen, when that was a choice (Lease.Why):
+	// "sticky for web-0 (StatefulSet default/web)", "sticky for web-0, borrowed
+	// from node node2".
+	Why string `json:"why,omitempty"`
 	// Reconciler's view, when a runtime is configured.
 	Sandbox string `json:"sandbox,omitempty"` // READY, NOTREADY, GONE, UNKNOWN
 	Suspect string `json:"suspect,omitempty"` // why the lease is suspected, if it is

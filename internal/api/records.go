@@ -72,7 +72,9 @@ type Release struct {
 	To      time.Time  `json:"to"`
 	Reason  string     `json:"reason"`
 	Detail  string     `json:"detail,omitempty"`
-	Seq     uint64     `json:"seq"`
+	// Why is why the lease had the address (ledger.Lease.Why), when it was a choice.
+	Why string `json:"why,omitempty"`
+	Seq uint64 `json:"seq"`
 }
 
 // PoolStatus describes a network's pool.

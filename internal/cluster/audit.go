@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 
 	"github.com/ipledger/ipledger/internal/datastore"
@@ -89,7 +90,8 @@ func ReadBlocks(ctx context.Context, ds datastore.Store) ([]BlockRecord, error) 
 //     two, whatever their blocks' states (DoubleHeld);
 //   - every held address lies in a block of the datastore that its node owns, and
 //     the node's ledger holds that block at the datastore's epoch and not lost
-//     (Outside, with Why; Holding.Lost marks a lease its agent flags lost).
+//     (Outside, with Why; Holding.Lost marks a lease its agent flags lost), or it is
+//     a borrowed address of the lease and the block record lends it to that node.
 func Audit(blocks []BlockRecord, nodes []NodeBooks) AuditReport {
 	rep := AuditReport{Nodes: len(nodes), Blocks: len(blocks), DoubleHeld: []DoubleHeld{}, Outside: []Outside{}}
 	type bk struct {
@@ -140,9 +142,14 @@ func Audit(blocks []BlockRecord, nodes []NodeBooks) AuditReport {
 					h.Current = false
 					rep.Outside = append(rep.Outside, Outside{Holding: h, Network: ls.Key.Network, IP: a, Why: why, Block: b.CIDR, Owner: b.Owner})
 				}
+				borrowed := slices.Contains(ls.Borrowed, a)
 				switch {
 				case !ok:
 					out("no block of the datastore holds it")
+				case borrowed:
+					if i := b.borrowIndex(a); i < 0 || b.Borrows[i].Node != n.Node {
+						out(fmt.Sprintf("held as borrowed, but block %s (owner %q) does not lend it to node %s", b.CIDR, b.Owner, n.Node))
+					}
 				case b.Owner != n.Node:
 					out(fmt.Sprintf("block %s is owned by %q at epoch %d", b.CIDR, b.Owner, b.Epoch))
 				default:

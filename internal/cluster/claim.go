@@ -215,7 +215,7 @@ func (m *Manager) settle(ctx context.Context, key string, wrote BlockRecord) (Bl
 		return BlockRecord{}, 0, false
 	}
 	rec, err := decodeBlock(kv)
-	if err != nil || rec != wrote {
+	if err != nil || !rec.equal(wrote) {
 		return BlockRecord{}, 0, false
 	}
 	return rec, kv.Revision, true
@@ -223,7 +223,7 @@ func (m *Manager) settle(ctx context.Context, key string, wrote BlockRecord) (Bl
 
 // took records a claimed block in the ledger and the manager's books.
 func (m *Manager) took(rec BlockRecord, rev int64) error {
-	if err := m.l.AddBlock(rec.Network, rec.CIDR, rec.Epoch); err != nil {
+	if err := m.l.AddBlock(rec.Network, rec.CIDR, rec.Epoch, rec.kept()...); err != nil {
 		return fmt.Errorf("adding claimed block %s to the ledger: %w", rec.CIDR, err)
 	}
 	m.mu.Lock()

@@ -29,7 +29,7 @@ func (m *Manager) handBack(ctx context.Context) error {
 	var errs []error
 	for _, b := range blocks {
 		key := BlockKey(b.Network, b.Prefix)
-		if b.State != ledger.BlockActive || b.Used > 0 {
+		if b.State != ledger.BlockActive || b.Used > 0 || b.Withheld > 0 {
 			m.mu.Lock()
 			delete(m.empty, key)
 			m.mu.Unlock()
@@ -100,7 +100,7 @@ func (m *Manager) giveBack(ctx context.Context, key string, b ledger.BlockStatus
 	})
 	if gerr == nil {
 		if cur, derr := decodeBlock(kv); derr == nil && cur.Owner == m.opts.Node && cur.Epoch == b.Epoch {
-			if aerr := m.l.AddBlock(b.Network, b.Prefix, b.Epoch); aerr != nil {
+			if aerr := m.l.AddBlock(b.Network, b.Prefix, b.Epoch, cur.kept()...); aerr != nil {
 				return aerr
 			}
 			m.mu.Lock()

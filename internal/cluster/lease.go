@@ -158,6 +158,9 @@ func (m *Manager) verify(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("re-affirming block %s of %q: %w", b.Prefix, b.Network, err)
 		}
+		if err := m.l.SetWithheld(b.Network, b.Prefix, rec.kept()); err != nil {
+			return err
+		}
 		if err := m.l.ResumeBlock(b.Network, b.Prefix, b.Epoch); err != nil {
 			return err
 		}

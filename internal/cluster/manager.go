@@ -52,6 +52,18 @@ var (
 	ErrUnknownNetwork = errors.New("network not set up for cluster mode")
 	// ErrNotStarted: the manager has not acquired its node lease (Start).
 	ErrNotStarted = errors.New("block manager not started")
+	// ErrBorrowed: the sticky address is lent to another node (named in the
+	// message): a borrow lost the race for it, or it cannot be let go yet.
+	ErrBorrowed = errors.New("address is borrowed by another node")
+	// ErrNotKept: the address is not kept for the pod that asks for it (in no
+	// block, or kept for another pod, or for none).
+	ErrNotKept = errors.New("address is not kept for this pod")
+	// ErrKept: the address is kept for another pod already.
+	ErrKept = errors.New("address is kept for another pod")
+	// ErrOwnBlock: the address is in a block of this node: nothing to borrow.
+	ErrOwnBlock = errors.New("address is in a block of this node")
+	// ErrNotOwner: keeping an address needs the node that owns its block.
+	ErrNotOwner = errors.New("block is not this node's")
 )
 
 // Defaults.
@@ -101,7 +113,9 @@ type Manager struct {
 	log  *slog.Logger
 
 	claimMu sync.Mutex // one claim at a time (concurrent ADDs must not each claim)
-	stepMu  sync.Mutex // Renew, Sweep, verification: one at a time
+	// stickyMu: a sticky allocation's borrow and its lease, or the orphan sweep
+	stickyMu sync.Mutex
+	stepMu   sync.Mutex // Renew, Sweep, verification: one at a time
 
 	mu        sync.Mutex
 	fencing   fencing

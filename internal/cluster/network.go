@@ -27,7 +27,7 @@ func (m *Manager) adopt(ctx context.Context, network string, skip func(netip.Pre
 		if rec.Owner != m.opts.Node || skip(rec.CIDR) {
 			continue
 		}
-		if err := m.l.AddBlock(network, rec.CIDR, rec.Epoch); err != nil {
+		if err := m.l.AddBlock(network, rec.CIDR, rec.Epoch, rec.kept()...); err != nil {
 			return err
 		}
 		m.mu.Lock()

@@ -96,7 +96,28 @@ func (m *Manager) reclaim(ctx context.Context) error {
 		}
 	}
 	m.mu.Unlock()
+	// due: node's lease has stayed expired (or gone) for the quarantine, or its
+	// Node object was deleted and its lease ran out
+	due := func(node string) bool {
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		o := m.obs[node]
+		if o == nil { // a node without a lease since this manager looks
+			o = &leaseObs{gone: true, goneSince: now}
+			m.obs[node] = o
+		}
+		expiredAt := o.seen + o.ttl
+		if o.gone {
+			expiredAt = o.goneSince
+		}
+		wait := m.opts.Quarantine
+		if m.gone[node] {
+			wait = 0
+		}
+		return now >= expiredAt+wait
+	}
 	var errs []error
+	errs = append(errs, m.returnDead(ctx, kvs, due), m.returnOrphans(ctx, kvs))
 	for _, kv := range kvs {
 		rec, err := decodeBlock(kv)
 		if err != nil || rec.Owner == "" {
@@ -112,23 +133,7 @@ func (m *Manager) reclaim(ctx context.Context) error {
 			}
 			continue
 		}
-		m.mu.Lock()
-		o := m.obs[rec.Owner]
-		if o == nil { // an owner without a lease since this manager looks
-			o = &leaseObs{gone: true, goneSince: now}
-			m.obs[rec.Owner] = o
-		}
-		expiredAt := o.seen + o.ttl
-		if o.gone {
-			expiredAt = o.goneSince
-		}
-		wait := m.opts.Quarantine
-		if m.gone[rec.Owner] {
-			wait = 0
-		}
-		due := now >= expiredAt+wait
-		m.mu.Unlock()
-		if !due {
+		if !due(rec.Owner) {
 			continue
 		}
 		prev := rec

@@ -78,6 +78,47 @@ type BlockRecord struct {
 	Holder  string       `json:"holder,omitempty"` // the owner's agent that last wrote it
 	Epoch   uint64       `json:"epoch"`
 	Lease   string       `json:"lease,omitempty"` // the owner's node lease (its ID) when it wrote it
+	// Borrows are the block's addresses kept for a StatefulSet pod (Keep), each
+	// lent to the node the pod runs on now, if another (Borrow): one
+	// compare-and-swap on this record takes an address, so two nodes racing for
+	// it cannot both win, and a record rewritten for its owner keeps them. In
+	// address order.
+	Borrows []Borrow `json:"borrows,omitempty"`
+}
+
+// Borrow is one address of a block kept for a StatefulSet pod, and the node it is
+// lent to. The block's owner never hands it out (the ledger withholds it) nor
+// gives the block back while it keeps one.
+type Borrow struct {
+	Addr netip.Addr `json:"addr"`
+	// For is the pod the address is kept for: "namespace/statefulset/pod".
+	For string `json:"for"`
+	// Node is the node that borrowed it (its pod runs there), "" while no other
+	// node holds it; Holder and Lease are that node's agent and node lease when it
+	// borrowed it.
+	Node   string `json:"node,omitempty"`
+	Holder string `json:"holder,omitempty"`
+	Lease  string `json:"lease,omitempty"`
+}
+
+// equal: the records are the same (Borrows compared by value).
+func (b BlockRecord) equal(o BlockRecord) bool {
+	return b.Network == o.Network && b.CIDR == o.CIDR && b.Set == o.Set && b.Owner == o.Owner &&
+		b.Holder == o.Holder && b.Epoch == o.Epoch && b.Lease == o.Lease && slices.Equal(b.Borrows, o.Borrows)
+}
+
+// borrowIndex is the index of addr in Borrows, or -1.
+func (b BlockRecord) borrowIndex(addr netip.Addr) int {
+	return slices.IndexFunc(b.Borrows, func(x Borrow) bool { return x.Addr == addr })
+}
+
+// kept is the addresses of Borrows, in order.
+func (b BlockRecord) kept() []netip.Addr {
+	out := make([]netip.Addr, 0, len(b.Borrows))
+	for _, x := range b.Borrows {
+		out = append(out, x.Addr)
+	}
+	return out
 }
 
 // Keys of the records.

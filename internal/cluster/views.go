@@ -60,6 +60,8 @@ type BlockView struct {
 	CIDR    netip.Prefix `json:"cidr"`
 	Owner   string       `json:"owner"`
 	Epoch   uint64       `json:"epoch"`
+	// Borrows: the block's addresses kept for StatefulSet pods, and their borrowers.
+	Borrows []Borrow `json:"borrows,omitempty"`
 	// Local: the block is this node's; State, Used, Free and Usable come from its ledger.
 	Local  bool              `json:"local"`
 	State  ledger.BlockState `json:"state,omitempty"`
@@ -96,7 +98,7 @@ func (m *Manager) Blocks(ctx context.Context) ([]BlockView, error) {
 		if err != nil {
 			continue
 		}
-		v := BlockView{Network: rec.Network, CIDR: rec.CIDR, Owner: rec.Owner, Epoch: rec.Epoch}
+		v := BlockView{Network: rec.Network, CIDR: rec.CIDR, Owner: rec.Owner, Epoch: rec.Epoch, Borrows: rec.Borrows}
 		if b, ok := local[k{rec.Network, rec.CIDR}]; ok && rec.Owner == m.opts.Node {
 			v.Local, v.State, v.Used, v.Free, v.Usable = true, b.State, b.Used, b.Free, b.Usable
 			delete(local, k{rec.Network, rec.CIDR})
@@ -135,21 +137,26 @@ func (m *Manager) Owners(ctx context.Context) ([]nodenet.Block, error) {
 	}
 	out := make([]nodenet.Block, 0, len(kvs))
 	for _, kv := range kvs {
-		if b, ok := ownerOf(kv); ok {
-			out = append(out, b)
-		}
+		out = appendOwners(out, kv)
 	}
 	return out, nil
 }
 
-// ownerOf is a block record's prefix and owner; false for a record this release
-// cannot read (no route rather than a wrong one).
-func ownerOf(kv datastore.KV) (nodenet.Block, bool) {
+// appendOwners appends a block record's prefix and owner, and each of its borrowed
+// addresses with its borrower (nodenet.Block.Borrowed); nothing for a record this
+// release cannot read (no route rather than a wrong one).
+func appendOwners(out []nodenet.Block, kv datastore.KV) []nodenet.Block {
 	rec, err := decodeBlock(kv)
 	if err != nil {
-		return nodenet.Block{}, false
+		return out
 	}
-	return nodenet.Block{Prefix: rec.CIDR, Owner: rec.Owner}, true
+	out = append(out, nodenet.Block{Prefix: rec.CIDR, Owner: rec.Owner})
+	for _, b := range rec.Borrows {
+		if b.Node != "" {
+			out = append(out, nodenet.Block{Prefix: netip.PrefixFrom(b.Addr, b.Addr.BitLen()), Owner: b.Node, Borrowed: true})
+		}
+	}
+	return out
 }
 
 // ownersCopy is WatchOwners' copy of every block record of the cluster: filled by
@@ -206,9 +213,21 @@ func (o *ownersCopy) blocks() ([]nodenet.Block, bool) {
 	sort.Strings(keys)
 	out := make([]nodenet.Block, 0, len(keys))
 	for _, k := range keys {
-		if b, ok := ownerOf(o.kvs[k]); ok {
-			out = append(out, b)
-		}
+		out = appendOwners(out, o.kvs[k])
+	}
+	return out, true
+}
+
+// records returns the copy's records, and whether it is live.
+func (o *ownersCopy) records() ([]datastore.KV, bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.live {
+		return nil, false
+	}
+	out := make([]datastore.KV, 0, len(o.kvs))
+	for _, kv := range o.kvs {
+		out = append(out, kv)
 	}
 	return out, true
 }

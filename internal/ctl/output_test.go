@@ -72,10 +72,10 @@ func TestCommandOutputs(t *testing.T) {
 	t.Run("leases table", func(t *testing.T) {
 		out, code := runCtl(t, a, now, "leases")
 		want := []string{
-			"NETWORK  CONTAINER  IFNAME  IPS                       POD        PHASE  AGE  SANDBOX  VERDICT",
-			"n1       web-0      eth0    10.90.0.3/24              ns1/web-0  -      3h   -        -",
-			"n1       web-1      eth0    10.90.0.4/24              ns2/web-1  -      3h   -        -",
-			"n2       bare       net1    10.91.0.2/28,fd91::2/120  -          -      3h   -        -",
+			"NETWORK  CONTAINER  IFNAME  IPS                       POD        PHASE  AGE  SANDBOX  VERDICT  WHY",
+			"n1       web-0      eth0    10.90.0.3/24              ns1/web-0  -      3h   -        -        -",
+			"n1       web-1      eth0    10.90.0.4/24              ns2/web-1  -      3h   -        -        -",
+			"n2       bare       net1    10.91.0.2/28,fd91::2/120  -          -      3h   -        -        -",
 		}
 		if code != 0 || strings.TrimRight(out, "\n") != strings.Join(want, "\n") {
 			t.Fatalf("exit %d\n%s\nwant\n%s", code, out, strings.Join(want, "\n"))
@@ -146,7 +146,8 @@ func TestCommandOutputs(t *testing.T) {
 		out, code := runCtl(t, a, now, "history", "--network", "n1", "--ip", "10.90.0.2")
 		lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 		if code != 0 || len(lines) != 2 || !strings.HasPrefix(lines[0], "FROM ") ||
-			!strings.Contains(lines[1], " old-0 ") || !strings.Contains(lines[1], " ns1/old-0 ") || !strings.HasSuffix(lines[1], "DEL     pod deleted") {
+			!strings.Contains(lines[1], " old-0 ") || !strings.Contains(lines[1], " ns1/old-0 ") || !strings.Contains(lines[1], "DEL     pod deleted  ") ||
+			!strings.HasSuffix(lines[0], " WHY") || !strings.HasSuffix(lines[1], " -") {
 			t.Fatalf("history table: exit %d\n%s", code, out)
 		}
 		for _, format := range []string{"json", "yaml"} {
@@ -184,5 +185,17 @@ func TestAge(t *testing.T) {
 		if got := ctl.Age(tc.d); got != tc.want {
 			t.Errorf("Age(%v) = %q, want %q", tc.d, got, tc.want)
 		}
+	}
+}
+
+// The leases table says why an address was chosen, as the lease records it.
+func TestLeaseRowWhy(t *testing.T) {
+	now := time.Date(2026, 11, 27, 8, 0, 0, 0, time.UTC)
+	v := api.LeaseView{Network: "net", ContainerID: "abc", IfName: "eth0", IPs: []string{"10.96.0.5/24"}, Namespace: "default", Name: "web-0",
+		Created: now.Add(-time.Minute), Why: "sticky for web-0, borrowed from node node2"}
+	row := strings.Split(ctl.LeaseRow(v, now), "\t")
+	head := strings.Split(ctl.LeaseHeader, "\t")
+	if len(row) != len(head) || head[len(head)-1] != "WHY" || row[len(row)-1] != v.Why {
+		t.Fatalf("row %q under header %q: want the why %q in the WHY column", row, head, v.Why)
 	}
 }

@@ -72,6 +72,16 @@ type AllocateRequest struct {
 	// (attachment and creation time): one whose attachment holds another lease by the
 	// time the request is applied (released and allocated again meanwhile) is kept.
 	SupersedeHolders []Holder
+	// Want are addresses to give instead of the next free ones, at most one per
+	// range set: each one free or withheld in an active block of the node (a
+	// sticky address kept here), or, in a cluster-scoped pool, one outside the
+	// node's blocks that the caller borrowed from another node's block (recorded
+	// in Lease.Borrowed). A range set without one allocates as usual. One that
+	// cannot be given fails the allocation with ErrNotWanted.
+	Want []netip.Addr
+	// Why is recorded on the lease (Lease.Why): why its addresses were chosen, when
+	// that was a choice. At most MaxDetailLen bytes.
+	Why string
 	// LogLater, when set, receives the allocation's log lines instead of their being
 	// written before Allocate returns (see LogLines).
 	LogLater *LogLines
@@ -87,6 +97,9 @@ type Holder struct {
 // HolderOf returns the holder identity of ls.
 func HolderOf(ls Lease) Holder { return Holder{Key: ls.Key, Created: ls.Created} }
 
+// MaxWant bounds the addresses one request may ask for.
+const MaxWant = 8
+
 // MaxSupersede bounds how many leases one request may supersede.
 const MaxSupersede = 64
 
@@ -101,6 +114,17 @@ func (req AllocateRequest) Validate() error {
 	}
 	if err := req.NetNS.Validate(); err != nil {
 		return err
+	}
+	if err := boundedText("why", req.Why, MaxDetailLen); err != nil {
+		return err
+	}
+	if len(req.Want) > MaxWant {
+		return fmt.Errorf("%w: want: %d addresses; at most %d (one per range set)", ErrInvalidAttachment, len(req.Want), MaxWant)
+	}
+	for _, w := range req.Want {
+		if !w.IsValid() || w.Zone() != "" {
+			return fmt.Errorf("%w: want: %q is not an address without zone", ErrInvalidAttachment, w)
+		}
 	}
 	if req.Ranges != nil {
 		if err := pool.Validate(req.Ranges); err != nil {
@@ -168,14 +192,34 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 				return fmt.Errorf("network %q: allocation refused: %w", req.Key.Network, err)
 			}
 		}
-		ls := &Lease{Key: req.Key, Pod: req.Pod, NetNS: req.NetNS, Created: now, State: StateActive}
+		ls := &Lease{Key: req.Key, Pod: req.Pod, NetNS: req.NetNS, Created: now, State: StateActive, Why: req.Why}
 		if l.opts.Boot != nil {
 			if id, since, ok := l.opts.Boot.Boot(); ok {
 				ls.BootID, ls.SinceBoot = id, since
 			}
 		}
+		want := map[int]netip.Addr{}
+		for _, w := range req.Want {
+			i := ps.setOf(w)
+			if i < 0 {
+				return fmt.Errorf("%w: %s is in no range of network %q", ErrNotWanted, w, req.Key.Network)
+			}
+			if _, dup := want[i]; dup {
+				return fmt.Errorf("%w: two addresses asked for in range set %d", ErrNotWanted, i)
+			}
+			want[i] = w
+		}
 		for i := range ps.sets {
-			a, err := c.pick(ps, i, req.Pod.UID, mono)
+			var a netip.Addr
+			var err error
+			if w, ok := want[i]; ok {
+				var borrowed bool
+				if a, borrowed, err = c.take(ps, i, w); borrowed {
+					ls.Borrowed = append(ls.Borrowed, a)
+				}
+			} else {
+				a, err = c.pick(ps, i, req.Pod.UID, mono)
+			}
 			if err != nil {
 				return err
 			}
@@ -208,6 +252,38 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 	return lease, existed, nil
 }
 
+// take gives the wanted address w of range set i (AllocateRequest.Want): a free or
+// withheld address of an active block of the node, or (borrowed) one outside the
+// node's blocks of a cluster-scoped pool.
+func (c *change) take(ps *poolState, i int, w netip.Addr) (a netip.Addr, borrowed bool, err error) {
+	if other := ps.held[w]; other != nil {
+		return netip.Addr{}, false, fmt.Errorf("%w: %s is held by %s", ErrNotWanted, w, other.Key)
+	}
+	s := ps.sets[i]
+	if s.set.Reserved(w) {
+		return netip.Addr{}, false, fmt.Errorf("%w: %s is reserved (network or gateway address)", ErrNotWanted, w)
+	}
+	if s.bits == 0 {
+		if it := s.index[w]; it != nil {
+			return c.takeFree(s, it), false, nil
+		}
+		return netip.Addr{}, false, fmt.Errorf("%w: %s is not free", ErrNotWanted, w)
+	}
+	b := s.blockOf(w)
+	switch {
+	case b == nil:
+		return w, true, nil
+	case b.rec.State != BlockActive:
+		return netip.Addr{}, false, fmt.Errorf("%w: %s is in block %s, %s", ErrNotWanted, w, b.rec.Prefix, b.rec.State)
+	case b.withheld[w]:
+		return w, false, nil
+	}
+	if it := s.index[w]; it != nil && !it.parked {
+		return c.takeFree(s, it), false, nil
+	}
+	return netip.Addr{}, false, fmt.Errorf("%w: %s is neither free nor kept in block %s", ErrNotWanted, w, b.rec.Prefix)
+}
+
 // takeFree hands out the free address it (removing it from s's free list, undone
 // with the change) and deletes its free record at commit.
 func (c *change) takeFree(s *setState, it *freeItem) netip.Addr {
@@ -237,6 +313,9 @@ func (s *setState) nextFresh(held map[netip.Addr]*Lease, set pool.RangeSet, size
 			continue
 		}
 		if _, free := s.index[a]; free {
+			continue
+		}
+		if b := s.blockOf(a); b != nil && b.withheld[a] {
 			continue
 		}
 		return a, true

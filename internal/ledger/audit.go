@@ -3,6 +3,7 @@ package ledger
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 
 	"github.com/ipledger/ipledger/internal/pool"
@@ -93,6 +94,8 @@ type memIndex struct {
 	held   map[string]map[netip.Addr]Key
 	free   map[string][]netip.Addr
 	blocks map[blockKey]BlockRecord
+	// withheld: addresses of a block withheld (SetWithheld), in memory only
+	withheld map[blockKey][]netip.Addr
 }
 
 func (l *Ledger) memIndex() memIndex {
@@ -112,6 +115,12 @@ func (l *Ledger) memIndex() memIndex {
 			}
 			for _, b := range s.order {
 				m.blocks[blockKey{n, b.rec.Prefix}] = b.rec
+				if len(b.withheld) > 0 {
+					if m.withheld == nil {
+						m.withheld = map[blockKey][]netip.Addr{}
+					}
+					m.withheld[blockKey{n, b.rec.Prefix}] = sortedAddrs(b.withheld)
+				}
 			}
 		}
 	}
@@ -217,6 +226,8 @@ func (l *Ledger) auditScan(tx ReadTx, rep *AuditReport, bad func(string, ...any)
 					bad("lease %s: %s is outside the pool of %q", ls.Key, p.Addr(), ls.Key.Network)
 				} else if seen[set] {
 					bad("lease %s: two addresses from range set %d", ls.Key, set)
+				} else if pools[ls.Key.Network].BlockBits != nil && slices.Contains(ls.Borrowed, p.Addr()) {
+					seen[set] = true // lent by another node's block: not accounted here
 				} else if pools[ls.Key.Network].BlockBits != nil {
 					seen[set] = true
 					b := blockOf(ls.Key.Network, set, p.Addr())
@@ -372,6 +383,15 @@ func auditCheck(rep *AuditReport, bad func(string, ...any), mem memIndex, holder
 		}
 		for _, off := range b.offsets {
 			if off < b.rec.NextFresh {
+				b.accounted++
+			}
+		}
+		// a withheld address neither held nor free is accounted for: lent to another
+		// node or kept for a pod
+		for _, a := range mem.withheld[bk] {
+			_, h := holders[addrKey{bk.network, a}]
+			_, f := free[addrKey{bk.network, a}]
+			if off, ok := b.clip.Offset(a); ok && !h && !f && off < b.rec.NextFresh {
 				b.accounted++
 			}
 		}

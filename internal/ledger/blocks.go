@@ -28,6 +28,8 @@ type blockState struct {
 	held   int
 	items  map[netip.Addr]*freeItem // free addresses of the block
 	gen    uint64                   // allocations from the block since it was loaded
+	// withheld: addresses not handed out (SetWithheld); nil when none
+	withheld map[netip.Addr]bool
 	// removed is set when the block left the ledger within the current change (its
 	// record is deleted; a later AddBlock makes a new blockState).
 	removed bool
@@ -234,9 +236,23 @@ func (c *change) touchBlock(b *blockState) {
 // epoch, and active: its addresses may be handed out (those never used here count as
 // fresh). Adding a block the ledger holds updates its epoch and activates it (a lost
 // block starts afresh; the leases it still holds keep their addresses); an epoch
-// older than the block's is refused (ErrBlockEpoch).
-func (l *Ledger) AddBlock(network string, prefix netip.Prefix, epoch uint64) error {
+// older than the block's is refused (ErrBlockEpoch). withheld, when given, become
+// the block's withheld addresses in the same transaction (SetWithheld): none of them
+// is handed out from the moment the block is.
+func (l *Ledger) AddBlock(network string, prefix netip.Prefix, epoch uint64, withheld ...netip.Addr) error {
 	return l.do(func(c *change) error {
+		if err := l.addBlock(c, network, prefix, epoch); err != nil {
+			return err
+		}
+		if withheld == nil {
+			return nil
+		}
+		return l.setWithheld(c, network, prefix, withheld)
+	})
+}
+
+func (l *Ledger) addBlock(c *change, network string, prefix netip.Prefix, epoch uint64) error {
+	{
 		ps, i, b, err := l.clusterBlock(network, prefix)
 		if err != nil {
 			return err
@@ -283,7 +299,7 @@ func (l *Ledger) AddBlock(network string, prefix netip.Prefix, epoch uint64) err
 			l.logAt(at, slog.LevelInfo, "block added", "network", network, "block", prefix.String(), "epoch", epoch)
 		})
 		return nil
-	})
+	}
 }
 
 // forgetFrees forgets b's free addresses within c: they leave the free index and are
@@ -319,6 +335,9 @@ func (l *Ledger) RemoveBlock(network string, prefix netip.Prefix) error {
 		}
 		if b.held > 0 {
 			return fmt.Errorf("%w: block %s of %q: %d addresses are held", ErrBlockInUse, prefix, network, b.held)
+		}
+		if len(b.withheld) > 0 {
+			return fmt.Errorf("%w: block %s of %q: %d addresses are withheld (borrowed by another node or kept for a pod)", ErrBlockInUse, prefix, network, len(b.withheld))
 		}
 		c.dropBlock(ps.sets[i], b)
 		c.onCommit(func(at time.Time) {
@@ -407,6 +426,9 @@ func (l *Ledger) LoseBlock(network string, prefix netip.Prefix) error {
 			return err
 		}
 		s := ps.sets[i]
+		w := b.withheld
+		b.withheld = nil // another node's block now: nothing of it to withhold here
+		c.onUndo(func() { b.withheld = w })
 		if b.held == 0 {
 			c.dropBlock(s, b)
 		} else {
@@ -426,6 +448,9 @@ type BlockStatus struct {
 	Usable uint64 `json:"usable"` // addresses of the block that can be handed out
 	Used   int    `json:"used"`   // addresses held by leases
 	Free   int    `json:"free"`   // released addresses kept for reuse
+	// Withheld counts addresses not handed out (SetWithheld): borrowed by another
+	// node or kept for a StatefulSet pod.
+	Withheld int `json:"withheld,omitempty"`
 	// Allocations counts the addresses handed out from the block since the ledger
 	// was opened (not persisted): two observations of an empty block with the same
 	// count saw it empty all along.
@@ -444,7 +469,7 @@ func (l *Ledger) Blocks(network string) []BlockStatus {
 		}
 		for _, s := range ps.sets {
 			for _, b := range s.order {
-				out = append(out, BlockStatus{BlockRecord: b.rec, Usable: b.usable, Used: b.held, Free: len(b.items), Allocations: b.gen})
+				out = append(out, BlockStatus{BlockRecord: b.rec, Usable: b.usable, Used: b.held, Free: len(b.items), Withheld: len(b.withheld), Allocations: b.gen})
 			}
 		}
 	}

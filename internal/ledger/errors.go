@@ -41,4 +41,8 @@ var (
 	ErrUnknownBlock = errors.New("unknown block")
 	// ErrBlockEpoch: a block operation named an epoch other than the block's.
 	ErrBlockEpoch = errors.New("block epoch mismatch")
+	// ErrNotWanted: an address the allocation asked for (AllocateRequest.Want)
+	// cannot be given: held by another lease, not free nor withheld in an active
+	// block of the node, or outside the range set.
+	ErrNotWanted = errors.New("requested address cannot be given")
 )

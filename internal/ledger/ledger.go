@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"math"
 	"net/netip"
+	"slices"
 	"sync"
 	"time"
 
@@ -198,7 +199,7 @@ func (l *Ledger) load(keep map[freeMark]time.Duration) error {
 					return fmt.Errorf("%w: %s is held by both %s and %s", ErrCorrupt, p.Addr(), other.Key, ls.Key)
 				}
 				ps.held[p.Addr()] = &c
-				if ps.rec.BlockBits != nil {
+				if ps.rec.BlockBits != nil && !slices.Contains(ls.Borrowed, p.Addr()) {
 					b := ps.blockOf(p.Addr())
 					if b == nil {
 						return fmt.Errorf("%w: lease %s holds %s outside the node's blocks", ErrCorrupt, ls.Key, p.Addr())
@@ -432,6 +433,7 @@ func removeItem[T comparable](s []T, x T) []T {
 func cloneLease(ls *Lease) Lease {
 	c := *ls
 	c.IPs = append([]netip.Prefix(nil), ls.IPs...)
+	c.Borrowed = slices.Clone(ls.Borrowed)
 	return c
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"time"
 )
 
@@ -37,7 +38,8 @@ func (c *change) release(k Key, reason Reason, detail string, now time.Time, mon
 		}
 		s := ps.sets[set]
 		var b *blockState
-		if s.bits != 0 {
+		borrowed := slices.Contains(ls.Borrowed, a)
+		if s.bits != 0 && !borrowed {
 			if b = s.blockOf(a); b == nil {
 				return fmt.Errorf("%w: lease %s holds %s outside the node's blocks", ErrCorrupt, k, a)
 			}
@@ -46,7 +48,9 @@ func (c *change) release(k Key, reason Reason, detail string, now time.Time, mon
 		}
 		// An address of a lost block is another node's now: its release is recorded
 		// here (history, counters) but the address is not kept free.
-		keepFree := b == nil || b.rec.State != BlockLost
+		// A withheld address (lent to another node, kept for a pod) is not free either.
+		// A borrowed address goes back to the lender's block, not to this node's.
+		keepFree := !borrowed && (b == nil || b.rec.State != BlockLost && !b.withheld[a])
 		if keepFree {
 			s.addFree(f, mono)
 			// Undo by address, not by the item added here: a later step of the same
@@ -57,7 +61,7 @@ func (c *change) release(k Key, reason Reason, detail string, now time.Time, mon
 		delete(ps.held, a)
 		c.onUndo(func() { ps.held[a] = ls })
 		ps.rec.Releases++
-		r := Release{Network: k.Network, IP: a, Key: k, Pod: ls.Pod, From: ls.Created, To: now, Reason: reason, Detail: detail, Seq: f.Seq}
+		r := Release{Network: k.Network, IP: a, Key: k, Pod: ls.Pod, From: ls.Created, To: now, Reason: reason, Detail: detail, Why: ls.Why, Seq: f.Seq}
 		keep := l.opts.HistoryKeep
 		c.write(func(tx Tx) error {
 			if keepFree {
@@ -161,7 +165,7 @@ func (c *change) releaseRetired(ps *poolState, ls *Lease, a netip.Addr, reason R
 		held = append(held[:r:r], held[r+1:]...)
 	}
 	ps.retiredHeld = held
-	rel := Release{Network: ls.Key.Network, IP: a, Key: ls.Key, Pod: ls.Pod, From: ls.Created, To: now, Reason: reason, Detail: detail, Seq: ps.rec.Seq}
+	rel := Release{Network: ls.Key.Network, IP: a, Key: ls.Key, Pod: ls.Pod, From: ls.Created, To: now, Reason: reason, Detail: detail, Why: ls.Why, Seq: ps.rec.Seq}
 	keep := c.l.opts.HistoryKeep
 	c.write(func(tx Tx) error { return tx.AppendHistory(rel, keep) })
 	return nil

@@ -138,6 +138,15 @@ type Lease struct {
 	IPs     []netip.Prefix `json:"ips"` // one per range set, with the subnet's prefix length
 	Created time.Time      `json:"created"`
 	State   string         `json:"state"`
+	// Why says why the lease got its addresses when that was a choice rather than
+	// the next free address: "sticky for web-0 (StatefulSet default/web)", "sticky
+	// for web-0, borrowed from node node2". Empty for an ordinary allocation.
+	Why string `json:"why,omitempty"`
+	// Borrowed are the lease's addresses lent to this node from another node's
+	// block (a StatefulSet pod's sticky address; the block record in the cluster
+	// datastore says so): held here outside the node's blocks, and not kept free
+	// here when released (the lender's block keeps them for the pod).
+	Borrowed []netip.Addr `json:"borrowed,omitempty"`
 	// BootID and SinceBoot are the machine's boot and its CLOCK_BOOTTIME reading at
 	// the allocation, when known (Options.Boot), stored in the allocation's own
 	// transaction. Unlike Created (a wall time) they measure the lease's age: a
@@ -164,7 +173,10 @@ type Release struct {
 	To      time.Time  `json:"to"`
 	Reason  Reason     `json:"reason"`
 	Detail  string     `json:"detail,omitempty"`
-	Seq     uint64     `json:"seq"`
+	// Why is the released lease's Why: why it had the address (a sticky address,
+	// borrowed from a node).
+	Why string `json:"why,omitempty"`
+	Seq uint64 `json:"seq"`
 }
 
 // Free is a released address waiting to be reused, in release order.

@@ -33,6 +33,12 @@ type Node struct {
 type Block struct {
 	Prefix netip.Prefix
 	Owner  string
+	// Borrowed: Prefix is one address (a /32 or /128) of another node's block that
+	// Owner borrowed for a pod (a StatefulSet pod's sticky address, re-created on
+	// Owner). Every other node routes it to Owner, the block's owner too: the
+	// longer prefix wins over the block's route. Owner itself needs no route (the
+	// pod's veth has the host route).
+	Borrowed bool
 }
 
 // RouteType is the kind of route a Route asks for.
@@ -102,9 +108,10 @@ type Plan struct {
 
 // claim says that owner's pods live in prefix.
 type claim struct {
-	prefix  netip.Prefix
-	owner   string
-	overlap *claim // a claim of another owner overlapping this one
+	prefix   netip.Prefix
+	owner    string
+	borrowed bool   // one address borrowed from the block around it (Block.Borrowed)
+	overlap  *claim // a claim of another owner overlapping this one
 }
 
 // Desired is the node network of node self given every node and, in cluster
@@ -113,7 +120,9 @@ type claim struct {
 // an Unreachable route per podCIDR of self. blocks != nil (even empty) is
 // cluster mode: a route per block another node owns, via the owner's
 // addresses, and an Unreachable route per block self owns; free blocks get
-// nothing, and podCIDRs are ignored.
+// nothing, and podCIDRs are ignored. A borrowed address (Block.Borrowed) inside
+// another node's block gets a host route via its borrower on every node but the
+// borrower; two nodes borrowing the same address are an overlap.
 //
 // Never planned: a route via one of self's addresses, a route into one of
 // self's pod ranges, a route whose destination holds a node's address, two
@@ -164,7 +173,11 @@ func Desired(self string, nodes []Node, blocks []Block) Plan {
 				problem(b.Owner, b.Prefix, ErrInvalidPrefix)
 				continue
 			}
-			claims = append(claims, &claim{prefix: p, owner: b.Owner})
+			if b.Borrowed && p.Bits() != p.Addr().BitLen() {
+				problem(b.Owner, b.Prefix, fmt.Errorf("%w: a borrowed address must be a /32 or /128", ErrInvalidPrefix))
+				continue
+			}
+			claims = append(claims, &claim{prefix: p, owner: b.Owner, borrowed: b.Borrowed})
 		}
 	} else {
 		for i := range nodes {
@@ -197,7 +210,9 @@ func Desired(self string, nodes []Node, blocks []Block) Plan {
 			continue
 		}
 		if c.owner == self {
-			plan.Routes = append(plan.Routes, Route{Dst: c.prefix, Type: Unreachable, Node: self})
+			if !c.borrowed {
+				plan.Routes = append(plan.Routes, Route{Dst: c.prefix, Type: Unreachable, Node: self})
+			}
 			continue
 		}
 		owner := byName[c.owner]
@@ -274,12 +289,15 @@ func Outermost(prefixes []netip.Prefix) []netip.Prefix {
 
 // markOverlaps drops duplicate claims, sorts them, and marks each claim that
 // overlaps a claim of another owner; of a pair where one owner is self, only
-// the other is marked (self's own ranges always stay self's).
+// the other is marked (self's own ranges always stay self's). A borrowed
+// address inside a block is no overlap: it is what borrowing means.
 func markOverlaps(claims []*claim, self string) []*claim {
 	slices.SortFunc(claims, func(a, b *claim) int {
 		return cmp.Or(comparePrefix(a.prefix, b.prefix), cmp.Compare(a.owner, b.owner))
 	})
-	claims = slices.CompactFunc(claims, func(a, b *claim) bool { return a.prefix == b.prefix && a.owner == b.owner })
+	claims = slices.CompactFunc(claims, func(a, b *claim) bool {
+		return a.prefix == b.prefix && a.owner == b.owner && a.borrowed == b.borrowed
+	})
 	mark := func(c, other *claim) {
 		if c.overlap == nil {
 			c.overlap = other
@@ -293,7 +311,7 @@ func markOverlaps(claims []*claim, self string) []*claim {
 			stack = stack[:len(stack)-1]
 		}
 		for _, outer := range stack {
-			if outer.owner == c.owner {
+			if outer.owner == c.owner || outer.borrowed != c.borrowed {
 				continue
 			}
 			if outer.owner != self {

@@ -186,6 +186,44 @@ func TestDesired(t *testing.T) {
 			},
 		},
 		{
+			name:  "cluster mode: a borrowed address is routed to its borrower by every other node, the block's owner too",
+			self:  "a",
+			nodes: threeNodes(),
+			blocks: []Block{
+				{Prefix: netip.MustParsePrefix("10.96.0.0/26"), Owner: "a"},
+				{Prefix: netip.MustParsePrefix("10.96.0.5/32"), Owner: "b", Borrowed: true},
+				{Prefix: netip.MustParsePrefix("10.96.0.64/26"), Owner: "b"},
+				{Prefix: netip.MustParsePrefix("10.96.0.70/32"), Owner: "c", Borrowed: true},
+				{Prefix: netip.MustParsePrefix("10.96.0.71/32"), Owner: "a", Borrowed: true},
+				{Prefix: netip.MustParsePrefix("fd00:96::40/122"), Owner: "b"},
+				{Prefix: netip.MustParsePrefix("fd00:96::41/128"), Owner: "a", Borrowed: true},
+			},
+			routes: []Route{
+				unreachable("10.96.0.0/26", "a"),
+				via("10.96.0.5/32", "10.250.0.12", "b"),
+				via("10.96.0.64/26", "10.250.0.12", "b"),
+				via("10.96.0.70/32", "10.250.0.13", "c"),
+				via("fd00:96::40/122", "fd00:250::12", "b"),
+			},
+		},
+		{
+			name:  "cluster mode: one address borrowed by two nodes is a problem, not two routes; a borrowed block is invalid",
+			self:  "a",
+			nodes: threeNodes(),
+			blocks: []Block{
+				{Prefix: netip.MustParsePrefix("10.96.0.0/26"), Owner: "a"},
+				{Prefix: netip.MustParsePrefix("10.96.0.5/32"), Owner: "b", Borrowed: true},
+				{Prefix: netip.MustParsePrefix("10.96.0.5/32"), Owner: "c", Borrowed: true},
+				{Prefix: netip.MustParsePrefix("10.96.0.8/30"), Owner: "c", Borrowed: true},
+			},
+			routes: []Route{unreachable("10.96.0.0/26", "a")},
+			problems: []problem{
+				{"b", "10.96.0.5/32", ErrOverlap},
+				{"c", "10.96.0.5/32", ErrOverlap},
+				{"c", "10.96.0.8/30", ErrInvalidPrefix},
+			},
+		},
+		{
 			name:   "cluster mode with no blocks: no route, podCIDRs ignored",
 			self:   "a",
 			nodes:  threeNodes(),
@@ -315,10 +353,18 @@ func checkPlan(t *testing.T, self string, nodes []Node, blocks []Block, plan Pla
 			}
 		}
 	}
-	var own []netip.Prefix
+	var own, ownBorrowed []netip.Prefix
+	borrowed := map[netip.Prefix]bool{} // addresses borrowed by a node other than self
 	if cluster {
 		for _, b := range blocks {
-			if p, ok := normPrefix(b.Prefix); ok && b.Owner == self {
+			p, ok := normPrefix(b.Prefix)
+			switch {
+			case !ok:
+			case b.Borrowed && b.Owner == self:
+				ownBorrowed = append(ownBorrowed, p)
+			case b.Borrowed:
+				borrowed[p] = true
+			case b.Owner == self:
 				own = append(own, p)
 			}
 		}
@@ -348,7 +394,7 @@ func checkPlan(t *testing.T, self string, nodes []Node, blocks []Block, plan Pla
 			}
 		}
 		for _, o := range plan.Routes[:i] {
-			if o.Node != r.Node && o.Dst.Overlaps(r.Dst) {
+			if o.Node != r.Node && o.Dst.Overlaps(r.Dst) && borrowed[o.Dst] == borrowed[r.Dst] {
 				t.Errorf("routes %v and %v overlap", o, r)
 			}
 		}
@@ -366,8 +412,13 @@ func checkPlan(t *testing.T, self string, nodes []Node, blocks []Block, plan Pla
 				}
 			}
 			for _, p := range own {
-				if p.Overlaps(r.Dst) {
+				if p.Overlaps(r.Dst) && !borrowed[r.Dst] {
 					t.Errorf("route %v into self's pod range %s", r, p)
+				}
+			}
+			for _, p := range ownBorrowed {
+				if p.Overlaps(r.Dst) && borrowed[r.Dst] {
+					t.Errorf("route %v to an address self borrowed (%s)", r, p)
 				}
 			}
 		case Unreachable:

@@ -80,6 +80,18 @@ func appendLease(b []byte, l *ledger.Lease) ([]byte, bool) {
 	e.Field(&first, "created")
 	e.Time(l.Created)
 	e.StrField(&first, "state", l.State, false)
+	e.StrField(&first, "why", l.Why, true)
+	if len(l.Borrowed) > 0 {
+		e.Field(&first, "borrowed")
+		e.Raw("[")
+		for i, a := range l.Borrowed {
+			if i > 0 {
+				e.Raw(",")
+			}
+			e.Text(a)
+		}
+		e.Raw("]")
+	}
 	e.StrField(&first, "bootID", l.BootID, true)
 	if l.SinceBoot < 0 {
 		return nil, false
@@ -148,6 +160,14 @@ func decodeLease(d *jsonlite.Decoder, l *ledger.Lease, in *Interner) bool {
 			return d.Time(&l.Created)
 		case "state":
 			return in.set(d, &l.State)
+		case "why":
+			return d.SetStr(&l.Why)
+		case "borrowed":
+			l.Borrowed = make([]netip.Addr, 0, 1)
+			return d.Array(func() bool {
+				l.Borrowed = append(l.Borrowed, netip.Addr{})
+				return d.Addr(&l.Borrowed[len(l.Borrowed)-1])
+			})
 		case "bootID":
 			return in.set(d, &l.BootID)
 		case "sinceBoot":
@@ -293,6 +313,7 @@ func appendRelease(b []byte, r *ledger.Release) ([]byte, bool) {
 	e.Time(r.To)
 	e.StrField(&first, "reason", string(r.Reason), false)
 	e.StrField(&first, "detail", r.Detail, true)
+	e.StrField(&first, "why", r.Why, true)
 	e.UintField(&first, "seq", r.Seq, false)
 	e.Raw("}")
 	return e.B, e.OK

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -477,5 +478,169 @@ func testBlocksFailedCommits(t *testing.T, newStore Factory) {
 				t.Fatalf("blocks at the end: %+v, want b suspended", bs)
 			}
 		})
+	}
+}
+
+// testBlocksWithheld: an address the block withholds (borrowed by another node,
+// kept for a StatefulSet pod) is never handed out, fresh or free; one released
+// while withheld is not kept free; the block is not removed meanwhile; once no
+// longer withheld it is free again (after the reuse delay), and the lease that
+// held a withheld address kept it all along.
+func testBlocksWithheld(t *testing.T, newStore Factory) {
+	st, _ := newStore(t)
+	clk := NewClock()
+	l := Open(t, st, ledger.Options{Clock: clk, ReuseDelay: time.Minute})
+	r := Ranges(t, `[[{"subnet":"10.7.0.0/24"}]]`)
+	if err := l.DeclareCluster("net", r, []int{28}); err != nil {
+		t.Fatal(err)
+	}
+	block := pfx("10.7.0.16/28")
+	if err := l.AddBlock("net", block, 1); err != nil {
+		t.Fatal(err)
+	}
+	alloc := func(cid string) (netip.Addr, error) {
+		ls, _, err := l.Allocate(ledger.AllocateRequest{Key: Key(cid), Ranges: r})
+		if err != nil {
+			return netip.Addr{}, err
+		}
+		return ls.IPs[0].Addr(), nil
+	}
+	a, err := alloc("sticky") // 10.7.0.16: kept by a lease while withheld
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := alloc("lent") // 10.7.0.17: released, then lent out
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := l.Release(Key("lent"), ledger.ReasonDEL, ""); err != nil {
+		t.Fatal(err)
+	}
+	fresh := netip.MustParseAddr("10.7.0.25") // never handed out yet
+	if err := l.SetWithheld("net", block, []netip.Addr{a, b, fresh}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.SetWithheld("net", block, []netip.Addr{netip.MustParseAddr("10.7.0.40")}); !errors.Is(err, ledger.ErrUnknownBlock) {
+		t.Fatalf("withholding an address outside the block: %v, want ErrUnknownBlock", err)
+	}
+	clk.Advance(time.Hour) // past every reuse delay
+	withheld := map[netip.Addr]bool{a: true, b: true, fresh: true}
+	n := 0
+	for ; ; n++ {
+		got, err := alloc(fmt.Sprintf("c%d", n))
+		if capacitySet(t, err) == 0 {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if withheld[got] {
+			t.Fatalf("allocation %d handed out withheld %s", n, got)
+		}
+	}
+	if n != 16-3 {
+		t.Fatalf("handed out %d addresses of the /28, want 13 (16 less 3 withheld)", n)
+	}
+	if _, _, err := l.Release(Key("sticky"), ledger.ReasonDEL, ""); err != nil {
+		t.Fatal(err)
+	}
+	clk.Advance(time.Hour)
+	if got, err := alloc("after-release"); capacitySet(t, err) != 0 {
+		t.Fatalf("after the release of a withheld address: got %s %v, want no capacity", got, err)
+	}
+	if bs := l.Blocks("net"); len(bs) != 1 || bs[0].Withheld != 3 || bs[0].Free != 0 {
+		t.Fatalf("blocks %+v, want 3 withheld, none free", bs)
+	}
+	Audit(t, l)
+	for i := range n {
+		if _, _, err := l.Release(Key(fmt.Sprintf("c%d", i)), ledger.ReasonDEL, ""); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.RemoveBlock("net", block); !errors.Is(err, ledger.ErrBlockInUse) {
+		t.Fatalf("removing a block that withholds addresses: %v, want ErrBlockInUse", err)
+	}
+	if err := l.SetWithheld("net", block, []netip.Addr{fresh}); err != nil {
+		t.Fatal(err)
+	}
+	if got := l.Withheld("net", block); len(got) != 1 || got[0] != fresh {
+		t.Fatalf("withheld %v, want [%s]", got, fresh)
+	}
+	if bs := l.Blocks("net"); bs[0].Free != 15 {
+		t.Fatalf("blocks %+v, want 15 free (13 released, 2 no longer withheld)", bs)
+	}
+	if err := l.SetWithheld("net", block, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.RemoveBlock("net", block); err != nil {
+		t.Fatalf("removing the block once nothing is withheld: %v", err)
+	}
+}
+
+// testBlocksWant: a sticky address kept here (withheld) is given to the pod that
+// asks for it (AllocateRequest.Want) and to nobody else; one borrowed from
+// another node's block is held outside the node's blocks, survives a reopen,
+// and is not kept free here when released; an address neither free nor kept is
+// refused with ErrNotWanted, as is one held by another lease.
+func testBlocksWant(t *testing.T, newStore Factory) {
+	st, reopen := newStore(t)
+	clk := NewClock()
+	l, err := ledger.Open(st, ledger.Options{Clock: clk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Ranges(t, `[[{"subnet":"10.7.0.0/24"}]]`)
+	if err := l.DeclareCluster("net", r, []int{28}); err != nil {
+		t.Fatal(err)
+	}
+	block := pfx("10.7.0.16/28")
+	if err := l.AddBlock("net", block, 1); err != nil {
+		t.Fatal(err)
+	}
+	first, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("web-0-old"), Ranges: r})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := first.IPs[0].Addr()
+	if err := l.SetWithheld("net", block, []netip.Addr{x}); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("thief"), Ranges: r, Want: []netip.Addr{x}}); !errors.Is(err, ledger.ErrNotWanted) {
+		t.Fatalf("asking for an address held by another lease: %v, want ErrNotWanted", err)
+	}
+	if _, _, err := l.Release(Key("web-0-old"), ledger.ReasonDEL, ""); err != nil {
+		t.Fatal(err)
+	}
+	if other, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("other"), Ranges: r}); err != nil || other.IPs[0].Addr() == x {
+		t.Fatalf("another pod got %v %v; never the kept %s", other.IPs, err, x)
+	}
+	const why = "sticky for web-0 (StatefulSet default/web)"
+	again, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("web-0-new"), Ranges: r, Want: []netip.Addr{x}, Why: why})
+	if err != nil || again.IPs[0].Addr() != x || again.Why != why || len(again.Borrowed) != 0 {
+		t.Fatalf("the re-created pod got %+v %v, want %s, why %q, nothing borrowed", again, err, x, why)
+	}
+	if _, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("fresh"), Ranges: r, Want: []netip.Addr{netip.MustParseAddr("10.7.0.30")}}); !errors.Is(err, ledger.ErrNotWanted) {
+		t.Fatalf("asking for an address neither free nor kept: %v, want ErrNotWanted", err)
+	}
+	y := netip.MustParseAddr("10.7.0.40") // in another node's block
+	lent, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("web-1"), Ranges: r, Want: []netip.Addr{y}, Why: "sticky for web-1, borrowed from node node-b"})
+	if err != nil || lent.IPs[0].Addr() != y || !slices.Equal(lent.Borrowed, []netip.Addr{y}) {
+		t.Fatalf("borrowed allocation %+v %v, want %s recorded as borrowed", lent, err, y)
+	}
+	Audit(t, l)
+	l2 := Open(t, reopen(), ledger.Options{Clock: clk})
+	if got, ok := l2.Lease(Key("web-1")); !ok || !slices.Equal(got.Borrowed, []netip.Addr{y}) {
+		t.Fatalf("after reopen web-1 = %+v (%v), want %s borrowed", got, ok, y)
+	}
+	if _, _, err := l2.Release(Key("web-1"), ledger.ReasonDEL, ""); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range l2.FreeAddresses("net") {
+		if f.IP == y {
+			t.Fatalf("the borrowed %s is kept free here after its release", y)
+		}
+	}
+	if h, err := l2.History("net", y); err != nil || len(h) != 1 || h[0].Key != Key("web-1") || h[0].Why != lent.Why {
+		t.Fatalf("history of %s: %+v %v, want web-1's release, why %q", y, h, err, lent.Why)
 	}
 }

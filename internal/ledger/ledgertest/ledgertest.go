@@ -116,9 +116,12 @@ func Run(t *testing.T, newStore Factory) {
 		{"BlocksLost", testBlocksLost},
 		{"BlocksDualStack", testBlocksDualStack},
 		{"BlocksFailedCommits", testBlocksFailedCommits},
+		{"BlocksWithheld", testBlocksWithheld},
+		{"BlocksWant", testBlocksWant},
 		{"ReuseDelayAcrossRestart", testReuseDelayAcrossRestart},
 		{"CreationBootReading", testCreationBootReading},
 		{"LogLater", testLogLater},
+		{"WhyKept", testWhyKept},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore) })
@@ -665,5 +668,29 @@ func testAuditFindsDamage(t *testing.T, newStore Factory) {
 			}
 			t.Logf("audit found: %s", got)
 		})
+	}
+}
+
+// testWhyKept: the reason an allocation gives is on the lease, across a reopen, and
+// a reason past its limit fails the allocation alone, naming the field.
+func testWhyKept(t *testing.T, newStore Factory) {
+	st, reopen := newStore(t)
+	l, err := ledger.Open(st, ledger.Options{Clock: NewClock()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := Ranges(t, `[[{"subnet":"10.9.0.0/24"}]]`)
+	const why = "sticky for web-0 (StatefulSet default/web)"
+	a, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("a"), Ranges: r, Why: why})
+	if err != nil || a.Why != why {
+		t.Fatalf("allocated %+v %v, want why %q", a, err, why)
+	}
+	long := strings.Repeat("x", ledger.MaxDetailLen+1)
+	if _, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("b"), Ranges: r, Why: long}); err == nil || !strings.Contains(err.Error(), "why") {
+		t.Fatalf("allocated with a %d-byte why: %v, want an error naming why", len(long), err)
+	}
+	l2 := Open(t, reopen(), ledger.Options{Clock: NewClock()})
+	if got, ok := l2.Lease(Key("a")); !ok || got.Why != why {
+		t.Fatalf("after reopen a = %+v (%v), want why %q", got, ok, why)
 	}
 }

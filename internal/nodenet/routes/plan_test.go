@@ -2,6 +2,7 @@ package routes_test
 
 import (
 	"errors"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -203,4 +204,73 @@ func TestInsideReported(t *testing.T) {
 	if len(plan.Add) != 2 || len(plan.Report.Conflicts) != 0 {
 		t.Errorf("plan %+v: the routes of ours go in regardless", plan)
 	}
+}
+
+// A borrowed address (a StatefulSet pod's sticky address re-created on another
+// node) follows its borrower on the block owner's node: the host route goes in
+// beside the owner's unreachable block route, moves in place when the address
+// moves on, and is deleted when the borrow ends, leaving the block's route alone.
+func TestBorrowedAddressFollowsBorrower(t *testing.T) {
+	nodes := []nodenet.Node{
+		{Name: "a", Addrs: []netip.Addr{netip.MustParseAddr("10.250.0.11")}},
+		{Name: "b", Addrs: []netip.Addr{netip.MustParseAddr("10.250.0.12")}},
+		{Name: "c", Addrs: []netip.Addr{netip.MustParseAddr("10.250.0.13")}},
+	}
+	block := nodenet.Block{Prefix: pfx("10.96.0.0/26"), Owner: "a"}
+	borrowed := func(node string) nodenet.Block {
+		return nodenet.Block{Prefix: pfx("10.96.0.5/32"), Owner: node, Borrowed: true}
+	}
+	f := newFake()
+	rec := routes.New(f)
+	for _, step := range []struct {
+		name   string
+		blocks []nodenet.Block
+		ops    []string
+	}{
+		{"borrowed by b", []nodenet.Block{block, borrowed("b")}, []string{"add 10.96.0.0/26 metric 0", "add 10.96.0.5/32 metric 0"}},
+		{"moved on to c", []nodenet.Block{block, borrowed("c")}, []string{"replace 10.96.0.5/32 metric 0"}},
+		{"borrow ended", []nodenet.Block{block}, []string{"del 10.96.0.5/32 metric 0"}},
+	} {
+		plan := nodenet.Desired("a", nodes, step.blocks)
+		if len(plan.Problems) != 0 {
+			t.Fatalf("%s: problems %v", step.name, plan.Problems)
+		}
+		if _, err := rec.Sync(plan.Routes); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		if ops := f.takeOps(); !slices.Equal(ops, step.ops) {
+			t.Errorf("%s: changes:\n%s\nwant:\n%s", step.name, strings.Join(ops, "\n"), strings.Join(step.ops, "\n"))
+		}
+		var got []string
+		for _, r := range listAll(t, f) {
+			if r.Protocol == routes.Protocol {
+				gw := ""
+				if r.Gw != nil {
+					gw = " via " + r.Gw.String()
+				}
+				got = append(got, ipPrefix(r.Dst).String()+gw)
+			}
+		}
+		t.Logf("%s: %v", step.name, got)
+	}
+	var left []string
+	for _, r := range listAll(t, f) {
+		left = append(left, ipPrefix(r.Dst).String())
+	}
+	if want := []string{"10.250.0.0/24", "10.96.0.0/26", "fd00:250::/64"}; !sameSet(left, want) {
+		t.Errorf("table after the borrow ended: %v, want %v (no host route left behind)", left, want)
+	}
+}
+
+func ipPrefix(n *net.IPNet) netip.Prefix {
+	a, _ := netip.AddrFromSlice(n.IP)
+	ones, _ := n.Mask.Size()
+	return netip.PrefixFrom(a.Unmap(), ones)
+}
+
+func sameSet(a, b []string) bool {
+	a, b = slices.Clone(a), slices.Clone(b)
+	slices.Sort(a)
+	slices.Sort(b)
+	return slices.Equal(a, b)
 }

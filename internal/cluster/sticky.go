@@ -1,0 +1,196 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/ipledger/ipledger/internal/datastore"
+	"github.com/ipledger/ipledger/internal/ledger"
+)
+
+// StickyPod names a StatefulSet pod whose addresses follow it from node to node.
+type StickyPod struct {
+	Namespace, StatefulSet, Pod string
+}
+
+// For is the pod's name in a block record's Borrows: "namespace/statefulset/pod".
+func (p StickyPod) For() string { return p.Namespace + "/" + p.StatefulSet + "/" + p.Pod }
+
+// keptAddr is one address kept for a pod, and the block's owner.
+type keptAddr struct {
+	addr  netip.Addr
+	owner string
+}
+
+// keptFor reads the addresses of network kept for forName, from the watched copy
+// of every block when it runs; when the copy shows none (it may lag a Keep made
+// a moment ago on another node), or runs not, from one List.
+func (m *Manager) keptFor(ctx context.Context, network, forName string) ([]keptAddr, error) {
+	if kvs, ok := m.owners.records(); ok {
+		if out := keptIn(kvs, network, forName); len(out) > 0 {
+			return out, nil
+		}
+	}
+	kvs, _, err := m.listBlocks(ctx, BlocksPrefix(network))
+	if err != nil {
+		return nil, fmt.Errorf("listing blocks of %q: %w", network, err)
+	}
+	return keptIn(kvs, network, forName), nil
+}
+
+// keptIn is the addresses of network kept for forName in the block records kvs.
+func keptIn(kvs []datastore.KV, network, forName string) []keptAddr {
+	var out []keptAddr
+	for _, kv := range kvs {
+		rec, err := decodeBlock(kv)
+		if err != nil || rec.Network != network {
+			continue
+		}
+		for _, b := range rec.Borrows {
+			if b.For == forName {
+				out = append(out, keptAddr{addr: b.Addr, owner: rec.Owner})
+			}
+		}
+	}
+	return out
+}
+
+// AllocateSticky allocates req for the StatefulSet pod pod: the addresses kept for
+// it when there are (from this node's blocks, or borrowed from the block of the
+// node that keeps them, by compare-and-swap: ErrBorrowed when another node holds
+// one), else new ones, which are then kept for it. The lease's Why says which:
+// "sticky for web-0 (StatefulSet default/web)" or "sticky for web-0, borrowed from
+// node node2". An attachment that holds a lease gets it back.
+func (m *Manager) AllocateSticky(ctx context.Context, req ledger.AllocateRequest, pod StickyPod) (ledger.Lease, bool, error) {
+	if ls, ok := m.l.Lease(req.Key); ok {
+		return ls, true, nil
+	}
+	if pod.Namespace == "" || pod.StatefulSet == "" || pod.Pod == "" {
+		return ledger.Lease{}, false, fmt.Errorf("%w: sticky pod %q: namespace, StatefulSet and pod name are all needed", ErrNotKept, pod.For())
+	}
+	m.stickyMu.Lock() // no orphan sweep between a borrow and its lease
+	defer m.stickyMu.Unlock()
+	network := req.Key.Network
+	kept, err := m.keptFor(ctx, network, pod.For())
+	if err != nil {
+		return ledger.Lease{}, false, err
+	}
+	if len(kept) == 0 {
+		req.Why = fmt.Sprintf("sticky for %s (StatefulSet %s/%s)", pod.Pod, pod.Namespace, pod.StatefulSet)
+		ls, existed, err := m.Allocate(ctx, req)
+		if err != nil || existed {
+			return ls, existed, err
+		}
+		for _, p := range ls.IPs {
+			if kerr := m.Keep(ctx, network, p.Addr(), pod.For()); kerr != nil {
+				// not kept: the pod must not start with an address that would not
+				// follow it (the runtime retries the ADD)
+				if _, _, rerr := m.l.Release(req.Key, ledger.ReasonDEL, "sticky address could not be kept: "+kerr.Error()); rerr != nil {
+					kerr = errors.Join(kerr, rerr)
+				}
+				return ledger.Lease{}, false, fmt.Errorf("keeping %s for %s: %w", p.Addr(), pod.For(), kerr)
+			}
+		}
+		return ls, false, nil
+	}
+	var borrowed []netip.Addr
+	var from []string
+	giveBack := func() {
+		for _, a := range borrowed {
+			if err := m.Return(ctx, network, a); err != nil {
+				m.log.Warn("returning a borrowed address after a failed allocation", "addr", a.String(), "err", err)
+			}
+		}
+	}
+	for _, k := range kept {
+		req.Want = append(req.Want, k.addr)
+		if k.owner == m.opts.Node {
+			continue
+		}
+		owner, err := m.Borrow(ctx, network, k.addr, pod.For())
+		if errors.Is(err, ErrOwnBlock) {
+			continue // the block became this node's since the read
+		}
+		if err != nil {
+			giveBack()
+			return ledger.Lease{}, false, err
+		}
+		borrowed = append(borrowed, k.addr)
+		from = append(from, owner)
+	}
+	req.Why = fmt.Sprintf("sticky for %s (StatefulSet %s/%s)", pod.Pod, pod.Namespace, pod.StatefulSet)
+	if len(from) > 0 {
+		req.Why = fmt.Sprintf("sticky for %s, borrowed from node %s", pod.Pod, strings.Join(slices.Compact(from), ", "))
+	}
+	ls, existed, err := m.Allocate(ctx, req)
+	if err != nil {
+		giveBack()
+		return ledger.Lease{}, false, err
+	}
+	return ls, existed, nil
+}
+
+// ReturnBorrowed returns to their blocks the borrowed addresses of a lease this
+// node released (the pod's DEL): they stay kept for the pod. A failure is retried
+// by the sweep (returnOrphans).
+func (m *Manager) ReturnBorrowed(ctx context.Context, released ledger.Lease) error {
+	var errs []error
+	for _, a := range released.Borrowed {
+		errs = append(errs, m.Return(ctx, released.Key.Network, a))
+	}
+	return errors.Join(errs...)
+}
+
+// ReleaseKept ends the keeping of every address kept for pod in this node's
+// blocks (its StatefulSet was scaled down below it, or deleted): they go back to
+// the node's free addresses after the reuse delay. One another node holds is left
+// (ErrBorrowed in the result) until its borrower returns it.
+func (m *Manager) ReleaseKept(ctx context.Context, network string, pod StickyPod) error {
+	kept, err := m.keptFor(ctx, network, pod.For())
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, k := range kept {
+		if k.owner == m.opts.Node {
+			errs = append(errs, m.Unkeep(ctx, network, k.addr))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// returnOrphans returns the addresses the block records kvs show lent to this node
+// that no lease of its ledger holds (a Return that failed, a crash between a
+// borrow and its lease): the ledger is this node's own, so its word is complete.
+func (m *Manager) returnOrphans(ctx context.Context, kvs []datastore.KV) error {
+	m.stickyMu.Lock()
+	defer m.stickyMu.Unlock()
+	var errs []error
+	for _, kv := range kvs {
+		rec, err := decodeBlock(kv)
+		if err != nil {
+			continue
+		}
+		for _, b := range rec.Borrows {
+			if b.Node != m.opts.Node || m.holdsBorrowed(rec.Network, b.Addr) {
+				continue
+			}
+			errs = append(errs, m.Return(ctx, rec.Network, b.Addr))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// holdsBorrowed: a lease of the ledger holds a as a borrowed address.
+func (m *Manager) holdsBorrowed(network string, a netip.Addr) bool {
+	k, ok := m.l.Holder(network, a)
+	if !ok {
+		return false
+	}
+	ls, ok := m.l.Lease(k)
+	return ok && slices.Contains(ls.Borrowed, a)
+}

@@ -1,0 +1,176 @@
+package cluster_test
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/cluster"
+	"github.com/ipledger/ipledger/internal/ledger"
+)
+
+// A StatefulSet pod re-created under its name on node after node keeps its
+// address: kept in node-a's block at its first ADD, borrowed by node-b, returned
+// at node-b's DEL, borrowed by node-c; Why says so on each lease, every node's
+// Owners routes the /32 to the node the pod is on (none when it is on the owner),
+// nobody else gets the address meanwhile, and releasing its retention (scale
+// down) makes it node-a's to hand out again.
+func TestStickyPodMoves(t *testing.T) { forBackends(t, testStickyPodMoves) }
+
+func testStickyPodMoves(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
+	r := ranges(t, `[[{"subnet":"10.43.0.0/24"}]]`)
+	nodes := map[string]*agent{}
+	for _, n := range []string{"node-a", "node-b", "node-c"} {
+		nodes[n] = c.agent(n, r, []int{26})
+	}
+	pod := cluster.StickyPod{Namespace: "default", StatefulSet: "web", Pod: "web-0"}
+	add := func(node, cid string) (ledger.Lease, error) {
+		ls, _, err := nodes[node].m.AllocateSticky(ctx, ledger.AllocateRequest{Key: ledger.Key{Network: "net", ContainerID: cid, IfName: "eth0"}}, pod)
+		return ls, err
+	}
+	del := func(node, cid string) {
+		t.Helper()
+		ls, ok, err := nodes[node].l.Release(ledger.Key{Network: "net", ContainerID: cid, IfName: "eth0"}, ledger.ReasonDEL, "")
+		if err != nil || !ok {
+			t.Fatalf("%s: DEL %s: %v %v", node, cid, ok, err)
+		}
+		if err := nodes[node].m.ReturnBorrowed(ctx, ls); err != nil {
+			t.Fatal(err)
+		}
+	}
+	routedTo := func(x netip.Addr) map[string]string {
+		t.Helper()
+		out := map[string]string{}
+		for n, a := range nodes {
+			blocks, err := a.m.Owners(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, b := range blocks {
+				if b.Borrowed && b.Prefix == netip.PrefixFrom(x, 32) {
+					out[n] = b.Owner
+				}
+			}
+		}
+		return out
+	}
+
+	first, err := add("node-a", "sandbox-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := first.IPs[0].Addr()
+	if first.Why != "sticky for web-0 (StatefulSet default/web)" {
+		t.Fatalf("first lease's why %q", first.Why)
+	}
+	if again, err := add("node-a", "sandbox-1"); err != nil || again.IPs[0].Addr() != x {
+		t.Fatalf("ADD again: %v %v, want the same lease", again.IPs, err)
+	}
+	del("node-a", "sandbox-1")
+	// nobody else gets it on node-a meanwhile
+	for i := range 70 {
+		if got := nodes["node-a"].mustAlloc(t, fmt.Sprint("other-", i)).IPs[0].Addr(); got == x {
+			t.Fatalf("node-a handed the kept %s to another pod", x)
+		}
+	}
+	history := []string{fmt.Sprintf("node-a: %s %q", x, first.Why)}
+	for i, node := range []string{"node-b", "node-c", "node-a", "node-b"} {
+		cid := fmt.Sprint("sandbox-", i+2)
+		ls, err := add(node, cid)
+		if err != nil {
+			t.Fatalf("re-created on %s: %v", node, err)
+		}
+		if ls.IPs[0].Addr() != x {
+			t.Fatalf("re-created on %s with %v, want %s", node, ls.IPs, x)
+		}
+		want, wantBorrowed := "sticky for web-0, borrowed from node node-a", []netip.Addr{x}
+		if node == "node-a" {
+			want, wantBorrowed = "sticky for web-0 (StatefulSet default/web)", nil
+		}
+		if ls.Why != want || !slices.Equal(ls.Borrowed, wantBorrowed) {
+			t.Fatalf("on %s: why %q borrowed %v, want %q %v", node, ls.Why, ls.Borrowed, want, wantBorrowed)
+		}
+		history = append(history, fmt.Sprintf("%s: %s %q", node, x, ls.Why))
+		routes := routedTo(x)
+		for n := range nodes {
+			if node == "node-a" {
+				if len(routes) != 0 {
+					t.Fatalf("on its owner, the address is borrowed by nobody; routes %v", routes)
+				}
+				continue
+			}
+			if routes[n] != node {
+				t.Fatalf("pod on %s: %s's Owners route %s to %q", node, n, x, routes[n])
+			}
+		}
+		// another pod asking for it while it is lent or held: refused
+		other := cluster.StickyPod{Namespace: "default", StatefulSet: "web", Pod: "web-1"}
+		ls2, _, err := nodes["node-c"].m.AllocateSticky(ctx, ledger.AllocateRequest{Key: ledger.Key{Network: "net", ContainerID: "web-1-" + cid, IfName: "eth0"}}, other)
+		if err != nil || ls2.IPs[0].Addr() == x {
+			t.Fatalf("web-1 got %v %v, want another address", ls2.IPs, err)
+		}
+		if _, _, err := nodes["node-c"].l.Release(ls2.Key, ledger.ReasonDEL, ""); err != nil {
+			t.Fatal(err)
+		}
+		del(node, cid)
+	}
+	t.Logf("web-0's address as it moved:\n%s", fmt.Sprint(history))
+	if got := routedTo(x); len(got) != 0 {
+		t.Fatalf("after the last DEL the address is still routed: %v", got)
+	}
+	// a second borrower while one holds it: refused with the holder's name
+	if _, err := add("node-b", "sandbox-b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := add("node-c", "sandbox-c"); !errors.Is(err, cluster.ErrBorrowed) {
+		t.Fatalf("node-c while node-b holds it: %v, want ErrBorrowed", err)
+	}
+	if err := nodes["node-a"].m.ReleaseKept(ctx, "net", pod); !errors.Is(err, cluster.ErrBorrowed) {
+		t.Fatalf("scale-down while node-b holds it: %v, want ErrBorrowed (kept until returned)", err)
+	}
+	del("node-b", "sandbox-b")
+	// scale-down: retention ends, node-a may hand it out again
+	if err := nodes["node-a"].m.ReleaseKept(ctx, "net", pod); err != nil {
+		t.Fatal(err)
+	}
+	c.clk.Advance(3 * time.Second)
+	if err := nodes["node-a"].m.Renew(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var got []netip.Addr
+	for i := range 64 {
+		got = append(got, nodes["node-a"].mustAlloc(t, fmt.Sprint("after-", i)).IPs[0].Addr())
+	}
+	if !slices.Contains(got, x) {
+		t.Fatalf("%s not handed out again after the scale-down", x)
+	}
+}
+
+// A borrow whose lease never came (a crash between the two, a Return that
+// failed) is returned by the borrower's own sweep: its ledger holds no lease of
+// the address.
+func TestOrphanBorrowReturned(t *testing.T) { forBackends(t, testOrphanBorrowReturned) }
+
+func testOrphanBorrowReturned(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
+	r := ranges(t, `[[{"subnet":"10.44.0.0/24"}]]`)
+	a := c.agent("node-a", r, []int{26})
+	b := c.agent("node-b", r, []int{26})
+	x := a.mustAlloc(t, "web-0").IPs[0].Addr()
+	if err := a.m.Keep(ctx, "net", x, web0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.m.Borrow(ctx, "net", x, web0); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.m.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rec := blockRec(t, c.ds, blockOf(x)); rec.Borrows[0].Node != "" {
+		t.Fatalf("after node-b's sweep: %+v, want the orphan borrow returned", rec)
+	}
+}
