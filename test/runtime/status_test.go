@@ -99,7 +99,7 @@ func TestInstallCNIStatusOnRealRuntime(t *testing.T) {
 	}
 	t.Logf("containerd %s; install-cni:\n%s", env.Version(), out)
 	want := "1.0.0"
-	if r, ok := containerdenv.Versions[env.Version()]; ok && r.Major >= 2 {
+	if containerdenv.Major(env.Version()) >= 2 {
 		want = "1.1.0"
 	}
 	if !strings.Contains(string(out), "cniVersion "+want+": containerd") {
