@@ -289,9 +289,12 @@ func httpGet(c net.Conn) (string, error) {
 //   - every node reaches every pod;
 //   - kubectl logs and exec reach every node's kubelet;
 //   - ClusterIP Services through kube-proxy (checkServices);
-//   - kubectl ipledger over the three nodes (checkPlugin, issue 27).
+//   - kubectl ipledger over the three nodes (checkPlugin, issue 27);
+//   - each node on the selected containerd, the conflist at the cniVersion it
+//     loads (checkRuntime).
 func TestThreeNodes(t *testing.T) {
 	cl := start(t, 3)
+	cl.checkRuntime()
 	cl.checkNetwork()
 	cl.checkPlugin()
 	cl.checkServices()
