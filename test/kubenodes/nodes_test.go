@@ -291,7 +291,7 @@ func httpGet(c net.Conn) (string, error) {
 //   - ClusterIP Services through kube-proxy (checkServices);
 //   - kubectl ipledger over the three nodes (checkPlugin, issue 27);
 //   - each node on the selected containerd, the conflist at the cniVersion it
-//     loads (checkRuntime).
+//     loads, privileged pods admitted (checkRuntime).
 func TestThreeNodes(t *testing.T) {
 	cl := start(t, 3)
 	cl.checkRuntime()

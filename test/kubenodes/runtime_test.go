@@ -14,7 +14,9 @@ import (
 // checkRuntime: every node runs the containerd containerdenv selects (its CRI
 // Version says so), the DaemonSet's install-cni wrote the conflist at the
 // cniVersion that runtime loads (1.1.0 on containerd 2.x: the runtime calls
-// STATUS and the Node follows the agent's readiness).
+// STATUS and the Node follows the agent's readiness), and the apiserver admits
+// a privileged pod, as a kubeadm cluster's does (--allow-privileged=true: the
+// network tests that need one run here).
 func (cl *cluster) checkRuntime() {
 	t := cl.t
 	t.Helper()
@@ -58,5 +60,10 @@ func (cl *cluster) checkRuntime() {
 			t.Errorf("%s: install-cni wrote cniVersion %q on %s %s, want %s", nd.Name, conf.CNIVersion, v.Name, v.Version, wantCNI)
 		}
 		t.Logf("%s: %s %s, conflist cniVersion %s", nd.Name, v.Name, v.Version, conf.CNIVersion)
+	}
+	priv := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"privileged","namespace":"default"},
+"spec":{"containers":[{"name":"c","image":"` + podImage + `","securityContext":{"privileged":true}}]}}`
+	if out, err := cl.c.KubectlIn([]byte(priv), "create", "--dry-run=server", "-f", "-"); err != nil {
+		t.Errorf("a privileged pod is refused: %v\n%s", err, out)
 	}
 }
