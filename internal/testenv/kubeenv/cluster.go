@@ -553,6 +553,8 @@ type Pod struct {
 		Conditions []struct {
 			Type               string    `json:"type"`
 			Status             string    `json:"status"`
+			Reason             string    `json:"reason"`
+			Message            string    `json:"message"`
 			LastTransitionTime time.Time `json:"lastTransitionTime"`
 		} `json:"conditions"`
 		ContainerStatuses []struct {
