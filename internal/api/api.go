@@ -293,7 +293,7 @@ func Call(ctx context.Context, socket string, req Request) (*Response, error) {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "unix", socket)
 	if err != nil {
-		return nil, fmt.Errorf("%w: socket %s: %v (is ipledgerd running?)", ErrUnreachable, socket, err)
+		return nil, fmt.Errorf("%w: socket %s: %w (is ipledgerd running?)", ErrUnreachable, socket, err)
 	}
 	defer conn.Close()
 	if dl, ok := ctx.Deadline(); ok {

@@ -152,11 +152,6 @@ func Install(o Options) (Installed, error) {
 	if err != nil {
 		return done, err
 	}
-	if done.CNIVersion != own {
-		if conf, err = WithCNIVersion(conf, done.CNIVersion); err != nil {
-			return done, err
-		}
-	}
 	for _, p := range append(slices.Clone(o.Plugins), o.Shared...) {
 		if err := checkPluginName(p); err != nil {
 			return done, err
@@ -215,6 +210,20 @@ func Install(o Options) (Installed, error) {
 		// runtime on the host resolves it.
 		if _, err := os.Lstat(filepath.Join(o.BinDir, t)); err != nil {
 			return done, fmt.Errorf("%w: plugin type %q is not in %s (%v): install it or fix the conflist's type", ErrBadConflist, t, o.BinDir, err)
+		}
+	}
+	var theirs []string // the chain's plugins Install did not put there
+	for _, t := range types {
+		if !slices.Contains(install, t) {
+			theirs = append(theirs, t)
+		}
+	}
+	if done.CNIVersion, done.CNIVersionReason, err = chainVersion(o, done.CNIVersion, done.CNIVersionReason, theirs); err != nil {
+		return done, err
+	}
+	if done.CNIVersion != own {
+		if conf, err = WithCNIVersion(conf, done.CNIVersion); err != nil {
+			return done, err
 		}
 	}
 	dst := filepath.Join(o.ConfDir, o.ConfName)

@@ -495,3 +495,80 @@ func TestShippedConflist(t *testing.T) {
 		t.Errorf("portmap %v, want capabilities.portMappings and snat true", pm)
 	}
 }
+
+// versionPlugin writes a CNI plugin at path answering VERSION with versions.
+func versionPlugin(t *testing.T, path string, versions ...string) {
+	t.Helper()
+	q := make([]string, len(versions))
+	for i, v := range versions {
+		q[i] = fmt.Sprintf("%q", v)
+	}
+	script := fmt.Sprintf("#!/bin/sh\n[ \"$CNI_COMMAND\" = VERSION ] || exit 1\necho '{\"cniVersion\":\"1.0.0\",\"supportedVersions\":[%s]}'\n", strings.Join(q, ","))
+	if err := os.WriteFile(path, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestChainPluginVersions: on containerd 2.3.7 (which loads 1.1.0) a node's own
+// portmap kept in the chain decides too: one that speaks only up to 1.0.0
+// (Debian 12's, CNI plugins 1.1.1), or that cannot be asked (a symlink this
+// container cannot follow), makes the automatic choice 1.0.0, saying why;
+// the operator's explicit 1.1.0 is refused naming the plugin; a portmap that
+// speaks 1.1.0 leaves 1.1.0. Without this the runtime loads a 1.1.0 chain whose
+// old portmap fails every STATUS ("missing containerID"): the Node never Ready.
+func TestChainPluginVersions(t *testing.T) {
+	rt := &cniinstall.RuntimeInfo{Name: "containerd", Version: "v2.3.7"}
+	for _, c := range []struct {
+		name     string
+		portmap  func(t *testing.T, path string)
+		choice   string
+		want     string
+		err      error
+		wantWhat []string
+	}{
+		{"old portmap, auto", func(t *testing.T, p string) { versionPlugin(t, p, "0.3.1", "0.4.0", "1.0.0") }, "auto", "1.0.0", nil, []string{"portmap", "speaks 1.0.0 at most"}},
+		{"new portmap, auto", func(t *testing.T, p string) { versionPlugin(t, p, "0.4.0", "1.0.0", "1.1.0") }, "auto", "1.1.0", nil, nil},
+		{"unaskable portmap, auto", func(t *testing.T, p string) {
+			if err := os.Symlink("/nonexistent/usr/lib/cni/portmap", p); err != nil {
+				t.Fatal(err)
+			}
+		}, "auto", "1.0.0", nil, []string{"portmap", "could not be asked"}},
+		{"old portmap, operator's 1.1.0", func(t *testing.T, p string) { versionPlugin(t, p, "0.4.0", "1.0.0") }, "1.1.0", "", cniinstall.ErrVersionRefused, []string{"portmap", "1.0.0 at most", "--cni-version 1.0.0"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			f := newFixture(t, goodConf)
+			c.portmap(t, filepath.Join(f.bin, "portmap"))
+			f.o.Runtime, f.o.CNIVersion = rt, c.choice
+			done, err := cniinstall.Install(f.o)
+			if c.err != nil {
+				if !errors.Is(err, c.err) {
+					t.Fatalf("Install = %v, want %v", err, c.err)
+				}
+				for _, w := range c.wantWhat {
+					if !strings.Contains(err.Error(), w) {
+						t.Errorf("error %q does not say %q", err, w)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got struct {
+				CNIVersion string `json:"cniVersion"`
+			}
+			if err := json.Unmarshal([]byte(read(t, filepath.Join(f.confd, "10-ipledger.conflist"))), &got); err != nil {
+				t.Fatal(err)
+			}
+			if done.CNIVersion != c.want || got.CNIVersion != c.want {
+				t.Fatalf("cniVersion %q (conflist %q), want %s: %s", done.CNIVersion, got.CNIVersion, c.want, done.CNIVersionReason)
+			}
+			for _, w := range c.wantWhat {
+				if !strings.Contains(done.CNIVersionReason, w) {
+					t.Errorf("reason %q does not say %q", done.CNIVersionReason, w)
+				}
+			}
+			t.Logf("cniVersion %s: %s", done.CNIVersion, done.CNIVersionReason)
+		})
+	}
+}

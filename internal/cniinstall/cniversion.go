@@ -1,12 +1,18 @@
 package cniinstall
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // The cniVersion choices of Options.CNIVersion besides a version.
@@ -170,4 +176,69 @@ func newer(a, b string) bool {
 		return a != b
 	}
 	return vb.less(va[0], va[1], va[2])
+}
+
+// chainVersion checks version (chosen by ChooseCNIVersion, for why) against
+// the node's own plugins of the chain (theirs, in o.BinDir: a portmap the node
+// had), asking each its supported versions (CNI VERSION). Where one does not
+// speak version, or cannot be asked here (a symlink into a directory this
+// container does not see), an automatic 1.1.0 becomes 1.0.0, with the reason;
+// the operator's explicit choice is refused (ErrVersionRefused, naming the
+// plugin) when the plugin says it does not speak it, and kept when the plugin
+// cannot be asked. Otherwise the runtime would load a chain whose plugin fails
+// every STATUS and ADD ("missing containerID", "incompatible CNI versions")
+// and the Node would stay NotReady.
+func chainVersion(o Options, version, why string, theirs []string) (string, string, error) {
+	auto := o.CNIVersion == "" || o.CNIVersion == VersionAuto
+	if version == "" || !newer(version, "1.0.0") {
+		return version, why, nil
+	}
+	for _, t := range theirs {
+		path := filepath.Join(o.BinDir, t)
+		speaks, err := pluginVersions(path)
+		switch {
+		case err != nil && auto:
+			return "1.0.0", fmt.Sprintf("%s, but plugin %s of the chain, the node's own, could not be asked its versions (%v): 1.0.0, which the runtime and every plugin of CNI v1.0+ load", why, path, err), nil
+		case err != nil:
+			why += fmt.Sprintf(", unchecked: plugin %s could not be asked its versions (%v)", path, err)
+		case !slices.Contains(speaks, version) && auto:
+			return "1.0.0", fmt.Sprintf("%s, but plugin %s of the chain, the node's own, speaks %s at most (install CNI plugins v1.5.0 or later for %s): 1.0.0", why, path, newest(speaks), version), nil
+		case !slices.Contains(speaks, version):
+			return "", "", fmt.Errorf("%w: cniVersion %s (%s): plugin %s of the chain speaks %s at most; give --cni-version 1.0.0 or install CNI plugins v1.5.0 or later", ErrVersionRefused, version, why, path, newest(speaks))
+		}
+	}
+	return version, why, nil
+}
+
+// pluginVersions runs the CNI plugin at path with CNI_COMMAND=VERSION and
+// returns its supportedVersions (never empty on success).
+func pluginVersions(path string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, path)
+	cmd.Env = append(os.Environ(), "CNI_COMMAND=VERSION")
+	cmd.Stdin = strings.NewReader(`{"cniVersion":"1.0.0"}`)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%v %s", err, strings.TrimSpace(errOut.String()))
+	}
+	var v struct {
+		Supported []string `json:"supportedVersions"`
+	}
+	if err := json.Unmarshal(out.Bytes(), &v); err != nil || len(v.Supported) == 0 {
+		return nil, fmt.Errorf("VERSION answered %q", strings.TrimSpace(out.String()))
+	}
+	return v.Supported, nil
+}
+
+// newest is the newest of versions.
+func newest(versions []string) string {
+	n := versions[0]
+	for _, v := range versions[1:] {
+		if newer(v, n) {
+			n = v
+		}
+	}
+	return n
 }

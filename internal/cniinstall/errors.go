@@ -15,7 +15,8 @@ var ErrBadRecord = errors.New("cniinstall: bad record of installed plugins")
 var ErrRuntimeUnsupported = errors.New("cniinstall: runtime not supported")
 
 // ErrVersionRefused: the cniVersion asked for (flag or conflist) is one the
-// node's runtime does not load; the network would never be ready.
+// node's runtime, or a plugin of the chain already on the node (its portmap),
+// does not load; the network would never be ready.
 var ErrVersionRefused = errors.New("cniinstall: cniVersion refused by the runtime")
 
 // ErrBadVersion: Options.CNIVersion is none of auto, keep or Versions.

@@ -270,7 +270,14 @@ func (p *Plugin) Status(args *cniplugin.Args) error {
 		return nil
 	}
 	if errors.Is(err, api.ErrUnreachable) {
-		return cniplugin.NewError(cniplugin.ErrPluginNotAvailable, fmt.Sprintf("ipledgerd is not reachable on %s", conf.IPAM.Socket), err.Error())
+		// The runtime's NetworkReady message and so the Node's: one line, the
+		// socket named once, the cause from the dial.
+		cause := err.Error()
+		if op := (*net.OpError)(nil); errors.As(err, &op) {
+			cause = op.Err.Error()
+		}
+		return cniplugin.NewError(cniplugin.ErrPluginNotAvailable,
+			fmt.Sprintf("ipledgerd is not reachable on %s: %s (is ipledgerd running on this node?)", conf.IPAM.Socket, cause), "")
 	}
 	var ae *api.Error
 	if errors.As(err, &ae) && (ae.Code == api.CodeExhausted || ae.Code == api.CodeUnavailable) {

@@ -67,6 +67,27 @@ func TestAgentUnreachable(t *testing.T) {
 	}
 }
 
+// TestStatusUnreachableMessage: the STATUS error a runtime shows as its
+// NetworkReady message ("Network plugin returns error: ...", the kubelet's Node
+// condition) says once that ipledgerd is not reachable, names the socket once
+// and gives the cause: no "agent unreachable" repeating it.
+func TestStatusUnreachableMessage(t *testing.T) {
+	dir, err := os.MkdirTemp("", "ipl") // a path without the test's name in it
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	sock := filepath.Join(dir, "nobody.sock")
+	l := confList(t, fmt.Sprintf(`{"cniVersion":"1.1.0","name":"gone","plugins":[{"type":"ipledger","ipam":{"type":"ipledger","socket":%q,"ranges":[[{"subnet":"10.84.0.0/24"}]]}}]}`, sock))
+	err = newRuntime(t).GetStatusNetworkList(ctx(t), l)
+	wantCode(t, err, types.ErrPluginNotAvailable, sock)
+	msg := err.Error()
+	if strings.Count(msg, sock) != 1 || strings.Count(msg, "reachable") != 1 || !strings.Contains(msg, "no such file or directory") {
+		t.Fatalf("STATUS error %q: want the socket and \"not reachable\" once, with the cause", msg)
+	}
+	t.Logf("STATUS error: %s", msg)
+}
+
 // TestStatusExhausted: STATUS answers 50 once the network's pool has nothing to give,
 // and ADD then fails with the plugin's exhausted code.
 func TestStatusExhausted(t *testing.T) {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+	"github.com/ipledger/ipledger/internal/testenv/containerdenv"
 	"github.com/ipledger/ipledger/internal/testenv/e2eenv"
 	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
@@ -76,8 +77,12 @@ func writeSummary(mode string, rep e2eenv.Report, total time.Duration, skipPath 
 	var b strings.Builder
 	begin, end := "<!-- begin "+mode+" -->", "<!-- end "+mode+" -->"
 	fmt.Fprintf(&b, "%s\n### %s mode\n\n", begin, mode)
-	fmt.Fprintf(&b, "Kubernetes %s e2e suite, %s; run %s; %d passed, %d failed, %d skipped by the test itself (reason in the table), %d not selected or skipped by the list; the suite took %v, the whole run (cluster, images, CoreDNS, suite) %v.\n\n",
-		kubeenv.Version, installOf(mode), time.Now().UTC().Format("2006-01-02"), rep.Count("passed"), rep.Count("failed"), rep.Count("skipped in run"), rep.Count("skipped"),
+	ctd, err := containerdenv.Selected()
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(&b, "Kubernetes %s e2e suite on containerd %s, %s; run %s; %d passed, %d failed, %d skipped by the test itself (reason in the table), %d not selected or skipped by the list; the suite took %v, the whole run (cluster, images, CoreDNS, suite) %v.\n\n",
+		kubeenv.Version, ctd, installOf(mode), time.Now().UTC().Format("2006-01-02"), rep.Count("passed"), rep.Count("failed"), rep.Count("skipped in run"), rep.Count("skipped"),
 		rep.Duration.Round(time.Second), total.Round(time.Second))
 	b.WriteString("| result | seconds | test |\n|---|---:|---|\n")
 	for _, s := range rep.Ran() {

@@ -289,12 +289,18 @@ func httpGet(c net.Conn) (string, error) {
 //   - every node reaches every pod;
 //   - kubectl logs and exec reach every node's kubelet;
 //   - ClusterIP Services through kube-proxy (checkServices);
-//   - kubectl ipledger over the three nodes (checkPlugin, issue 27).
+//   - kubectl ipledger over the three nodes (checkPlugin, issue 27);
+//   - each node on the selected containerd, the conflist at the cniVersion it
+//     loads, privileged pods admitted (checkRuntime);
+//   - the Nodes NotReady while the agents are down, Ready once they are back,
+//     pods not scheduled meanwhile (checkStatusDrivesNodes).
 func TestThreeNodes(t *testing.T) {
 	cl := start(t, 3)
+	cl.checkRuntime()
 	cl.checkNetwork()
 	cl.checkPlugin()
 	cl.checkServices()
+	cl.checkStatusDrivesNodes()
 }
 
 // podNetwork is the range of every pod's address: kube-proxy's

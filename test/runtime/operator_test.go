@@ -120,7 +120,7 @@ func TestOperatorSurfaceOnRealRuntime(t *testing.T) {
 	t.Logf("screenshot: %s", filepath.Join(t.ArtifactDir(), "pool-page-runtime.png"))
 
 	out, code = w.ctl("doctor", "--netns", "/proc/self/ns/net")
-	if !regexp.MustCompile(`(?m)^OK   runtime reachable: containerd v?[0-9]+\.`).MatchString(out) || !strings.Contains(out, "OK   no NotReady sandbox older than 1h0m0s") {
+	if !regexp.MustCompile(`(?m)^OK   runtime reachable: containerd v?[0-9]+\.[0-9]+\.`).MatchString(out) || !strings.Contains(out, "OK   no NotReady sandbox older than 1h0m0s") {
 		t.Errorf("doctor: exit %d; want the runtime and its version", code)
 	}
 

@@ -20,6 +20,7 @@ import (
 	"github.com/ipledger/ipledger/internal/testenv"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/containerdenv"
+	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
@@ -66,15 +67,23 @@ func statusCalls(t *testing.T, metrics string) int {
 	return 0
 }
 
-// TestInstallCNIStatusOnRealRuntime: ipledgerd install-cni asks the real
-// runtime its version and writes the cniVersion it loads: on containerd 2.x
-// (2.0.1 and later) 1.1.0, and then every CRI Status call (the kubelet's
-// runtime poll) runs ipledger's STATUS, which the agent answers (counted in
-// its metrics); with the agent stopped the runtime's NetworkReady turns false
-// with ipledger's message, and true again once the agent is back. On
-// containerd 1.6 and 1.7 it writes 1.0.0, the runtime never calls STATUS and
-// NetworkReady stays true with the agent down (what 1.1.0 ends).
-func TestInstallCNIStatusOnRealRuntime(t *testing.T) {
+// statusWorld is a real containerd whose only network is ipledger's, installed
+// by ipledgerd install-cni (which asks the runtime its version), and the agent.
+type statusWorld struct {
+	t       *testing.T
+	env     *containerdenv.Env
+	agent   *agentenv.Agent
+	rt      runtimeapi.RuntimeServiceClient
+	metrics string
+	// cniVersion is what install-cni wrote for this runtime.
+	cniVersion string
+}
+
+// newStatusWorld starts containerd and the agent (with agentArgs), then runs
+// install-cni with a conflist whose ranges are ranges, and waits until the
+// runtime loaded it (NetworkReady has left "cni config uninitialized").
+func newStatusWorld(t *testing.T, ranges string, agentArgs ...string) *statusWorld {
+	t.Helper()
 	testenv.SkipIfShort(t, "needs containerd")
 	bin := agentenv.Bin(t)
 	cniBin, confDir := t.TempDir(), t.TempDir()
@@ -82,12 +91,11 @@ func TestInstallCNIStatusOnRealRuntime(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := containerdenv.Start(t, containerdenv.Options{CNIConfDir: confDir, CNIBinDir: cniBin, CallTimeout: 10 * time.Second})
-	metrics := netenv.FreeAddr(t)
-	agent := agentenv.Start(t, agentenv.Options{Args: []string{"--cri-endpoint", env.Endpoint(), "--metrics-addr", metrics}})
+	w := &statusWorld{t: t, env: env, metrics: netenv.FreeAddr(t)}
+	w.agent = agentenv.Start(t, agentenv.Options{Args: append([]string{"--cri-endpoint", env.Endpoint(), "--metrics-addr", w.metrics}, agentArgs...)})
 
 	conflist := filepath.Join(t.TempDir(), "ipledger.conflist")
-	conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"statusnet","plugins":[{"type":"ipledger-veth","ipam":%s}]}`,
-		agent.IPAM(`[[{"subnet":"10.244.248.0/24"}]]`))
+	conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":"statusnet","plugins":[{"type":"ipledger-veth","ipam":%s}]}`, w.agent.IPAM(ranges))
 	if err := os.WriteFile(conflist, []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -98,45 +106,83 @@ func TestInstallCNIStatusOnRealRuntime(t *testing.T) {
 		t.Fatalf("install-cni: %v\n%s", err, out)
 	}
 	t.Logf("containerd %s; install-cni:\n%s", env.Version(), out)
-	want := "1.0.0"
-	if r, ok := containerdenv.Versions[env.Version()]; ok && r.Major >= 2 {
-		want = "1.1.0"
+	w.cniVersion = "1.0.0"
+	if containerdenv.Major(env.Version()) >= 2 {
+		w.cniVersion = "1.1.0"
 	}
-	if !strings.Contains(string(out), "cniVersion "+want+": containerd") {
-		t.Fatalf("install-cni on containerd %s did not write cniVersion %s:\n%s", env.Version(), want, out)
+	if !strings.Contains(string(out), "cniVersion "+w.cniVersion+": containerd") {
+		t.Fatalf("install-cni on containerd %s did not write cniVersion %s:\n%s", env.Version(), w.cniVersion, out)
 	}
-
 	cc, err := grpc.NewClient(env.Endpoint(), grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer cc.Close()
-	rt := runtimeapi.NewRuntimeServiceClient(cc)
+	t.Cleanup(func() { cc.Close() })
+	w.rt = runtimeapi.NewRuntimeServiceClient(cc)
 	// The runtime loads the conflist on its directory's fsnotify event.
-	waitReady := func(want bool, what string) (string, time.Duration) {
-		t.Helper()
-		t0 := time.Now()
-		for {
-			ok, msg := networkReady(t, rt)
-			if ok == want {
-				return msg, time.Since(t0)
-			}
-			if time.Since(t0) > 2*time.Minute {
-				t.Fatalf("%s: NetworkReady still %v after 2m: %s\n%s", what, ok, msg, env.LogTail(30))
-			}
-			time.Sleep(100 * time.Millisecond)
+	// Loaded: NetworkReady true, or false with the plugin's own error.
+	if err := kubeWaitFor(2*time.Minute, func() error {
+		ok, msg := networkReady(t, w.rt)
+		if !ok && !strings.Contains(msg, "Network plugin returns error") {
+			return fmt.Errorf("%s", msg)
 		}
+		return nil
+	}); err != nil {
+		t.Fatalf("the runtime did not load the conflist: %v\n%s", err, env.LogTail(30))
 	}
-	waitReady(true, "conflist installed, agent up")
+	return w
+}
 
-	before := statusCalls(t, metrics)
+// kubeWaitFor polls cond every 100 ms until it returns nil or timeout passes.
+func kubeWaitFor(timeout time.Duration, cond func() error) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		err := cond()
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitReady waits until the runtime's NetworkReady is want; it returns the
+// condition's reason and message then and how long that took.
+func (w *statusWorld) waitReady(want bool, what string) (string, time.Duration) {
+	w.t.Helper()
+	t0 := time.Now()
+	for {
+		ok, msg := networkReady(w.t, w.rt)
+		if ok == want {
+			return msg, time.Since(t0)
+		}
+		if time.Since(t0) > 2*time.Minute {
+			w.t.Fatalf("%s: NetworkReady still %v after 2m: %s\n%s", what, ok, msg, w.env.LogTail(30))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestInstallCNIStatusOnRealRuntime: ipledgerd install-cni asks the real
+// runtime its version and writes the cniVersion it loads: on containerd 2.x
+// (2.0.1 and later) 1.1.0, and then every CRI Status call (the kubelet's
+// runtime poll) runs ipledger's STATUS, which the agent answers (counted in
+// its metrics); with the agent stopped the runtime's NetworkReady turns false
+// with ipledger's message, and true again once the agent is back. On
+// containerd 1.6 and 1.7 it writes 1.0.0, the runtime never calls STATUS and
+// NetworkReady stays true with the agent down (what 1.1.0 ends).
+func TestInstallCNIStatusOnRealRuntime(t *testing.T) {
+	w := newStatusWorld(t, `[[{"subnet":"10.244.248.0/24"}]]`)
+	env, agent, rt := w.env, w.agent, w.rt
+	w.waitReady(true, "conflist installed, agent up")
+
+	before := statusCalls(t, w.metrics)
 	for range 3 {
 		if ok, msg := networkReady(t, rt); !ok {
 			t.Fatalf("NetworkReady false with the agent up: %s", msg)
 		}
 	}
-	calls := statusCalls(t, metrics) - before
-	if want == "1.0.0" {
+	calls := statusCalls(t, w.metrics) - before
+	if w.cniVersion == "1.0.0" {
 		if calls != 0 {
 			t.Fatalf("containerd %s with cniVersion 1.0.0 called STATUS %d times", env.Version(), calls)
 		}
@@ -158,12 +204,50 @@ func TestInstallCNIStatusOnRealRuntime(t *testing.T) {
 	if err := agent.Stop(); err != nil {
 		t.Logf("agent stop: %v", err)
 	}
-	msg, _ := waitReady(false, "agent stopped")
+	msg, _ := w.waitReady(false, "agent stopped")
 	if !strings.Contains(msg, "ipledgerd is not reachable") {
 		t.Errorf("NetworkReady false without ipledger's message: %q", msg)
 	}
 	t.Logf("agent stopped: NetworkReady false: %s", msg)
 	agent.Restart()
-	msg, _ = waitReady(true, "agent restarted")
+	msg, _ = w.waitReady(true, "agent restarted")
 	t.Logf("agent back: NetworkReady true %s", msg)
+}
+
+// TestStatusWaitsForPodCIDROnRealRuntime: with a usePodCidr conflist, while the
+// agent's Node (on a real kube-apiserver) has no podCIDR, a runtime that calls
+// STATUS (containerd 2.0.1 and later, cniVersion 1.1.0) reports NetworkReady
+// false with ipledger's message naming the Node and the fix, which the kubelet
+// puts in the Node's Ready condition; once kube-controller-manager's part is
+// done (the podCIDR set) it turns true, within a CRI Status poll or two.
+// On containerd 1.6 and 1.7 NetworkReady stays true (no STATUS).
+func TestStatusWaitsForPodCIDROnRealRuntime(t *testing.T) {
+	testenv.SkipIfShort(t, "needs a Kubernetes build and containerd")
+	agentenv.Bin(t)
+	apiserver := kubeenv.StartAPIServer(t, kubeenv.APIServerOptions{})
+	const node = "status-node"
+	nodeJSON := `{"apiVersion":"v1","kind":"Node","metadata":{"name":"` + node + `"}}`
+	if out, err := apiserver.KubectlIn([]byte(nodeJSON), "create", "-f", "-"); err != nil {
+		t.Fatalf("create Node: %v\n%s", err, out)
+	}
+	// --routes/--masquerade off: this agent runs in the host's namespace.
+	w := newStatusWorld(t, `[[{"subnet":"usePodCidr"}]]`, "--node-name", node, "--kubeconfig", apiserver.Kubeconfig,
+		"--routes=false", "--masquerade=false")
+	if w.cniVersion == "1.0.0" {
+		if ok, msg := networkReady(t, w.rt); !ok {
+			t.Fatalf("containerd %s (cniVersion 1.0.0): NetworkReady false: %s", w.env.Version(), msg)
+		}
+		t.Logf("containerd %s: no STATUS, NetworkReady true while the Node has no podCIDR", w.env.Version())
+		return
+	}
+	msg, _ := w.waitReady(false, "Node without a podCIDR")
+	if !strings.Contains(msg, node) || !strings.Contains(msg, "podCIDR") {
+		t.Errorf("NetworkReady false without ipledger's message naming the Node and its podCIDR: %q", msg)
+	}
+	t.Logf("Node %s without a podCIDR: NetworkReady false: %s", node, msg)
+	if out, err := apiserver.Kubectl("patch", "node", node, "--type", "merge", "-p", `{"spec":{"podCIDR":"10.244.247.0/24","podCIDRs":["10.244.247.0/24"]}}`); err != nil {
+		t.Fatalf("patch podCIDR: %v\n%s", err, out)
+	}
+	msg, took := w.waitReady(true, "podCIDR set")
+	t.Logf("podCIDR set -> NetworkReady true in %v %s", took.Round(time.Millisecond), msg)
 }

@@ -19,8 +19,9 @@ const VersionEnv = "IPLEDGER_CONTAINERD"
 // 2025-08-23), run from /usr/bin as installed by apt.
 const Debian = "debian"
 
-// DefaultVersion is the containerd an env runs when VersionEnv is unset.
-const DefaultVersion = Debian
+// DefaultVersion is the containerd an env runs when VersionEnv is unset: the
+// LTS release, which loads cniVersion 1.1.0 and calls STATUS.
+const DefaultVersion = "2.3.7"
 
 // Release is a containerd built from its Go module.
 type Release struct {
@@ -100,6 +101,22 @@ func (r Release) recipe() buildcache.Recipe {
 			return nil
 		},
 	}
+}
+
+// Major is the configuration shape (Release.Major) of containerd version v:
+// 1 for Debian's 1.6.20 and for a version this package does not know.
+func Major(v string) int {
+	if r, ok := Versions[v]; ok {
+		return r.Major
+	}
+	return 1
+}
+
+// SearchPath is the PATH a containerd whose commands are in dir runs with:
+// dir first (containerd finds its runc shim there), then the system's
+// directories (Debian's runc).
+func SearchPath(dir string) string {
+	return dir + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 }
 
 // Binaries is where the commands of containerd version v live: /usr/bin for

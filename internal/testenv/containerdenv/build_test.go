@@ -51,10 +51,7 @@ func TestConfigReadBySelected(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	major := 1
-	if r, ok := containerdenv.Versions[v]; ok {
-		major = r.Major
-	}
+	major := containerdenv.Major(v)
 	d := t.TempDir()
 	c := containerdenv.Config{
 		Root: filepath.Join(d, "root"), State: filepath.Join(d, "state"), Socket: filepath.Join(d, "c.sock"),

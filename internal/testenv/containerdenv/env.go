@@ -113,10 +113,7 @@ func Start(tb testing.TB, opts Options) *Env {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	major := 1
-	if r, ok := Versions[version]; ok {
-		major = r.Major
-	}
+	major := Major(version)
 	image, tarPath, err := pauseImage()
 	if err != nil {
 		tb.Fatal(err)
@@ -311,7 +308,7 @@ func (e *Env) start() error {
 	cmd := exec.Command(filepath.Join(e.ctdBin, "containerd"), "--config", e.cfgPath)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	// The shim is looked up on PATH: this version's first, then Debian's runc.
-	cmd.Env = append(os.Environ(), "PATH="+e.ctdBin+":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:"+os.Getenv("PATH"))
+	cmd.Env = append(os.Environ(), "PATH="+SearchPath(e.ctdBin)+":"+os.Getenv("PATH"))
 	// Own process group (a ^C to the test does not hit it first); killed if
 	// the test process dies without cleanup (see spawn for the thread).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}

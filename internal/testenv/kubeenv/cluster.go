@@ -365,7 +365,10 @@ func (c *Cluster) startControlPlane() error {
 	c.apiArgs = append(args,
 		"--kubelet-client-certificate", p.path("apiserver-kubelet-client.crt"), "--kubelet-client-key", p.path("apiserver-kubelet-client.key"),
 		"--kubelet-certificate-authority", p.path("ca.crt"), "--kubelet-preferred-address-types", "InternalIP",
-		"--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction")
+		"--authorization-mode", "Node,RBAC", "--enable-admission-plugins", "NodeRestriction",
+		// Privileged pods admitted, as kubeadm's apiserver does (the e2e tests
+		// that need one, e.g. KubeProxy's CLOSE_WAIT timeout, run).
+		"--allow-privileged=true")
 	if err := c.StartAPIServer(); err != nil {
 		return err
 	}
@@ -550,6 +553,8 @@ type Pod struct {
 		Conditions []struct {
 			Type               string    `json:"type"`
 			Status             string    `json:"status"`
+			Reason             string    `json:"reason"`
+			Message            string    `json:"message"`
 			LastTransitionTime time.Time `json:"lastTransitionTime"`
 		} `json:"conditions"`
 		ContainerStatuses []struct {

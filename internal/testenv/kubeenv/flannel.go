@@ -2,6 +2,7 @@ package kubeenv
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/testenv"
 	"github.com/ipledger/ipledger/internal/testenv/buildcache"
+	"github.com/ipledger/ipledger/internal/testenv/containerdenv"
 )
 
 // FlannelModule at FlannelVersion is the flannel the benchmark runs beside
@@ -136,6 +138,14 @@ func (n *Node) StartFlannel(tb testing.TB, netConf string) {
 	conf := filepath.Join(dir, "net-conf.json")
 	if err := os.WriteFile(conf, []byte(netConf), 0o644); err != nil {
 		tb.Fatal(err)
+	}
+	// flannel's conflist chains portmap: the node's, or Debian's, as an
+	// operator installing flannel puts the CNI plugins in place.
+	pm := n.path("/opt/cni/bin/portmap")
+	if _, err := os.Lstat(pm); errors.Is(err, os.ErrNotExist) {
+		if err := os.Symlink(filepath.Join(containerdenv.DefaultCNIBinDir, "portmap"), pm); err != nil {
+			tb.Fatal(err)
+		}
 	}
 	subnetEnv := n.path(flannelSubnetFile)
 	_ = os.Remove(subnetEnv)

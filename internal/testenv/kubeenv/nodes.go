@@ -50,6 +50,8 @@ type Node struct {
 	mntNS      string // readlink of the holder's /proc/PID/ns/mnt
 	cgroupRoot string
 	made       []string // mount points created on the host, deepest last
+	ctdVersion string   // the containerd the node runs (containerdenv's name)
+	ctdBin     string   // the directory of its containerd, shim and ctr
 }
 
 // nodePaths are bind-mounted from the node's Dir over the host's paths inside
@@ -121,8 +123,14 @@ func (n *Node) start(tb testing.TB, images []string) error {
 		}
 	}
 	// containerd needs loopback in its bin dir; an installer adds its own.
+	// Debian's portmap (CNI plugins 1.1.1, cniVersion 1.0.0 at most) is left
+	// out: a pod network brings the portmap it needs (ipledger's image has
+	// one that speaks 1.1.0; StartFlannel links Debian's).
 	std, _ := filepath.Glob(filepath.Join(containerdenv.DefaultCNIBinDir, "*"))
 	for _, p := range std {
+		if filepath.Base(p) == "portmap" {
+			continue
+		}
 		if err := os.Symlink(p, filepath.Join(n.path("/opt/cni/bin"), filepath.Base(p))); err != nil {
 			return err
 		}
@@ -309,37 +317,45 @@ func (c *Cluster) RelayAPI(tb testing.TB, ns *netnodes.NS) error {
 	return ns.Relay(tb, addr, addr)
 }
 
+// Containerd is the containerd version the node runs (containerdenv's
+// selection: IPLEDGER_CONTAINERD, default containerdenv.DefaultVersion).
+func (n *Node) Containerd() string { return n.ctdVersion }
+
+// startContainerd starts the node's containerd: containerdenv's build of the
+// selected version (Debian's from /usr/bin for "debian") with containerdenv's
+// configuration for that version, at the default paths inside the node's
+// mount namespace.
 func (n *Node) startContainerd() error {
+	if n.ctdBin == "" {
+		v, err := containerdenv.Selected()
+		if err != nil {
+			return err
+		}
+		if n.ctdBin, err = containerdenv.Binaries(v, n.c.tb.Logf); err != nil {
+			return err
+		}
+		n.ctdVersion = v
+	}
 	pause, _, err := containerdenv.PauseImage()
 	if err != nil {
 		return err
 	}
-	const criPlugin = `plugins."io.containerd.grpc.v1.cri"`
-	var b strings.Builder
-	fmt.Fprintf(&b, "version = 2\nroot = \"/var/lib/containerd\"\nstate = \"/run/containerd\"\noom_score = 0\n")
-	b.WriteString(`disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]` + "\n\n")
-	fmt.Fprintf(&b, "[grpc]\n  address = %q\n[ttrpc]\n  address = \"\"\n[debug]\n  address = \"\"\n  level = \"info\"\n[metrics]\n  address = \"\"\n\n", nodeSock)
-	fmt.Fprintf(&b, "[%s]\n  sandbox_image = %q\n", criPlugin, pause)
-	// Root here lacks CAP_SYS_RESOURCE: never lower a process's oom_score_adj.
-	b.WriteString("  restrict_oom_score_adj = true\n")
-	// The pods' namespaces in /run/netns (the node's own), where the
-	// manifest's agent looks for them.
-	b.WriteString("  netns_mounts_under_state_dir = false\n")
-	b.WriteString("  disable_apparmor = true\n")
-	b.WriteString("  stream_server_address = \"127.0.0.1\"\n  stream_server_port = \"0\"\n")
-	fmt.Fprintf(&b, "  [%s.containerd]\n    snapshotter = \"overlayfs\"\n    default_runtime_name = \"runc\"\n", criPlugin)
-	fmt.Fprintf(&b, "    [%s.containerd.runtimes.runc]\n      runtime_type = \"io.containerd.runc.v2\"\n", criPlugin)
-	fmt.Fprintf(&b, "  [%s.cni]\n    bin_dir = \"/opt/cni/bin\"\n    conf_dir = \"/etc/cni/net.d\"\n    max_conf_num = 1\n", criPlugin)
 	cfg := filepath.Join(n.Dir, "containerd.toml")
-	if err := os.WriteFile(cfg, []byte(b.String()), 0o644); err != nil {
+	conf := containerdenv.Config{
+		Root: "/var/lib/containerd", State: "/run/containerd", Socket: nodeSock,
+		Sandbox: pause, Snapshotter: "overlayfs",
+		CNIBinDir: "/opt/cni/bin", CNIConfDir: "/etc/cni/net.d",
+		// The pods' namespaces in /run/netns (the node's own), where the
+		// manifest's agent looks for them.
+		NetnsUnderState: false,
+	}
+	if err := os.WriteFile(cfg, []byte(conf.Render(containerdenv.Major(n.ctdVersion))), 0o644); err != nil {
 		return err
 	}
-	ctd, err := exec.LookPath("containerd")
-	if err != nil {
-		return err
-	}
+	// env sets the PATH containerd finds its shim (and runc) on.
+	ctd := []string{"PATH=" + containerdenv.SearchPath(n.ctdBin), filepath.Join(n.ctdBin, "containerd"), "--config", cfg}
 	name := n.Name + "-containerd"
-	if err := n.c.spawnPath(name, "nsenter", n.nsenter(ctd, "--config", cfg)...); err != nil {
+	if err := n.c.spawnPath(name, "nsenter", n.nsenter("/usr/bin/env", ctd...)...); err != nil {
 		return err
 	}
 	deadline := time.Now().Add(n.c.opts.StartTimeout)
@@ -371,7 +387,7 @@ func (n *Node) StartContainerd() error { return n.startContainerd() }
 
 // ImportImage imports a docker-archive into the node's containerd.
 func (n *Node) ImportImage(path string) error {
-	out, err := exec.Command("ctr", "--address", n.path(nodeSock), "-n", "k8s.io", "images", "import", "--snapshotter", "overlayfs", path).CombinedOutput()
+	out, err := exec.Command(filepath.Join(n.ctdBin, "ctr"), "--address", n.path(nodeSock), "-n", "k8s.io", "images", "import", "--snapshotter", "overlayfs", path).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("ctr images import %s: %v\n%s", path, err, out)
 	}
