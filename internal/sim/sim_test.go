@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/ledger"
+	"github.com/ipledger/ipledger/internal/testenv"
 )
 
 // needHostLocal fails the test with the fix when the baseline binary is missing.
@@ -40,6 +41,8 @@ var crashPool = [3]string{"10.32.0.0/24", "10.32.0.10", "10.32.0.41"}
 
 // Each fault knob, on host-local, leaks exactly what its incident describes (that is
 // how we know the model is faithful); the same knob on ipledger ends balanced.
+// Under -short each case runs fewer pods (002: a shorter crash loop), every knob
+// still meeting its fault (the case fails if it met none), the cases side by side.
 func TestKnobs(t *testing.T) {
 	needHostLocal(t)
 	cases := []struct {
@@ -50,19 +53,21 @@ func TestKnobs(t *testing.T) {
 		// leaks is what the incident says host-local leaks: one address per ...
 		leaks func(f Faults) int
 	}{
-		{"000 second sandbox, DEL with empty netns", knobs{secondSandbox: 1}, 40, [3]string{},
+		{"000 second sandbox, DEL with empty netns", knobs{secondSandbox: 1}, testenv.Size(40, 12), [3]string{},
 			func(f Faults) int { return f.SecondSandboxes }},
-		{"001 chained plugin fails ADD and DEL, teardown error swallowed", knobs{chainFail: 1}, 30, [3]string{},
+		{"001 chained plugin fails ADD and DEL, teardown error swallowed", knobs{chainFail: 1}, testenv.Size(30, 10), [3]string{},
 			func(f Faults) int { return f.ChainFailures }},
-		{"002 crash-looping pods re-created with the old DEL skipped", knobs{crashloopers: 4, duration: 2 * time.Hour, fixedPods: 20}, 20, crashPool,
+		{"002 crash-looping pods re-created with the old DEL skipped", knobs{crashloopers: 4,
+			duration: time.Duration(testenv.Size(120, 40)) * time.Minute, fixedPods: 20}, 20, crashPool,
 			func(f Faults) int { return f.Crashes }},
-		{"003 reboot, DEL with a stale /proc/PID/ns/net path", knobs{reboot: 5 * time.Minute}, 100, [3]string{},
+		{"003 reboot, DEL with a stale /proc/PID/ns/net path", knobs{reboot: 5 * time.Minute}, testenv.Size(100, 40), [3]string{},
 			func(f Faults) int { return f.StaleNetnsDELs }},
-		{"004 runtime restarts, NOTREADY sandbox nobody collects", knobs{runtimeRestart: 2 * time.Minute}, 100, [3]string{},
+		{"004 runtime restarts, NOTREADY sandbox nobody collects", knobs{runtimeRestart: 2 * time.Minute}, testenv.Size(100, 40), [3]string{},
 			func(f Faults) int { return f.StuckNotReady }},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			hl := run(t, c.k, c.pods, c.pool, true)
 			want := c.leaks(hl.Faults)
 			if want == 0 {

@@ -1,5 +1,5 @@
 // Package testenv holds what the test environments in its subpackages share: the
-// fast tier's skip.
+// fast tier's skip and its sizes.
 //
 // `go test -short ./...` is the fast tier: it leaves out the tests that need a
 // Kubernetes build, a private containerd or an apt installation, and runs every
@@ -19,4 +19,14 @@ func SkipIfShort(tb testing.TB, needs string) {
 	if testing.Testing() && testing.Short() {
 		tb.Skip("-short: " + needs)
 	}
+}
+
+// Size is full, or short under `go test -short`: the size of a long loop
+// (chaos, soak, crash points) in the fast tier, small but still meeting every
+// fault the loop injects; the full size runs in `make test`.
+func Size(full, short int) int {
+	if testing.Testing() && testing.Short() {
+		return short
+	}
+	return full
 }

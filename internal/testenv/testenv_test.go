@@ -17,3 +17,14 @@ func TestSkipIfShort(t *testing.T) {
 		t.Fatalf("-short=%v, the test went on past SkipIfShort: %v", testing.Short(), ran)
 	}
 }
+
+// TestSize: the short size under -short, the full size without it.
+func TestSize(t *testing.T) {
+	want := 100
+	if testing.Short() {
+		want = 10
+	}
+	if got := testenv.Size(100, 10); got != want {
+		t.Fatalf("-short=%v: Size(100, 10) = %d, want %d", testing.Short(), got, want)
+	}
+}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
+	"github.com/ipledger/ipledger/internal/testenv/nodesenv"
 )
 
 // Benchmark sizes (issue 25): pods started at once over the three nodes,
@@ -75,14 +76,14 @@ func BenchmarkFlannel(b *testing.B) {
 	b.Logf("cluster of 3 nodes up in %v", time.Since(t0).Round(time.Millisecond))
 	for i := 0; i < b.N; i++ {
 		t1 := time.Now()
-		cl.installIpledger()
+		cl.InstallIpledger()
 		ipl := cl.measure(cs, "ipledger", "ipledgerd", fmt.Sprintf("ipl-%d", i))
 		cl.uninstallIpledger()
 		b.Logf("ipledger measured and uninstalled in %v", time.Since(t1).Round(time.Second))
 		t2 := time.Now()
 		cl.installFlannel()
 		fl := cl.measure(cs, "flannel", "flanneld", fmt.Sprintf("fl-%d", i))
-		for _, nd := range cl.nodes {
+		for _, nd := range cl.Nodes {
 			nd.StopFlannel()
 		}
 		b.Logf("flannel measured in %v", time.Since(t2).Round(time.Second))
@@ -96,28 +97,32 @@ func BenchmarkFlannel(b *testing.B) {
 // client is a clientset of the cluster's admin, with room for the bursts the
 // benchmark sends (97 Nodes at once).
 func (cl *cluster) client() *kubernetes.Clientset {
-	cfg, err := clientcmd.BuildConfigFromFlags("", cl.c.Kubeconfig)
+	cfg, err := clientcmd.BuildConfigFromFlags("", cl.C.Kubeconfig)
 	if err != nil {
-		cl.t.Fatal(err)
+		cl.T.Fatal(err)
 	}
 	cfg.QPS, cfg.Burst = 500, 1000
 	cs, err := kubernetes.NewForConfig(cfg)
 	if err != nil {
-		cl.t.Fatal(err)
+		cl.T.Fatal(err)
 	}
 	return cs
 }
 
 // uninstallIpledger is the manifest's uninstall: kubectl delete -f
-// deploy/ipledger.yaml, then `ipledgerd uninstall-cni` on every node (its
-// conflist, plugins, routes and masquerade rules).
+// deploy/ipledger.yaml (kubectl delete -k deploy/cluster in cluster mode),
+// then `ipledgerd uninstall-cni` on every node (its conflist, plugins, routes
+// and masquerade rules).
 func (cl *cluster) uninstallIpledger() {
-	t := cl.t
+	t := cl.T
 	t.Helper()
-	manifest := filepath.Join(agentenv.RepoRoot(), "deploy", "ipledger.yaml")
-	cl.c.MustKubectl(t, "delete", "-f", manifest, "--wait=true", "--timeout=3m")
+	del := []string{"delete", "-f", filepath.Join(agentenv.RepoRoot(), "deploy", "ipledger.yaml")}
+	if cl.ClusterMode {
+		del = []string{"delete", "-k", filepath.Join(agentenv.RepoRoot(), "deploy", "cluster")}
+	}
+	cl.C.MustKubectl(t, append(del, "--wait=true", "--timeout=3m")...)
 	if err := kubeenv.WaitFor(2*time.Minute, time.Second, func() (bool, error) {
-		for _, nd := range cl.nodes {
+		for _, nd := range cl.Nodes {
 			if pids := agentPIDs(nd, "ipledgerd"); len(pids) > 0 {
 				return false, fmt.Errorf("ipledgerd still running on %s: %v", nd.Name, pids)
 			}
@@ -127,7 +132,7 @@ func (cl *cluster) uninstallIpledger() {
 		t.Fatal(err)
 	}
 	bin := filepath.Join(agentenv.Bin(t), "ipledgerd")
-	for _, nd := range cl.nodes {
+	for _, nd := range cl.Nodes {
 		out, err := exec.Command("nsenter", "-t", strconv.Itoa(nd.NSPID()), "--net", "--mount", "--uts", "--",
 			bin, "uninstall-cni", "--cni-bin-dir", "/opt/cni/bin", "--cni-conf-dir", "/etc/cni/net.d").CombinedOutput()
 		if err != nil {
@@ -135,19 +140,20 @@ func (cl *cluster) uninstallIpledger() {
 		}
 		t.Logf("%s: ipledgerd uninstall-cni:\n%s", nd.Name, out)
 	}
+	cl.ClusterMode = false
 }
 
 // measure runs every measurement against the installed pod network, whose
 // agent is the process named agent on each node.
 func (cl *cluster) measure(cs *kubernetes.Clientset, name, agent, ns string) result {
-	t := cl.t
+	t := cl.T
 	t.Helper()
 	r := result{name: name}
 	_, _, r.meshFailed = cl.mesh()
 	r.meshOK = len(r.meshFailed) == 0
-	cl.c.MustKubectl(t, "delete", "pods", "-n", "default", "--all", "--grace-period=0", "--wait=true", "--timeout=3m")
-	pids := make([]int, len(cl.nodes))
-	for i, nd := range cl.nodes {
+	cl.C.MustKubectl(t, "delete", "pods", "-n", "default", "--all", "--grace-period=0", "--wait=true", "--timeout=3m")
+	pids := make([]int, len(cl.Nodes))
+	for i, nd := range cl.Nodes {
 		ps := agentPIDs(nd, agent)
 		if len(ps) != 1 {
 			t.Fatalf("%s: %d %s processes in its namespaces: %v", nd.Name, len(ps), agent, ps)
@@ -163,7 +169,7 @@ func (cl *cluster) measure(cs *kubernetes.Clientset, name, agent, ns string) res
 	r.idle3 = idle(t, pids)
 	r.join3, r.leave3 = cl.joinLeave(cs, "join3")
 	var fakes []fakeNode
-	for i := range benchNodes - len(cl.nodes) {
+	for i := range benchNodes - len(cl.Nodes) {
 		fakes = append(fakes, fakeNode{name: fmt.Sprintf("fake-%03d", i),
 			ip: netip.AddrFrom4([4]byte{10, 250, 0, byte(101 + i)}), cidr: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 236, byte(100 + i), 0}), 24)})
 	}
@@ -239,7 +245,7 @@ func parallel(fs []fakeNode, fn func(fakeNode) error) {
 // the time until every node routes its podCIDR via its address is taken; then
 // it is deleted and the time until no node routes it any more.
 func (cl *cluster) joinLeave(cs *kubernetes.Clientset, prefix string) (join, leave []time.Duration) {
-	t := cl.t
+	t := cl.T
 	for k := range benchRounds {
 		f := fakeNode{name: fmt.Sprintf("%s-%d", prefix, k), ip: netip.AddrFrom4([4]byte{10, 250, 0, byte(220 + k)}),
 			cidr: netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 236, byte(220 + k), 0}), 24)}
@@ -272,10 +278,10 @@ func (cl *cluster) joinLeave(cs *kubernetes.Clientset, prefix string) (join, lea
 // route to every fake's podCIDR via its address (present) or none to any
 // (!present), and returns the time from t0 until the last node got there.
 func (cl *cluster) waitRoutes(t0 time.Time, timeout time.Duration, fakes []fakeNode, present bool) (time.Duration, error) {
-	done := make([]time.Duration, len(cl.nodes))
-	left := len(cl.nodes)
+	done := make([]time.Duration, len(cl.Nodes))
+	left := len(cl.Nodes)
 	for left > 0 {
-		for i, nd := range cl.nodes {
+		for i, nd := range cl.Nodes {
 			if done[i] != 0 {
 				continue
 			}
@@ -331,7 +337,7 @@ func gwRoutes(nd *kubeenv.Node) (map[netip.Prefix]netip.Addr, error) {
 // the last was Ready, and the time from the namespace's deletion until every
 // pod is gone.
 func (cl *cluster) podStartup(cs *kubernetes.Clientset, ns string) (ds []time.Duration, wall, teardown time.Duration) {
-	t := cl.t
+	t := cl.T
 	t.Helper()
 	ctx := context.Background()
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
@@ -359,7 +365,7 @@ func (cl *cluster) podStartup(cs *kubernetes.Clientset, ns string) (ds []time.Du
 					AutomountServiceAccountToken:  &no,
 					TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: "kubernetes.io/hostname",
 						WhenUnsatisfiable: corev1.DoNotSchedule, LabelSelector: &metav1.LabelSelector{MatchLabels: labels}}},
-					Containers: []corev1.Container{{Name: "sleep", Image: podImage, ImagePullPolicy: corev1.PullNever,
+					Containers: []corev1.Container{{Name: "sleep", Image: nodesenv.PodImage, ImagePullPolicy: corev1.PullNever,
 						Command: []string{"/bin/busybox", "sleep", "3600"}}},
 				},
 			},

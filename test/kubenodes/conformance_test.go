@@ -16,6 +16,7 @@ import (
 	"github.com/ipledger/ipledger/internal/testenv/containerdenv"
 	"github.com/ipledger/ipledger/internal/testenv/e2eenv"
 	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
+	"github.com/ipledger/ipledger/internal/testenv/nodesenv"
 )
 
 var (
@@ -56,7 +57,7 @@ func TestConformance(t *testing.T) {
 			dir := filepath.Join(os.TempDir(), "ipledger-conformance-"+mode)
 			os.RemoveAll(dir)
 			t0 := time.Now()
-			rep := upstream(t, mode == "cluster", e2eenv.Options{Focus: focus, Skip: skips, Procs: *conformanceProcs, Timeout: 3 * time.Hour, Dir: dir})
+			rep := nodesenv.Upstream(t, mode == "cluster", e2eenv.Options{Focus: focus, Skip: skips, Procs: *conformanceProcs, Timeout: 3 * time.Hour, Dir: dir})
 			for _, s := range rep.Ran() {
 				if s.State == "failed" {
 					t.Errorf("failed: %s\n%s", s.Name, s.Failure)

@@ -3,7 +3,6 @@ package kubenodes_test
 import (
 	"fmt"
 	"os"
-	"testing"
 	"time"
 
 	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
@@ -33,33 +32,20 @@ func flannelConflist(podCIDR string) string {
 // then writes each node's conflist on its podCIDR, and waits until every Node
 // is Ready.
 func (cl *cluster) installFlannel() {
-	t := cl.t
+	t := cl.T
 	t.Helper()
 	t0 := time.Now()
-	for _, nd := range cl.nodes {
-		nd.StartFlannel(t, kubeenv.FlannelHostGW(cl.c.ClusterCIDR()))
+	for _, nd := range cl.Nodes {
+		nd.StartFlannel(t, kubeenv.FlannelHostGW(cl.C.ClusterCIDR()))
 	}
-	for _, nd := range cl.nodes {
-		conf := flannelConflist(cl.podCIDR(nd.Name).String())
+	for _, nd := range cl.Nodes {
+		conf := flannelConflist(cl.PodCIDR(nd.Name).String())
 		if err := os.WriteFile(nd.HostPath("/etc/cni/net.d/"+flannelConf), []byte(conf), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := kubeenv.WaitFor(3*time.Minute, time.Second, cl.nodesReady); err != nil {
+	if err := kubeenv.WaitFor(3*time.Minute, time.Second, cl.NodesReady); err != nil {
 		t.Fatalf("flannel not installed: %v", err)
 	}
-	t.Logf("flanneld %s (host-gw) on %d nodes and nodes Ready in %v", kubeenv.FlannelVersion, len(cl.nodes), time.Since(t0).Round(time.Millisecond))
-}
-
-// TestFlannelControl (issue 25): the connectivity check of TestThreeNodes
-// against flannel host-gw on the same kind of nodes, as a control: a check
-// that fails here as well as with ipledger is the environment's, not
-// ipledger's.
-func TestFlannelControl(t *testing.T) {
-	cl := startNodes(t, 3)
-	cl.installFlannel()
-	_, _, failed := cl.mesh()
-	for _, node := range failed {
-		t.Errorf("flannel: a pod on %s did not reach every other node's pod", node)
-	}
+	t.Logf("flanneld %s (host-gw) on %d nodes and nodes Ready in %v", kubeenv.FlannelVersion, len(cl.Nodes), time.Since(t0).Round(time.Millisecond))
 }

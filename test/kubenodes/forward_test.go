@@ -1,46 +1,41 @@
 package kubenodes_test
 
 import (
-	"fmt"
 	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/ipledger/ipledger/internal/nodenet/masq"
-	"github.com/ipledger/ipledger/internal/testenv/netnodes"
+	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
-// TestForwardDropNode: one of three nodes has the iptables FORWARD policy DROP
-// (as Docker, ufw and firewalld leave it), set before ipledger is installed;
-// deploy/ipledger.yaml, unchanged, still carries pod traffic through it: pod to
-// pod across nodes both ways, and pod to outside from that node, which shows the
-// outside the node's address. `iptables -S` on it shows the accepts.
-func TestForwardDropNode(t *testing.T) {
-	cl := startNodes(t, 3)
-	drop := cl.nodes[1]
-	iptables := func(args ...string) string {
-		t.Helper()
-		out, err := exec.Command("ip", append([]string{"netns", "exec", drop.Host.Netns, "iptables"}, args...)...).CombinedOutput()
-		if err != nil {
-			t.Fatalf("%s: iptables %v: %v\n%s", drop.Name, args, err, out)
-		}
-		return string(out)
+// iptables runs iptables in nd's network namespace and returns its output.
+func iptables(t testing.TB, nd *kubeenv.Node, args ...string) string {
+	t.Helper()
+	out, err := exec.Command("ip", append([]string{"netns", "exec", nd.Host.Netns, "iptables"}, args...)...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s: iptables %v: %v\n%s", nd.Name, args, err, out)
 	}
-	iptables("-P", "FORWARD", "DROP")
-	t.Logf("%s: iptables -P FORWARD DROP", drop.Name)
-	cl.installIpledger()
+	return string(out)
+}
 
-	_, _, failed := cl.mesh("proto", "201")
-	for _, node := range failed {
-		t.Errorf("a pod on %s did not reach every other node's pod (FORWARD DROP on %s)", node, drop.Name)
-	}
-	netnodes.ServeSource(t, cl.env.Outside.NS, ":8081")
-	ok, log, ip := cl.runPod(drop.Name, "outside-"+drop.Name, fmt.Sprintf("/bin/busybox nc -w 5 %s 8081 </dev/null", netnodes.OutsideV4))
-	t.Logf("pod %s on %s reached the outside as %q", ip, drop.Name, strings.TrimSpace(log))
-	if !ok || strings.TrimSpace(log) != drop.IP {
-		t.Errorf("a pod on %s (FORWARD DROP) reached the outside as %q (ok %v), want its node's address %s", drop.Name, log, ok, drop.IP)
-	}
-	rules := iptables("-S", "FORWARD")
+// forwardDrop sets nd's iptables FORWARD policy to DROP, as Docker, ufw and
+// firewalld leave it: TestThreeNodes does so before ipledger is installed.
+func forwardDrop(t testing.TB, nd *kubeenv.Node) {
+	t.Helper()
+	iptables(t, nd, "-P", "FORWARD", "DROP")
+	t.Logf("%s: iptables -P FORWARD DROP", nd.Name)
+}
+
+// checkForwardDrop: deploy/ipledger.yaml, unchanged, carried pod traffic
+// through drop, whose FORWARD policy was DROP before ipledger was installed
+// (TestThreeNodes' NodeMode checks: pod to pod across nodes both ways, pod to
+// outside showing the node's address), and `iptables -S FORWARD` on it shows
+// the policy kept and the jump to ipledger's accepts.
+func (cl *cluster) checkForwardDrop(drop *kubeenv.Node) {
+	t := cl.T
+	t.Helper()
+	rules := iptables(t, drop, "-S", "FORWARD")
 	t.Logf("%s: iptables -S FORWARD:\n%s", drop.Name, rules)
 	if !strings.Contains(rules, "-P FORWARD DROP") || !strings.Contains(rules, "-j "+masq.ForwardChain) {
 		t.Errorf("%s: iptables -S FORWARD:\n%s\nwant the policy DROP kept and the jump to %s", drop.Name, rules, masq.ForwardChain)

@@ -20,12 +20,12 @@ import (
 // the built kubectl-ipledger on PATH, and the admin's kubeconfig comes from
 // KUBECONFIG. It returns stdout, stderr and the exit status.
 func (cl *cluster) kubectlPlugin(args ...string) (string, string, int) {
-	t := cl.t
+	t := cl.T
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(cl.c.Bin, "kubectl"), append([]string{"ipledger"}, args...)...)
-	cmd.Env = append(os.Environ(), "PATH="+agentenv.Bin(t)+string(os.PathListSeparator)+os.Getenv("PATH"), "KUBECONFIG="+cl.c.Kubeconfig)
+	cmd := exec.CommandContext(ctx, filepath.Join(cl.C.Bin, "kubectl"), append([]string{"ipledger"}, args...)...)
+	cmd.Env = append(os.Environ(), "PATH="+agentenv.Bin(t)+string(os.PathListSeparator)+os.Getenv("PATH"), "KUBECONFIG="+cl.C.Kubeconfig)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -50,7 +50,7 @@ func (cl *cluster) kubectlPlugin(args ...string) (string, string, int) {
 //     node named with the RBAC it lacks (create pods/exec in namespace ipledger)
 //     and exit 3; a user who may not even list them, exit 2.
 func (cl *cluster) checkPlugin() {
-	t := cl.t
+	t := cl.T
 	t.Helper()
 	out, errOut, code := cl.kubectlPlugin("audit")
 	t.Logf("kubectl ipledger audit (exit %d):\n%s%s", code, out, errOut)
@@ -63,7 +63,7 @@ func (cl *cluster) checkPlugin() {
 			rows[f[0]] = f
 		}
 	}
-	for _, nd := range cl.nodes {
+	for _, nd := range cl.Nodes {
 		if r := rows[nd.Name]; len(r) < 2 || r[1] != "BALANCED" {
 			t.Errorf("kubectl ipledger audit: node %s's row %q, want BALANCED", nd.Name, r)
 		}
@@ -81,11 +81,11 @@ func (cl *cluster) checkPlugin() {
 	if err := json.Unmarshal([]byte(out), &leases); code != 0 || err != nil {
 		t.Errorf("kubectl ipledger leases -o json: exit %d, %v\n%s%s", code, err, out, errOut)
 	}
-	srv, err := cl.c.Pods("default", "app=srv")
+	srv, err := cl.C.Pods("default", "app=srv")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, nd := range cl.nodes {
+	for _, nd := range cl.Nodes {
 		var ip string
 		for _, p := range srv {
 			if p.Metadata.Name == "srv-"+nd.Name {
@@ -113,10 +113,10 @@ func (cl *cluster) checkPlugin() {
 		}
 	}
 
-	if cl.clusterMode {
+	if cl.ClusterMode {
 		out, errOut, code = cl.kubectlPlugin("blocks")
 		t.Logf("kubectl ipledger blocks (exit %d):\n%s%s", code, out, errOut)
-		for _, nd := range cl.nodes {
+		for _, nd := range cl.Nodes {
 			if !strings.Contains(out, "\n"+nd.Name+" ") || !strings.Contains(out, " "+nd.Name+" ") {
 				t.Errorf("kubectl ipledger blocks: no block of %s under it", nd.Name)
 			}
@@ -127,7 +127,7 @@ func (cl *cluster) checkPlugin() {
 	}
 
 	// RBAC decides: viewer may list the agent pods but not exec into them.
-	cl.c.Apply(t, `apiVersion: rbac.authorization.k8s.io/v1
+	cl.C.Apply(t, `apiVersion: rbac.authorization.k8s.io/v1
 kind: Role
 metadata: {name: ipledger-viewer, namespace: ipledger}
 rules:
@@ -146,7 +146,7 @@ subjects:
 	if code != fleet.ExitUnreachable {
 		t.Errorf("kubectl ipledger audit --as viewer: exit %d, want %d", code, fleet.ExitUnreachable)
 	}
-	for _, nd := range cl.nodes {
+	for _, nd := range cl.Nodes {
 		if !strings.Contains(errOut, "node "+nd.Name+": exec in pod ipledger/ipledgerd-") || !strings.Contains(errOut, "needs create on pods/exec in namespace ipledger") {
 			t.Errorf("kubectl ipledger audit --as viewer: node %s and the missing pods/exec not named", nd.Name)
 		}

@@ -15,6 +15,7 @@ import (
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/containerdenv"
 	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
+	"github.com/ipledger/ipledger/internal/testenv/nodesenv"
 )
 
 // checkRuntime: every node runs the containerd containerdenv selects (its CRI
@@ -24,7 +25,7 @@ import (
 // a privileged pod, as a kubeadm cluster's does (--allow-privileged=true: the
 // network tests that need one run here).
 func (cl *cluster) checkRuntime() {
-	t := cl.t
+	t := cl.T
 	t.Helper()
 	want, err := containerdenv.Selected()
 	if err != nil {
@@ -37,7 +38,7 @@ func (cl *cluster) checkRuntime() {
 	if containerdenv.Major(want) >= 2 {
 		wantCNI = "1.1.0"
 	}
-	for _, nd := range cl.nodes {
+	for _, nd := range cl.Nodes {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		c, err := cri.Dial(ctx, nd.Endpoint(), 30*time.Second)
 		cancel()
@@ -68,8 +69,8 @@ func (cl *cluster) checkRuntime() {
 		t.Logf("%s: %s %s, conflist cniVersion %s", nd.Name, v.Name, v.Version, conf.CNIVersion)
 	}
 	priv := `{"apiVersion":"v1","kind":"Pod","metadata":{"name":"privileged","namespace":"default"},
-"spec":{"containers":[{"name":"c","image":"` + podImage + `","securityContext":{"privileged":true}}]}}`
-	if out, err := cl.c.KubectlIn([]byte(priv), "create", "--dry-run=server", "-f", "-"); err != nil {
+"spec":{"containers":[{"name":"c","image":"` + nodesenv.PodImage + `","securityContext":{"privileged":true}}]}}`
+	if out, err := cl.C.KubectlIn([]byte(priv), "create", "--dry-run=server", "-f", "-"); err != nil {
 		t.Errorf("a privileged pod is refused: %v\n%s", err, out)
 	}
 }
@@ -90,7 +91,7 @@ func (cl *cluster) nodeState(name string) (nodeState, error) {
 		} `json:"status"`
 	}
 	var st nodeState
-	if err := cl.c.GetJSON(&node, "node", name); err != nil {
+	if err := cl.C.GetJSON(&node, "node", name); err != nil {
 		return st, err
 	}
 	for _, c := range node.Status.Conditions {
@@ -107,11 +108,11 @@ func (cl *cluster) nodeState(name string) (nodeState, error) {
 // waitNodes polls every node until cond holds for it; it returns each node's
 // state then and how long after t0 it first held.
 func (cl *cluster) waitNodes(t0 time.Time, what string, cond func(nodeState) bool) (map[string]nodeState, map[string]time.Duration) {
-	t := cl.t
+	t := cl.T
 	t.Helper()
 	states, took := map[string]nodeState{}, map[string]time.Duration{}
 	if err := kubeenv.WaitFor(3*time.Minute, 200*time.Millisecond, func() (bool, error) {
-		for _, nd := range cl.nodes {
+		for _, nd := range cl.Nodes {
 			if _, done := took[nd.Name]; done {
 				continue
 			}
@@ -123,9 +124,9 @@ func (cl *cluster) waitNodes(t0 time.Time, what string, cond func(nodeState) boo
 				states[nd.Name], took[nd.Name] = st, time.Since(t0)
 			}
 		}
-		return len(took) == len(cl.nodes), fmt.Errorf("%d of %d nodes", len(took), len(cl.nodes))
+		return len(took) == len(cl.Nodes), fmt.Errorf("%d of %d nodes", len(took), len(cl.Nodes))
 	}); err != nil {
-		t.Fatalf("%s: %v\nkubelet of %s:\n%s", what, err, cl.nodes[0].Name, cl.nodes[0].Log("kubelet", 20))
+		t.Fatalf("%s: %v\nkubelet of %s:\n%s", what, err, cl.Nodes[0].Name, cl.Nodes[0].Log("kubelet", 20))
 	}
 	return states, took
 }
@@ -133,7 +134,7 @@ func (cl *cluster) waitNodes(t0 time.Time, what string, cond func(nodeState) boo
 // agentsAnswer reports whether every node's agent accepts a connection on the
 // node's /run/ipledger/ipledger.sock.
 func (cl *cluster) agentsAnswer() (up, down int) {
-	for _, nd := range cl.nodes {
+	for _, nd := range cl.Nodes {
 		c, err := net.DialTimeout("unix", nd.HostPath("/run/ipledger/ipledger.sock"), time.Second)
 		if err != nil {
 			down++
@@ -147,16 +148,16 @@ func (cl *cluster) agentsAnswer() (up, down int) {
 
 // describeReady is the Ready line of `kubectl describe node name`.
 func (cl *cluster) describeReady(name string) string {
-	out, err := cl.c.Kubectl("describe", "node", name)
+	out, err := cl.C.Kubectl("describe", "node", name)
 	if err != nil {
-		cl.t.Fatal(err)
+		cl.T.Fatal(err)
 	}
 	for _, l := range strings.Split(out, "\n") {
 		if strings.HasPrefix(strings.TrimSpace(l), "Ready ") {
 			return strings.Join(strings.Fields(l), " ")
 		}
 	}
-	cl.t.Fatalf("kubectl describe node %s: no Ready line:\n%s", name, out)
+	cl.T.Fatalf("kubectl describe node %s: no Ready line:\n%s", name, out)
 	return ""
 }
 
@@ -171,7 +172,7 @@ func (cl *cluster) describeReady(name string) string {
 // 1.6 and 1.7 (cniVersion 1.0.0) the Nodes do not follow the agents and
 // nothing is asserted here (checkRuntime asserts the cniVersion).
 func (cl *cluster) checkStatusDrivesNodes() {
-	t := cl.t
+	t := cl.T
 	t.Helper()
 	v, err := containerdenv.Selected()
 	if err != nil {
@@ -181,7 +182,7 @@ func (cl *cluster) checkStatusDrivesNodes() {
 		t.Logf("containerd %s: cniVersion 1.0.0, STATUS never called: the Nodes do not follow the agents", v)
 		return
 	}
-	cl.c.MustKubectl(t, "delete", "daemonset", "-n", "ipledger", "ipledgerd", "--wait=false")
+	cl.C.MustKubectl(t, "delete", "daemonset", "-n", "ipledger", "ipledgerd", "--wait=false")
 	if err := kubeenv.WaitFor(2*time.Minute, 100*time.Millisecond, func() (bool, error) {
 		up, _ := cl.agentsAnswer()
 		return up == 0, fmt.Errorf("%d agents still answer", up)
@@ -190,26 +191,26 @@ func (cl *cluster) checkStatusDrivesNodes() {
 	}
 	down := time.Now()
 	states, took := cl.waitNodes(down, "agents down", func(s nodeState) bool { return s.Ready == "False" })
-	for _, nd := range cl.nodes {
+	for _, nd := range cl.Nodes {
 		st := states[nd.Name]
 		t.Logf("%s: agent down -> NotReady in %v: %s", nd.Name, took[nd.Name].Round(time.Millisecond), st.Message)
 		if !strings.Contains(st.Message, "container runtime network not ready") || !strings.Contains(st.Message, "ipledgerd is not reachable") {
 			t.Errorf("%s NotReady without the runtime's network condition and ipledger's message: %q", nd.Name, st.Message)
 		}
 	}
-	t.Logf("kubectl describe node %s (agent down): %s", cl.nodes[0].Name, cl.describeReady(cl.nodes[0].Name))
+	t.Logf("kubectl describe node %s (agent down): %s", cl.Nodes[0].Name, cl.describeReady(cl.Nodes[0].Name))
 	states, took = cl.waitNodes(down, "not-ready taint", func(s nodeState) bool {
 		return slices.Contains(s.Taints, "node.kubernetes.io/not-ready:NoSchedule")
 	})
-	t.Logf("%s: taints %v, %v after the agent stopped", cl.nodes[0].Name, states[cl.nodes[0].Name].Taints, took[cl.nodes[0].Name].Round(time.Millisecond))
+	t.Logf("%s: taints %v, %v after the agent stopped", cl.Nodes[0].Name, states[cl.Nodes[0].Name].Taints, took[cl.Nodes[0].Name].Round(time.Millisecond))
 
 	// A pod created meanwhile is not scheduled; the scheduler says why.
-	spec := busyboxPod("", "main", "/bin/busybox", "sleep", "100000")
+	spec := nodesenv.BusyboxPod("", "main", "/bin/busybox", "sleep", "100000")
 	spec.TerminationGracePeriodSeconds = new(int64(0))
-	cl.c.Apply(t, podManifest("wait-ready", map[string]string{"app": "wait-ready"}, spec))
+	cl.C.Apply(t, nodesenv.PodManifest("wait-ready", map[string]string{"app": "wait-ready"}, spec))
 	var why string
 	if err := kubeenv.WaitFor(time.Minute, 300*time.Millisecond, func() (bool, error) {
-		pods, err := cl.c.Pods("default", "app=wait-ready")
+		pods, err := cl.C.Pods("default", "app=wait-ready")
 		if err != nil || len(pods) != 1 {
 			return false, fmt.Errorf("%d pods (%v)", len(pods), err)
 		}
@@ -234,7 +235,7 @@ func (cl *cluster) checkStatusDrivesNodes() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cl.c.Apply(t, string(manifest))
+	cl.C.Apply(t, string(manifest))
 	if err := kubeenv.WaitFor(3*time.Minute, 100*time.Millisecond, func() (bool, error) {
 		_, down := cl.agentsAnswer()
 		return down == 0, fmt.Errorf("%d agents do not answer", down)
@@ -243,19 +244,19 @@ func (cl *cluster) checkStatusDrivesNodes() {
 	}
 	up := time.Now()
 	states, took = cl.waitNodes(up, "agents back", func(s nodeState) bool { return s.Ready == "True" })
-	for _, nd := range cl.nodes {
+	for _, nd := range cl.Nodes {
 		t.Logf("%s: agent up -> Ready in %v: %s", nd.Name, took[nd.Name].Round(time.Millisecond), states[nd.Name].Message)
 	}
-	t.Logf("kubectl describe node %s (agent back): %s", cl.nodes[0].Name, cl.describeReady(cl.nodes[0].Name))
+	t.Logf("kubectl describe node %s (agent back): %s", cl.Nodes[0].Name, cl.describeReady(cl.Nodes[0].Name))
 	if err := kubeenv.WaitFor(2*time.Minute, 500*time.Millisecond, func() (bool, error) {
-		pods, err := cl.c.Pods("default", "app=wait-ready")
+		pods, err := cl.C.Pods("default", "app=wait-ready")
 		if err != nil || len(pods) != 1 {
 			return false, fmt.Errorf("%d pods (%v)", len(pods), err)
 		}
-		return ready(pods[0]), fmt.Errorf("pod %s", pods[0].Status.Phase)
+		return nodesenv.Ready(pods[0]), fmt.Errorf("pod %s", pods[0].Status.Phase)
 	}); err != nil {
 		t.Fatalf("the pending pod after the Nodes turned Ready: %v", err)
 	}
-	cl.c.MustKubectl(t, "delete", "pod", "wait-ready", "--wait=true")
-	cl.waitAgents("deploy/ipledger.yaml applied again", up)
+	cl.C.MustKubectl(t, "delete", "pod", "wait-ready", "--wait=true")
+	cl.WaitAgents("deploy/ipledger.yaml applied again", up)
 }

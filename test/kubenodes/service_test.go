@@ -30,9 +30,9 @@ func probeScript(targets []string, tries int) string {
 // service creates a ClusterIP Service name on port 80 for the pods labelled
 // selector (k=v), target port 8080, and returns its ClusterIP.
 func (cl *cluster) service(name, selector string) string {
-	cl.t.Helper()
+	cl.T.Helper()
 	k, v, _ := strings.Cut(selector, "=")
-	cl.c.Apply(cl.t, fmt.Sprintf(`apiVersion: v1
+	cl.C.Apply(cl.T, fmt.Sprintf(`apiVersion: v1
 kind: Service
 metadata: {name: %s, namespace: default}
 spec:
@@ -40,19 +40,11 @@ spec:
   selector: {%s: %s}
   ports: [{port: 80, targetPort: 8080, protocol: TCP}]
 `, name, k, v))
-	ip := strings.TrimSpace(cl.c.MustKubectl(cl.t, "get", "service", name, "-o", "jsonpath={.spec.clusterIP}"))
+	ip := strings.TrimSpace(cl.C.MustKubectl(cl.T, "get", "service", name, "-o", "jsonpath={.spec.clusterIP}"))
 	if ip == "" {
-		cl.t.Fatalf("service %s has no ClusterIP", name)
+		cl.T.Fatalf("service %s has no ClusterIP", name)
 	}
 	return ip
-}
-
-// echo starts a busybox httpd pod echo-NODE on node (labels app=echo,
-// echo=NODE) answering its own name on 8080 and returns its address.
-func (cl *cluster) echo(node string) string {
-	cl.t.Helper()
-	name := "echo-" + node
-	return cl.httpd(name, node, map[string]string{"app": "echo", "echo": node}, name, 0).String()
 }
 
 // podNetns is the name (in the node's /run/netns) of the network namespace
@@ -76,13 +68,14 @@ func podNetns(t testing.TB, nd *kubeenv.Node, addr string) string {
 // and from each node itself, and a pod reaches itself through its own Service
 // (hairpin: out of its veth, DNAT back to itself on the node).
 func (cl *cluster) checkServices() {
-	t, n := cl.t, len(cl.nodes)
+	t, n := cl.T, len(cl.Nodes)
 	t0 := time.Now()
-	for _, nd := range cl.nodes {
-		nd.StartKubeProxy(t, cl.podNetwork())
+	for _, nd := range cl.Nodes {
+		nd.StartKubeProxy(t, cl.PodNetwork())
+		t.Cleanup(nd.StopKubeProxy) // the next test on the cluster starts its own
 	}
 	t.Logf("kube-proxy healthy on %d nodes in %v", n, time.Since(t0).Round(time.Millisecond))
-	for _, nd := range cl.nodes {
+	for _, nd := range cl.Nodes {
 		// The kubernetes Service is the relay's: kube-proxy must leave it alone
 		// (no endpoints: it would reject the node's new connections to it).
 		out, err := exec.Command("nsenter", "-t", fmt.Sprint(nd.NSPID()), "--net", "--", "iptables-save").CombinedOutput()
@@ -101,20 +94,26 @@ func (cl *cluster) checkServices() {
 	want := map[string]string{"node0": "echo-node1", "node1": "echo-node2", "node2": "echo-node1"}
 	podIP := map[string]string{}
 	for _, node := range []string{"node1", "node2"} {
-		podIP[node] = cl.echo(node)
+		cl.startHttpd("echo-"+node, node, map[string]string{"app": "echo", "echo": node}, "echo-"+node, 0)
+	}
+	for _, node := range []string{"node1", "node2"} {
+		podIP[node] = cl.waitRunning("echo-" + node).String()
 	}
 	t.Logf("service echo %s -> echo-node1 %s, echo-node2 %s; echo-node1 %s, echo-node2 %s", svc, podIP["node1"], podIP["node2"], self, remote["node1"])
 	probeIP := map[string]netip.Addr{}
-	for _, nd := range cl.nodes {
-		t1 := time.Now()
-		ok, log, ip := cl.runPod(nd.Name, "probe-"+nd.Name, probeScript([]string{svc + ":80", remote[nd.Name] + ":80"}, 30))
+	t1 := time.Now()
+	for _, nd := range cl.Nodes { // side by side
+		cl.startPod(nd.Name, "probe-"+nd.Name, probeScript([]string{svc + ":80", remote[nd.Name] + ":80"}, 30))
+	}
+	for _, nd := range cl.Nodes {
+		ok, log, ip := cl.waitDone("probe-" + nd.Name)
 		probeIP[nd.Name] = ip
-		t.Logf("from a pod on %s (%v):\n%s", nd.Name, time.Since(t1).Round(time.Millisecond), log)
+		t.Logf("from a pod on %s (%v after the three were created):\n%s", nd.Name, time.Since(t1).Round(time.Millisecond), log)
 		if !ok || !strings.Contains(log, remote[nd.Name]+":80 "+want[nd.Name]+" ") {
 			t.Errorf("a pod on %s did not reach every service (%s through %s)", nd.Name, want[nd.Name], remote[nd.Name])
 		}
 	}
-	for _, nd := range cl.nodes {
+	for _, nd := range cl.Nodes {
 		t1 := time.Now()
 		out, err := exec.Command("nsenter", "-t", fmt.Sprint(nd.NSPID()), "--net", "--mount", "--uts", "--",
 			"/bin/busybox", "sh", "-c", probeScript([]string{svc + ":80", remote[nd.Name] + ":80"}, 30)).CombinedOutput()
@@ -135,9 +134,9 @@ func (cl *cluster) checkServices() {
 		}
 	}
 	// Hairpin: echo-node1 through the Service whose only endpoint it is.
-	node1 := cl.nodes[1]
+	node1 := cl.Nodes[1]
 	ns := podNetns(t, node1, podIP["node1"])
-	t1 := time.Now()
+	t1 = time.Now()
 	out, err := exec.Command("nsenter", "-t", fmt.Sprint(node1.NSPID()), "--mount", "--",
 		"ip", "netns", "exec", ns, "/bin/busybox", "sh", "-c", probeScript([]string{self + ":80"}, 30)).CombinedOutput()
 	t.Logf("from pod echo-node1 (netns %s) through its own service (%v):\n%s", ns, time.Since(t1).Round(time.Millisecond), out)
@@ -157,14 +156,14 @@ func (cl *cluster) checkServices() {
 		}
 	}
 	var errs []string
-	for _, l := range strings.Split(cl.nodes[0].Log("kube-proxy", 400), "\n") {
+	for _, l := range strings.Split(cl.Nodes[0].Log("kube-proxy", 400), "\n") {
 		if strings.HasPrefix(l, "E") || strings.HasPrefix(l, "W") {
 			errs = append(errs, l)
 		}
 	}
 	t.Logf("node0 kube-proxy warnings and errors:\n%s", strings.Join(errs, "\n"))
 	if t.Failed() {
-		for _, nd := range cl.nodes {
+		for _, nd := range cl.Nodes {
 			d, _ := exec.Command("nsenter", "-t", fmt.Sprint(nd.NSPID()), "--net", "--", "iptables-save", "-t", "nat").CombinedOutput()
 			t.Logf("%s:\n%s\n%s", nd.Name, nd.Host.Dump(), d)
 		}

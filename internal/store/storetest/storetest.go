@@ -24,6 +24,7 @@ import (
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/pool"
+	"github.com/ipledger/ipledger/internal/testenv"
 )
 
 // Opener opens the store kept at path (the state file; a store may keep more files
@@ -37,6 +38,9 @@ const (
 	envRun   = "IPLEDGER_CRASH_RUN"
 	envStep  = "IPLEDGER_CRASH_STEP"
 	envAfter = "IPLEDGER_CRASH_AFTER"
+	// envStartDelay (milliseconds) holds the child back before it opens the
+	// store: a start as slow as a loaded machine's.
+	envStartDelay = "IPLEDGER_CRASH_START_DELAY_MS"
 )
 
 // CrashRun is what one killed child left: its acknowledged operations, and the one
@@ -50,8 +54,15 @@ type CrashRun struct {
 // RunCrashChild starts the test binary's TestCrashChild on p and records its
 // acknowledged changes into live (container ID -> IP). With step set, the child kills
 // itself (SIGKILL) the after-th time it reaches step; else this kills it after a
-// random pause. The child must end by SIGKILL.
+// random pause (20 to 140 ms) counted from its first BEGIN, when its loop runs: a
+// machine's load slows the child's start, not where the kill lands. The child must
+// end by SIGKILL.
 func RunCrashChild(t *testing.T, p string, run int, step string, after int, rng *rand.Rand, live map[string]string) CrashRun {
+	t.Helper()
+	return runCrashChild(t, p, run, step, after, rng, live, 0)
+}
+
+func runCrashChild(t *testing.T, p string, run int, step string, after int, rng *rand.Rand, live map[string]string, startDelay time.Duration) CrashRun {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
@@ -59,7 +70,7 @@ func RunCrashChild(t *testing.T, p string, run int, step string, after int, rng 
 	}
 	cmd := exec.Command(exe, "-test.run=^TestCrashChild$")
 	cmd.Env = append(os.Environ(), envChild+"="+p, fmt.Sprintf("%s=%d", envRun, run),
-		envStep+"="+step, fmt.Sprintf("%s=%d", envAfter, after))
+		envStep+"="+step, fmt.Sprintf("%s=%d", envAfter, after), fmt.Sprintf("%s=%d", envStartDelay, startDelay.Milliseconds()))
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -71,11 +82,16 @@ func RunCrashChild(t *testing.T, p string, run int, step string, after int, rng 
 	// Read everything as it comes, so that the child never blocks on a full pipe
 	// (it would then be killed while waiting, not in the middle of a commit).
 	var lines []string
-	read := make(chan struct{})
+	read, begun := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(read)
 		sc := bufio.NewScanner(out)
+		sawBegin := false
 		for sc.Scan() {
+			if !sawBegin && strings.HasPrefix(sc.Text(), "BEGIN") {
+				sawBegin = true
+				close(begun)
+			}
 			lines = append(lines, sc.Text())
 		}
 	}()
@@ -84,6 +100,11 @@ func RunCrashChild(t *testing.T, p string, run int, step string, after int, rng 
 		wait := time.Duration(20+rng.IntN(120)) * time.Millisecond
 		if step != "" {
 			wait = 30 * time.Second // the child kills itself; this is a backstop
+		} else {
+			select {
+			case <-read:
+			case <-begun:
+			}
 		}
 		select {
 		case <-read:
@@ -159,18 +180,32 @@ func CheckAfterCrash(t *testing.T, open Opener, p string, what string, live map[
 
 // CrashConsistency is the crash test: a child allocates and releases in a loop,
 // printing an acknowledgement after each success; the test SIGKILLs it at random
-// moments (60 times), reopens the ledger and checks that every acknowledged change is
-// there and the books balance. The test binary must have a TestCrashChild calling
-// CrashChild.
+// moments of its loop (60 times, 20 under -short), reopens the ledger and checks that
+// every acknowledged change is there and the books balance, and that a quarter of
+// the kills or more landed inside an operation. The test binary must have a
+// TestCrashChild calling CrashChild.
 func CrashConsistency(t *testing.T, open Opener) {
+	t.Helper()
+	crashConsistency(t, open, testenv.Size(60, 20), 0)
+}
+
+// CrashConsistencySlowStart is CrashConsistency with every child held back before
+// it opens the store for longer than the longest pause before a kill, as a loaded
+// machine holds it back: the kills still land in the loop, a quarter or more of
+// them inside an operation.
+func CrashConsistencySlowStart(t *testing.T, open Opener) {
+	t.Helper()
+	crashConsistency(t, open, 12, 200*time.Millisecond)
+}
+
+func crashConsistency(t *testing.T, open Opener, kills int, startDelay time.Duration) {
 	t.Helper()
 	p := filepath.Join(t.TempDir(), "ledger.db")
 	rng := rand.New(rand.NewPCG(1, uint64(time.Now().UnixNano())))
 	live := map[string]string{} // container ID -> IP, acknowledged and not released
-	const kills = 60
-	acks, midOp := 0, 0 // acknowledged operations; kills that landed inside one
+	acks, midOp := 0, 0         // acknowledged operations; kills that landed inside one
 	for run := range kills {
-		r := RunCrashChild(t, p, run, "", 0, rng, live)
+		r := runCrashChild(t, p, run, "", 0, rng, live, startDelay)
 		acks += r.Acks
 		if r.MidOp {
 			midOp++
@@ -204,6 +239,9 @@ func CrashChild(t *testing.T, open Opener) {
 		return
 	}
 	run := os.Getenv(envRun)
+	if ms, _ := strconv.Atoi(os.Getenv(envStartDelay)); ms > 0 {
+		time.Sleep(time.Duration(ms) * time.Millisecond)
+	}
 	st, err := open(p)
 	if err != nil {
 		fmt.Println("ERR", err)

@@ -15,6 +15,7 @@ import (
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/store/storetest"
+	"github.com/ipledger/ipledger/internal/testenv"
 )
 
 // crashSegment is the segment size of the crash children: a checkpoint every few
@@ -30,7 +31,15 @@ func openCrash(path string) (ledger.Store, error) { return Open(path, WithSegmen
 // every acknowledged change is there and the books balance.
 func TestCrashConsistency(t *testing.T) { storetest.CrashConsistency(t, openCrash) }
 
+// TestCrashConsistencySlowStart: the same with each child's start slower than the
+// longest pause before its kill, as under a machine's load: the kills still land
+// in the child's loop, a quarter of them or more inside an operation.
+func TestCrashConsistencySlowStart(t *testing.T) {
+	storetest.CrashConsistencySlowStart(t, openCrash)
+}
+
 // TestCrashAtEachStep kills the child at each step of a commit and of a checkpoint
+// (five runs a step, two under -short)
 // where a crash leaves the files in a different state: before the record is written,
 // between its write and its fdatasync, after the fdatasync but before the caller is
 // answered, inside the checkpoint's bbolt transaction, between the checkpoint's
@@ -58,7 +67,7 @@ func TestCrashAtEachStep(t *testing.T) {
 			r := storetest.RunCrashChild(t, p, 0, "", 0, rng, live)
 			live = storetest.CheckAfterCrash(t, openCrash, p, "the first kill", live, r.Pending)
 			acks := 0
-			for run := 1; run <= 5; run++ {
+			for run := 1; run <= testenv.Size(5, 2); run++ {
 				if s.step == "open-replayed" {
 					// a kill after a record's fdatasync (the 2nd to 41st) leaves
 					// records in the log, whatever the machine's speed (a kill at a
@@ -108,7 +117,7 @@ func TestCrashChild(t *testing.T) {
 }
 
 // TestTornTailEveryLength: the log file of five commits, cut at every byte length
-// within its last three records, and the same with the bytes after the cut garbled
+// within its last three records (its last one under -short), and the same with the bytes after the cut garbled
 // (a torn write): reopening keeps exactly the commits whose records are whole (every
 // acknowledged one) and no part of the others, and the books balance. (A real power
 // loss cannot be staged here; this is the state such a loss leaves in the log: a
@@ -153,7 +162,7 @@ func TestTornTailEveryLength(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(3, 3))
 	cases := 0
-	for cut := ends[1]; cut <= ends[4]; cut++ {
+	for cut := ends[testenv.Size(1, 3)]; cut <= ends[4]; cut++ {
 		n := 0
 		for _, e := range whole {
 			if e <= cut {

@@ -1,5 +1,5 @@
 // Package agentenv runs the real ipledger binaries for tests and benchmarks: it builds
-// them once per test process, starts ipledgerd by PID with its own state directory and
+// them once per source tree (bin.go), starts ipledgerd by PID with its own state directory and
 // socket, and when the test ends stops it by PID and audits the ledger it left, so the
 // test that breaks an invariant is the one that fails.
 package agentenv
@@ -24,12 +24,6 @@ import (
 	"github.com/ipledger/ipledger/internal/store/walstore"
 )
 
-var (
-	buildOnce sync.Once
-	binDir    string
-	buildErr  error
-)
-
 // RepoRoot is the module's root directory.
 func RepoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
@@ -39,29 +33,6 @@ func RepoRoot() string {
 // PortmapPackage is the standard CNI port-mapping plugin, built from go.mod's
 // containernetworking/plugins as `make build` builds it (bin/portmap).
 const PortmapPackage = "github.com/containernetworking/plugins/plugins/meta/portmap"
-
-// Bin builds ipledger, ipledger-veth, ipledgerd, ipledgerctl and portmap (once per
-// process) and returns the directory holding them, laid out as `make build`'s bin/.
-// It is also a CNI_PATH directory for the plugins.
-func Bin(tb testing.TB) string {
-	tb.Helper()
-	buildOnce.Do(func() {
-		binDir, buildErr = os.MkdirTemp("", "ipledger-bin-")
-		if buildErr != nil {
-			return
-		}
-		cmd := exec.Command("go", "build", "-trimpath", "-o", binDir+"/", "./cmd/...", PortmapPackage)
-		cmd.Dir = RepoRoot()
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/... %s: %v\n%s", PortmapPackage, err, out)
-		}
-	})
-	if buildErr != nil {
-		tb.Fatal(buildErr)
-	}
-	return binDir
-}
 
 // Options for Start.
 type Options struct {

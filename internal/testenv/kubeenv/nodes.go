@@ -661,3 +661,8 @@ func (n *Node) StartKubeProxy(tb testing.TB, podCIDR string) {
 	}
 	tb.Fatalf("kubeenv: node %s: kube-proxy not healthy after %v: %v\n%s", n.Name, n.c.opts.StartTimeout, last, n.Log("kube-proxy", 30))
 }
+
+// StopKubeProxy stops the node's kube-proxy by PID (SIGTERM, then SIGKILL), so
+// that a test sharing the node can start it again (another --cluster-cidr).
+// Its rules stay in the node's namespace until the next kube-proxy syncs them.
+func (n *Node) StopKubeProxy() { n.c.stopProc(n.Name + "-kube-proxy") }

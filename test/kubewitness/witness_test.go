@@ -1,4 +1,7 @@
-package kubenodes_test
+// Package kubewitness_test runs the API-witness incidents (issue 27) on three
+// kubelet nodes (internal/testenv/nodesenv): a package of its own, so that it
+// fits go test's default timeout beside another kubelet package.
+package kubewitness_test
 
 import (
 	"encoding/json"
@@ -19,7 +22,11 @@ import (
 	"github.com/ipledger/ipledger/internal/cri"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
+	"github.com/ipledger/ipledger/internal/testenv/nodesenv"
 )
+
+// cluster is the three-node environment with the witness's plugin setup.
+type cluster struct{ *nodesenv.Cluster }
 
 // The witness test's agents reconcile every 5 s with a 10 s grace, so a release
 // the API allows comes within grace + two intervals (20 s) of the evidence;
@@ -63,22 +70,22 @@ const (
 // the other cases against a fake API.) The pods' Events are printed as
 // `kubectl get events` shows them.
 func TestAPIWitness(t *testing.T) {
-	cl := startNodes(t, 3)
+	cl := &cluster{nodesenv.StartNodes(t, 3)}
 	cl.failPlugin()
 	t0 := time.Now()
-	cl.c.Apply(t, witnessManifest(t, false))
-	cl.waitAgents("deploy/ipledger.yaml with a failing test plugin chained, --api-evidence=false", t0)
+	cl.C.Apply(t, witnessManifest(t, false))
+	cl.WaitAgents("deploy/ipledger.yaml with a failing test plugin chained, --api-evidence=false", t0)
 	w := &witness{cl: cl, t: t, seen: map[string]seenLease{}}
 	w.sample()
-	for _, nd := range cl.nodes {
+	for _, nd := range cl.Nodes {
 		w.sleeper("live-"+nd.Name, nd.Name)
 	}
 	live := map[string]seenLease{}
-	for _, nd := range cl.nodes {
+	for _, nd := range cl.Nodes {
 		live["live-"+nd.Name] = w.waitLease("live-" + nd.Name)
 	}
 	t.Cleanup(func() {
-		for _, nd := range cl.nodes {
+		for _, nd := range cl.Nodes {
 			os.Remove(nd.HostPath(filepath.Join(failDir, "fail-del")))
 		}
 	})
@@ -100,9 +107,9 @@ func TestAPIWitness(t *testing.T) {
 
 	// With the API: the agents restarted with the default.
 	t1 := time.Now()
-	cl.c.Apply(t, witnessManifest(t, true))
-	cl.c.MustKubectl(t, "rollout", "status", "daemonset/ipledgerd", "-n", "ipledger", "--timeout=3m")
-	cl.waitAgents("--api-evidence=true (the default)", t1)
+	cl.C.Apply(t, witnessManifest(t, true))
+	cl.C.MustKubectl(t, "rollout", "status", "daemonset/ipledgerd", "-n", "ipledger", "--timeout=3m")
+	cl.WaitAgents("--api-evidence=true (the default)", t1)
 	rolled := time.Now()
 	for _, name := range []string{before.secondSandbox, before.deleted} {
 		r := w.waitReleased(name, 2*time.Minute)
@@ -128,7 +135,7 @@ func TestAPIWitness(t *testing.T) {
 	// Never alone: a pod re-created under its name keeps its new address.
 	w.sleeper("same", "node0")
 	first := w.waitLease("same")
-	cl.c.MustKubectl(t, "delete", "pod", "same", "--wait=true")
+	cl.C.MustKubectl(t, "delete", "pod", "same", "--wait=true")
 	w.forget("same")
 	w.sleeper("same", "node0")
 	second := w.waitLeaseOf("same", func(s seenLease) bool { return s.UID != first.UID })
@@ -141,7 +148,7 @@ func TestAPIWitness(t *testing.T) {
 	// seeing the pod gone from the API while its sandbox is READY, does not.
 	w.sleeper("restored", "node0")
 	restored := w.waitLease("restored")
-	ec, err := clientv3.New(clientv3.Config{Endpoints: []string{cl.c.EtcdURL}, DialTimeout: 10 * time.Second})
+	ec, err := clientv3.New(clientv3.Config{Endpoints: []string{cl.C.EtcdURL}, DialTimeout: 10 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,10 +163,10 @@ func TestAPIWitness(t *testing.T) {
 		t.Logf("never alone: pod restored removed from etcd while running: released by its DEL %v later, after the kubelet stopped it (sandbox %.12s)", r.To.Sub(removed).Round(time.Second), restored.ContainerID)
 	}
 	// Never alone: the API down for longer than grace + two intervals.
-	cl.c.StopAPIServer()
+	cl.C.StopAPIServer()
 	down := time.Now()
 	time.Sleep(witnessGrace + 2*witnessInterval + 2*time.Second)
-	if err := cl.c.StartAPIServer(); err != nil {
+	if err := cl.C.StartAPIServer(); err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("apiserver stopped for %v and started again", time.Since(down).Round(time.Second))
@@ -179,7 +186,7 @@ func TestAPIWitness(t *testing.T) {
 	}
 	t.Logf("never alone: %d running pods (one per node since the start, and same re-created under its name with UID %s) kept their addresses through the API's outage", len(live), second.UID)
 
-	all := cl.c.MustKubectl(t, "get", "events", "-n", "default", "--field-selector", "involvedObject.kind=Pod")
+	all := cl.C.MustKubectl(t, "get", "events", "-n", "default", "--field-selector", "involvedObject.kind=Pod")
 	var b strings.Builder
 	for i, line := range strings.Split(all, "\n") {
 		if i == 0 || strings.Contains(line, "Address") {
@@ -193,7 +200,7 @@ func TestAPIWitness(t *testing.T) {
 			t.Errorf("no Event mentions %s", want)
 		}
 	}
-	for _, nd := range cl.nodes {
+	for _, nd := range cl.Nodes {
 		os.Remove(nd.HostPath(filepath.Join(failDir, "fail-del")))
 		if out, code := w.ctl(nd.Name, "audit"); code != 0 {
 			t.Errorf("%s: audit exit %d:\n%s", nd.Name, code, out)
@@ -204,9 +211,9 @@ func TestAPIWitness(t *testing.T) {
 // failPlugin builds test/kube/failplugin into every node's CNI bin dir as
 // ipledger-testfail and turns its DEL failure on (failDir/fail-del).
 func (cl *cluster) failPlugin() {
-	t := cl.t
+	t := cl.T
 	t.Helper()
-	for _, nd := range cl.nodes {
+	for _, nd := range cl.Nodes {
 		cmd := exec.Command("go", "build", "-trimpath", "-o", nd.HostPath("/opt/cni/bin/ipledger-testfail"), "./test/kube/failplugin")
 		cmd.Dir = agentenv.RepoRoot()
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
@@ -272,7 +279,7 @@ func (w *witness) sample() {
 	go func() {
 		defer close(done)
 		for {
-			for _, nd := range w.cl.nodes {
+			for _, nd := range w.cl.Nodes {
 				out, code := w.ctl(nd.Name, "leases", "-o", "json")
 				var ls []api.LeaseView
 				if code != 0 || json.Unmarshal([]byte(out), &ls) != nil {
@@ -298,7 +305,7 @@ func (w *witness) sample() {
 // ctl runs ipledgerctl against node's agent: stdout (and stderr) and the exit code.
 func (w *witness) ctl(node string, args ...string) (string, int) {
 	var nd *kubeenv.Node
-	for _, n := range w.cl.nodes {
+	for _, n := range w.cl.Nodes {
 		if n.Name == node {
 			nd = n
 		}
@@ -413,20 +420,20 @@ func (w *witness) stranded(pod string) {
 
 // sleeper starts a pod that sleeps on node.
 func (w *witness) sleeper(name, node string) {
-	w.cl.c.Apply(w.t, podManifest(name, nil, witnessPod(node, "sleep", "/bin/busybox", "sleep", "3600")))
+	w.cl.C.Apply(w.t, nodesenv.PodManifest(name, nil, witnessPod(node, "sleep", "/bin/busybox", "sleep", "3600")))
 }
 
 // job starts a Job of one pod on node that exits 0 after two seconds.
 func (w *witness) job(name, node string) {
 	spec := witnessPod(node, "main", "/bin/busybox", "sleep", "2")
 	spec.RestartPolicy = corev1.RestartPolicyNever
-	w.cl.c.Apply(w.t, jobManifest(name, spec))
+	w.cl.C.Apply(w.t, nodesenv.JobManifest(name, spec))
 }
 
 // witnessPod is busyboxPod with a grace of one second and no service
 // variables.
 func witnessPod(node, container string, command ...string) corev1.PodSpec {
-	spec := busyboxPod(node, container, command...)
+	spec := nodesenv.BusyboxPod(node, container, command...)
 	spec.TerminationGracePeriodSeconds = new(int64(1))
 	spec.EnableServiceLinks = new(false)
 	return spec
@@ -456,7 +463,7 @@ func (w *witness) jobPod(job string) (string, time.Time) {
 				} `json:"status"`
 			} `json:"items"`
 		}
-		if err := w.cl.c.GetJSON(&l, "pods", "-n", "default", "-l", "job="+job); err != nil {
+		if err := w.cl.C.GetJSON(&l, "pods", "-n", "default", "-l", "job="+job); err != nil {
 			return false, err
 		}
 		for _, p := range l.Items {
@@ -492,7 +499,7 @@ type incident struct {
 func (w *witness) incidents(sfx string) incident {
 	w.t.Helper()
 	var x incident
-	node1, node2 := w.cl.nodes[1], w.cl.nodes[2]
+	node1, node2 := w.cl.Nodes[1], w.cl.Nodes[2]
 	failing(w.t, node1, false)
 	w.job("done-"+sfx, node1.Name)
 	w.job("leak-job-"+sfx, node1.Name)
@@ -500,7 +507,7 @@ func (w *witness) incidents(sfx string) incident {
 	w.sleeper(del, node2.Name)
 	w.waitLease(del)
 	node2.StopContainerd()
-	w.cl.c.MustKubectl(w.t, "delete", "pod", del, "--grace-period=0", "--force", "--wait=false")
+	w.cl.C.MustKubectl(w.t, "delete", "pod", del, "--grace-period=0", "--force", "--wait=false")
 	time.Sleep(2 * time.Second)
 	if err := node2.StartContainerd(); err != nil {
 		w.t.Fatal(err)
@@ -526,7 +533,7 @@ func (w *witness) incidents(sfx string) incident {
 			UID string `json:"uid"`
 		} `json:"metadata"`
 	}
-	if err := w.cl.c.GetJSON(&pod, "pod", "-n", "default", leakName); err != nil {
+	if err := w.cl.C.GetJSON(&pod, "pod", "-n", "default", leakName); err != nil {
 		w.t.Fatal(err)
 	}
 	uid := pod.Metadata.UID
