@@ -169,6 +169,10 @@ type LeaseView struct {
 	NetNSID     string    `json:"netnsID,omitempty"`
 	Created     time.Time `json:"created"`
 	State       string    `json:"state"`
+	// Why the lease has its addresses: "default pool", "pool blue (annotation
+	// ipledger.io/pool on namespace team-b)", "requested by ipledger.io/ip". Empty
+	// for a lease made before the agent recorded it.
+	Why string `json:"why,omitempty"`
 	// Reconciler's view, when a runtime is configured.
 	Sandbox string `json:"sandbox,omitempty"` // READY, NOTREADY, GONE, UNKNOWN
 	Suspect string `json:"suspect,omitempty"` // why the lease is suspected, if it is

@@ -73,6 +73,8 @@ type Release struct {
 	Reason  string     `json:"reason"`
 	Detail  string     `json:"detail,omitempty"`
 	Seq     uint64     `json:"seq"`
+	// Why the released lease had its address (the pool, an annotation).
+	Why string `json:"why,omitempty"`
 }
 
 // PoolStatus describes a network's pool.

@@ -193,6 +193,7 @@ func appendResponse(b []byte, r *Response) ([]byte, bool) {
 		e.Field(&f, "created")
 		e.Time(v.Created)
 		e.StrField(&f, "state", v.State, false)
+		e.StrField(&f, "why", v.Why, true)
 		e.StrField(&f, "sandbox", v.Sandbox, true)
 		e.StrField(&f, "suspect", v.Suspect, true)
 		e.StrField(&f, "verdict", v.Verdict, true)
@@ -415,6 +416,8 @@ func decodeResponse(d *jsonlite.Decoder, r *Response) bool {
 					ok = d.Text(&v.Created)
 				case "state":
 					ok = d.SetStr(&v.State)
+				case "why":
+					ok = d.SetStr(&v.Why)
 				case "sandbox":
 					ok = d.SetStr(&v.Sandbox)
 				case "suspect":

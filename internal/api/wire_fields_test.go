@@ -93,7 +93,7 @@ func TestWireFieldNames(t *testing.T) {
 			`"suspectLeases":[` + leaseJSON + `],"pools":[{"network":"x","allocations":1,"releases":1,"live":1,"free":1}]},` +
 			`"history":[{"network":"x","ip":"10.1.2.3","key":{"network":"x","containerID":"x","ifname":"x"},` +
 			`"pod":{"namespace":"x","name":"x","uid":"x","infraContainerID":"x"},"from":"2026-11-23T10:00:00Z","to":"2026-11-23T10:00:00Z",` +
-			`"reason":"x","detail":"x","seq":1}],` +
+			`"reason":"x","detail":"x","seq":1,"why":"x"}],` +
 			`"pool":{"network":"x","ranges":[[{"subnet":"10.1.2.3/32","rangeStart":"10.1.2.3","rangeEnd":"10.1.2.3","gateway":"10.1.2.3","usePodCidr":1}]],` +
 			`"usable":[1],"inUse":1,"free":1,"available":true,"allocations":1,"releases":1,` +
 			`"retired":[{"ranges":[{"subnet":"10.1.2.3/32","rangeStart":"10.1.2.3","rangeEnd":"10.1.2.3","gateway":"10.1.2.3","usePodCidr":1}],"leases":1}]},` +
@@ -124,5 +124,5 @@ func TestWireFieldNames(t *testing.T) {
 }
 
 const leaseJSON = `{"network":"x","containerID":"x","ifname":"x","ips":["x"],"gateways":["x"],"namespace":"x","name":"x","uid":"x",` +
-	`"infraContainerID":"x","netns":"x","netnsID":"x","created":"2026-11-23T10:00:00Z","state":"x","sandbox":"x","suspect":"x",` +
+	`"infraContainerID":"x","netns":"x","netnsID":"x","created":"2026-11-23T10:00:00Z","state":"x","why":"x","sandbox":"x","suspect":"x",` +
 	`"verdict":"x","block":"x","lost":true,"podPhase":"x","podInAPI":"x"}`

@@ -214,13 +214,13 @@ func history(env *Env, socket string, args []string) int {
 		return ExitOK
 	}
 	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "FROM\tTO\tCONTAINER\tIFNAME\tPOD\tREASON\tDETAIL")
+	fmt.Fprintln(tw, "FROM\tTO\tCONTAINER\tIFNAME\tPOD\tREASON\tWHY\tDETAIL")
 	for _, r := range resp.History {
 		pod := "-"
 		if r.Pod.Name != "" {
 			pod = r.Pod.Namespace + "/" + r.Pod.Name
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.From.Format(time.RFC3339), r.To.Format(time.RFC3339), short(r.Key.ContainerID), r.Key.IfName, pod, r.Reason, r.Detail)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", r.From.Format(time.RFC3339), r.To.Format(time.RFC3339), short(r.Key.ContainerID), r.Key.IfName, pod, r.Reason, orDash(r.Why), r.Detail)
 	}
 	tw.Flush()
 	return ExitOK

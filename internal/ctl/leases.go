@@ -46,7 +46,7 @@ func leases(env *Env, socket string, args []string) int {
 }
 
 // LeaseHeader is the leases table's header, its columns separated by tabs.
-const LeaseHeader = "NETWORK\tCONTAINER\tIFNAME\tIPS\tPOD\tPHASE\tAGE\tSANDBOX\tVERDICT"
+const LeaseHeader = "NETWORK\tCONTAINER\tIFNAME\tIPS\tPOD\tPHASE\tAGE\tSANDBOX\tVERDICT\tWHY"
 
 // LeaseRow is l's row of the leases table (columns separated by tabs, as
 // LeaseHeader's), its age at now.
@@ -62,7 +62,7 @@ func LeaseRow(l api.LeaseView, now time.Time) string {
 		// cluster mode: another node owns the address's block now
 		v += " (block " + l.Block + " lost)"
 	}
-	return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", l.Network, short(l.ContainerID), l.IfName, strings.Join(l.IPs, ","), podName(l), podPhase(l), Age(now.Sub(l.Created)), orDash(l.Sandbox), v)
+	return fmt.Sprintf("%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", l.Network, short(l.ContainerID), l.IfName, strings.Join(l.IPs, ","), podName(l), podPhase(l), Age(now.Sub(l.Created)), orDash(l.Sandbox), v, orDash(l.Why))
 }
 
 func fetchLeases(env *Env, socket, network string) ([]api.LeaseView, error) {

@@ -75,6 +75,20 @@ type AllocateRequest struct {
 	// LogLater, when set, receives the allocation's log lines instead of their being
 	// written before Allocate returns (see LogLines).
 	LogLater *LogLines
+	// Why is recorded with the lease and its history (Lease.Why): how its
+	// addresses were chosen.
+	Why string
+	// Want asks for these addresses, at most one per range set (a pod's
+	// ipledger.io/ip): each must lie in a range set of the pool, be neither a
+	// network, broadcast or gateway address nor excluded, nor held, nor released by
+	// another pod less than the reuse delay ago, and in cluster mode lie in an active
+	// block of the node. Otherwise the allocation fails with ErrAddressUnavailable and
+	// nothing changes. Range sets without a requested address are picked as usual.
+	Want []netip.Addr
+	// Exclude are addresses no allocation of this request hands out (reservations):
+	// the ledger skips them (those its fresh cursor passes become free addresses that
+	// stay unused while excluded). A lease already holding one keeps it.
+	Exclude []netip.Prefix
 }
 
 // Holder identifies one lease: an attachment and the time its lease was created. A
@@ -120,7 +134,7 @@ func (req AllocateRequest) Validate() error {
 			return fmt.Errorf("supersede: %w", err)
 		}
 	}
-	return nil
+	return req.validChoice()
 }
 
 // Allocate gives the attachment one address from every range set of its network's
@@ -168,14 +182,24 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 				return fmt.Errorf("network %q: allocation refused: %w", req.Key.Network, err)
 			}
 		}
-		ls := &Lease{Key: req.Key, Pod: req.Pod, NetNS: req.NetNS, Created: now, State: StateActive}
+		want, err := wantFor(ps, req.Want)
+		if err != nil {
+			return err
+		}
+		ls := &Lease{Key: req.Key, Pod: req.Pod, NetNS: req.NetNS, Created: now, State: StateActive, Why: req.Why}
 		if l.opts.Boot != nil {
 			if id, since, ok := l.opts.Boot.Boot(); ok {
 				ls.BootID, ls.SinceBoot = id, since
 			}
 		}
 		for i := range ps.sets {
-			a, err := c.pick(ps, i, req.Pod.UID, mono)
+			var a netip.Addr
+			var err error
+			if want[i].IsValid() {
+				a, err = c.pickWanted(ps, i, want[i], req.Pod.UID, mono, req.Exclude)
+			} else {
+				a, err = c.pick(ps, i, req.Pod.UID, mono, req.Exclude)
+			}
 			if err != nil {
 				return err
 			}
@@ -247,15 +271,15 @@ func (s *setState) nextFresh(held map[netip.Addr]*Lease, set pool.RangeSet, size
 // pick takes one address of range set i: the pod's own last address when it is free,
 // else a never-used one, else the least recently released one past the reuse delay
 // (measured on the monotonic clock: mono is now's reading).
-func (c *change) pick(ps *poolState, i int, uid string, mono time.Duration) (netip.Addr, error) {
+func (c *change) pick(ps *poolState, i int, uid string, mono time.Duration, ex []netip.Prefix) (netip.Addr, error) {
 	s := ps.sets[i]
 	if s.bits != 0 {
-		return c.pickBlock(ps, i, uid, mono)
+		return c.pickBlock(ps, i, uid, mono, ex)
 	}
 	if uid != "" {
 		var best *freeItem
 		for _, it := range s.byUID[uid] {
-			if best == nil || it.f.Seq > best.f.Seq {
+			if !excluded(ex, it.f.IP) && (best == nil || it.f.Seq > best.f.Seq) {
 				best = it
 			}
 		}
@@ -264,10 +288,10 @@ func (c *change) pick(ps *poolState, i int, uid string, mono time.Duration) (net
 		}
 	}
 	c.touchPool(ps)
-	if a, ok := s.nextFresh(ps.held, s.set, s.size, &ps.rec.NextFresh[i]); ok {
+	if a, ok := c.fresh(ps, i, s.set, s.size, &ps.rec.NextFresh[i], ex); ok {
 		return a, nil
 	}
-	if top := s.free.top(); top != nil && mono-top.mono >= c.l.opts.ReuseDelay {
+	if top := c.topEligible(s, mono, ex); top != nil {
 		return c.takeFree(s, top), nil
 	}
 	return netip.Addr{}, fmt.Errorf("%w: network %q range set %d (%s): all %d usable addresses are in use (%d more released less than the reuse delay of %s ago)",

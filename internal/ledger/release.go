@@ -57,7 +57,7 @@ func (c *change) release(k Key, reason Reason, detail string, now time.Time, mon
 		delete(ps.held, a)
 		c.onUndo(func() { ps.held[a] = ls })
 		ps.rec.Releases++
-		r := Release{Network: k.Network, IP: a, Key: k, Pod: ls.Pod, From: ls.Created, To: now, Reason: reason, Detail: detail, Seq: f.Seq}
+		r := Release{Network: k.Network, IP: a, Key: k, Pod: ls.Pod, From: ls.Created, To: now, Reason: reason, Detail: detail, Seq: f.Seq, Why: ls.Why}
 		keep := l.opts.HistoryKeep
 		c.write(func(tx Tx) error {
 			if keepFree {
@@ -161,7 +161,7 @@ func (c *change) releaseRetired(ps *poolState, ls *Lease, a netip.Addr, reason R
 		held = append(held[:r:r], held[r+1:]...)
 	}
 	ps.retiredHeld = held
-	rel := Release{Network: ls.Key.Network, IP: a, Key: ls.Key, Pod: ls.Pod, From: ls.Created, To: now, Reason: reason, Detail: detail, Seq: ps.rec.Seq}
+	rel := Release{Network: ls.Key.Network, IP: a, Key: ls.Key, Pod: ls.Pod, From: ls.Created, To: now, Reason: reason, Detail: detail, Seq: ps.rec.Seq, Why: ls.Why}
 	keep := c.l.opts.HistoryKeep
 	c.write(func(tx Tx) error { return tx.AppendHistory(rel, keep) })
 	return nil

@@ -51,6 +51,10 @@ const (
 	// MaxDetailLen bounds a release's detail (an operator's reason, a reconciler's
 	// evidence).
 	MaxDetailLen = 4096
+	// MaxWhyLen bounds a lease's Why.
+	MaxWhyLen = 512
+	// MaxExclude bounds AllocateRequest.Exclude.
+	MaxExclude = 256
 )
 
 // Key identifies a CNI attachment: network name, container ID, interface name.
@@ -146,6 +150,9 @@ type Lease struct {
 	// written without them read as unknown.
 	BootID    string        `json:"bootID,omitempty"`
 	SinceBoot time.Duration `json:"sinceBoot,omitempty"`
+	// Why says why the lease got its addresses (AllocateRequest.Why): "default pool",
+	// "requested by ipledger.io/ip", ... Empty for a lease written before it existed.
+	Why string `json:"why,omitempty"`
 }
 
 // Lease states.
@@ -165,6 +172,8 @@ type Release struct {
 	Reason  Reason     `json:"reason"`
 	Detail  string     `json:"detail,omitempty"`
 	Seq     uint64     `json:"seq"`
+	// Why is the released lease's Why: how the address was chosen.
+	Why string `json:"why,omitempty"`
 }
 
 // Free is a released address waiting to be reused, in release order.

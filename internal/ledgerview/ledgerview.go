@@ -16,7 +16,7 @@ import (
 func Lease(ls ledger.Lease, ranges []pool.RangeSet) api.LeaseView {
 	v := api.LeaseView{Network: ls.Key.Network, ContainerID: ls.Key.ContainerID, IfName: ls.Key.IfName,
 		Namespace: ls.Pod.Namespace, Name: ls.Pod.Name, UID: ls.Pod.UID, Infra: ls.Pod.InfraContainerID, NetNS: ls.NetNS.Path,
-		Created: ls.Created, State: ls.State, IPs: []string{}}
+		Created: ls.Created, State: ls.State, Why: ls.Why, IPs: []string{}}
 	if ls.NetNS.Ino != 0 {
 		v.NetNSID = fmt.Sprintf("%d:%d", ls.NetNS.Dev, ls.NetNS.Ino)
 	}
@@ -46,7 +46,7 @@ func Pod(p ledger.Pod) api.Pod {
 // Release shows one entry of an address's history.
 func Release(r ledger.Release) api.Release {
 	return api.Release{Network: r.Network, IP: r.IP, Key: Key(r.Key), Pod: Pod(r.Pod), From: r.From, To: r.To,
-		Reason: string(r.Reason), Detail: r.Detail, Seq: r.Seq}
+		Reason: string(r.Reason), Detail: r.Detail, Seq: r.Seq, Why: r.Why}
 }
 
 // Releases shows an address's history; nil stays nil.

@@ -85,6 +85,7 @@ func appendLease(b []byte, l *ledger.Lease) ([]byte, bool) {
 		return nil, false
 	}
 	e.UintField(&first, "sinceBoot", uint64(l.SinceBoot), true)
+	e.StrField(&first, "why", l.Why, true)
 	e.Raw("}")
 	return e.B, e.OK
 }
@@ -157,6 +158,8 @@ func decodeLease(d *jsonlite.Decoder, l *ledger.Lease, in *Interner) bool {
 			}
 			l.SinceBoot = time.Duration(v)
 			return true
+		case "why":
+			return in.set(d, &l.Why)
 		}
 		return false
 	})
@@ -294,6 +297,7 @@ func appendRelease(b []byte, r *ledger.Release) ([]byte, bool) {
 	e.StrField(&first, "reason", string(r.Reason), false)
 	e.StrField(&first, "detail", r.Detail, true)
 	e.UintField(&first, "seq", r.Seq, false)
+	e.StrField(&first, "why", r.Why, true)
 	e.Raw("}")
 	return e.B, e.OK
 }

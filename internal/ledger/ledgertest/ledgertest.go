@@ -119,6 +119,8 @@ func Run(t *testing.T, newStore Factory) {
 		{"ReuseDelayAcrossRestart", testReuseDelayAcrossRestart},
 		{"CreationBootReading", testCreationBootReading},
 		{"LogLater", testLogLater},
+		{"WantedAddress", testWantedAddress},
+		{"Exclude", testExclude},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore) })
