@@ -429,7 +429,7 @@ func TestLeasesTable(t *testing.T) {
 		t.Errorf("header %q", rows[0])
 	}
 	for i, row := range rows[1:] {
-		want := []string{fmt.Sprintf("node%d", i), "k8s-pod-network", "aaaaaaaaaaaaa", "eth0", fmt.Sprintf("10.244.%d.5/24", i), fmt.Sprintf("default/web-node%d", i), "Running", "5m", "READY", "-"}
+		want := []string{fmt.Sprintf("node%d", i), "k8s-pod-network", "aaaaaaaaaaaaa", "eth0", fmt.Sprintf("10.244.%d.5/24", i), fmt.Sprintf("default/web-node%d", i), "Running", "5m", "READY", "-", "-"}
 		if !slices.Equal(row, want) {
 			t.Errorf("row %d: %q, want %q", i+1, row, want)
 		}
