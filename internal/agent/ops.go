@@ -176,7 +176,11 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 	if err := s.settleSpooled(k, later); err != nil {
 		return errResp(errorOf(err))
 	}
-	areq := ledger.AllocateRequest{Key: k, Pod: podOf(req.Pod), NetNS: netnsOf(req.NetNS), Ranges: req.Ranges, ReplaceRanges: replace, LogLater: later, Why: WhyDefault}
+	exclude, aerr := excludeOf(req.Exclude)
+	if aerr != nil {
+		return errResp(aerr)
+	}
+	areq := ledger.AllocateRequest{Key: k, Pod: podOf(req.Pod), NetNS: netnsOf(req.NetNS), Ranges: req.Ranges, ReplaceRanges: replace, LogLater: later, Why: WhyDefault, Exclude: exclude}
 	var supersededLeases []ledger.Lease // the holders judged, for their Events
 	if req.Pod.UID != "" && s.cfg.Guard != nil {
 		if _, held := s.cfg.Ledger.Lease(k); !held {
