@@ -211,6 +211,9 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 			cfg.NodeNetwork = kp.network
 		}
 		cfg.Pods, cfg.Events = kp.pods, kp.events
+		if kp.pods != nil {
+			cfg.Choices = kp.pods
+		}
 		pods = kp.pods
 	}
 	var witness reconcile.PodWitness // the API, the reconciler's second witness

@@ -19,6 +19,7 @@ import (
 )
 
 var _ controller.Pools = (*cluster.Manager)(nil)
+var _ agent.Choices = (*kubenode.Pods)(nil)
 
 // startNetwork starts the Kubernetes features of the agent (--node-name): the Node
 // watch, which resolves usePodCidr, and the node network's controller (routes to the

@@ -55,6 +55,9 @@ type Config struct {
 	// Events records Kubernetes Events on the pods whose leases are released by
 	// reconciliation, superseded or found stranded (--node-name); nil without.
 	Events Events
+	// Choices reads the ipledger.io/pool and ipledger.io/ip annotations of an ADD's
+	// pod and namespace (--node-name: kubenode.Pods); nil: no annotation is read.
+	Choices Choices
 	// Runtime answers the operator's questions about the container runtime (doctor,
 	// release, readiness); nil when no runtime is configured.
 	Runtime RuntimeInfo

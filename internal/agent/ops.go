@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/choice"
 	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/datastore"
 	"github.com/ipledger/ipledger/internal/ledger"
@@ -30,7 +31,7 @@ func errorOf(err error) *api.Error {
 		code = api.CodeExhausted
 	case errors.Is(err, ledger.ErrPoolConflict):
 		code = api.CodeConflict
-	case errors.Is(err, ledger.ErrInvalidAttachment), errors.Is(err, pool.ErrInvalidRange), errors.Is(err, ledger.ErrUnknownNetwork):
+	case errors.Is(err, ledger.ErrInvalidAttachment), errors.Is(err, pool.ErrInvalidRange), errors.Is(err, ledger.ErrUnknownNetwork), errors.Is(err, ledger.ErrAddressUnavailable):
 		code = api.CodeInvalid
 	case errors.Is(err, ledger.ErrStore), errors.Is(err, ledger.ErrCorrupt):
 		code = api.CodeStore
@@ -176,7 +177,23 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 	if err := s.settleSpooled(k, later); err != nil {
 		return errResp(errorOf(err))
 	}
-	areq := ledger.AllocateRequest{Key: k, Pod: podOf(req.Pod), NetNS: netnsOf(req.NetNS), Ranges: req.Ranges, ReplaceRanges: replace, LogLater: later}
+	exclude, aerr := excludeOf(req.Exclude)
+	if aerr != nil {
+		return errResp(aerr)
+	}
+	areq := ledger.AllocateRequest{Key: k, Pod: podOf(req.Pod), NetNS: netnsOf(req.NetNS), Ranges: req.Ranges, ReplaceRanges: replace, LogLater: later, Why: WhyDefault, Exclude: exclude}
+	var chosen *choiceMade
+	if _, held := s.cfg.Ledger.Lease(k); !held {
+		// an attachment holding a lease gets it back (ADD is idempotent) whatever
+		// its annotations say now
+		var aerr *api.Error
+		if chosen, aerr = s.choose(ctx, req.Pod); aerr != nil {
+			return errResp(aerr)
+		}
+		if chosen != nil {
+			areq.Want, areq.Why = chosen.want, chosen.why
+		}
+	}
 	var supersededLeases []ledger.Lease // the holders judged, for their Events
 	if req.Pod.UID != "" && s.cfg.Guard != nil {
 		if _, held := s.cfg.Ledger.Lease(k); !held {
@@ -209,6 +226,9 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 	superseding = s.held(superseding)
 	ls, existed, err := s.allocate(ctx, areq, req.BlockSize)
 	if err != nil {
+		if chosen != nil && errors.Is(err, ledger.ErrAddressUnavailable) {
+			return errResp(s.refuseChoice(req.Pod, fmt.Sprintf("%s on %s asks for %s: %v; give a free address inside the network's ranges, or remove the annotation", choice.IP, chosen.ipFrom, chosen.ipValue, err)))
+		}
 		return errResp(errorOf(err))
 	}
 	s.countSuperseded(superseding)

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"time"
 
 	"github.com/ipledger/ipledger/internal/pool"
@@ -111,9 +112,12 @@ type Request struct {
 	IfName      string          `json:"ifname,omitempty"`
 	Ranges      []pool.RangeSet `json:"ranges,omitempty"`
 	// BlockSize: ADD in cluster mode, the ipam config's blockSize (0: the defaults).
-	BlockSize int   `json:"blockSize,omitempty"`
-	Pod       Pod   `json:"pod,omitzero"`
-	NetNS     NetNS `json:"netns,omitzero"`
+	BlockSize int `json:"blockSize,omitempty"`
+	// Exclude: ADD, the ipam config's exclude (addresses and CIDRs no pod gets;
+	// ParseExclude reads each).
+	Exclude []string `json:"exclude,omitempty"`
+	Pod     Pod      `json:"pod,omitzero"`
+	NetNS   NetNS    `json:"netns,omitzero"`
 	// GC: the attachments of Network that are still valid.
 	Valid []Attachment `json:"valid,omitempty"`
 	// CHECK: the addresses the runtime believes the attachment has.
@@ -169,9 +173,10 @@ type LeaseView struct {
 	NetNSID     string    `json:"netnsID,omitempty"`
 	Created     time.Time `json:"created"`
 	State       string    `json:"state"`
-	// Why the lease's addresses were chosen, when that was a choice (Lease.Why):
-	// "sticky for web-0 (StatefulSet default/web)", "sticky for web-0, borrowed
-	// from node node2".
+	// Why the lease has its addresses (Lease.Why): "default pool", "requested by
+	// ipledger.io/ip", "sticky for web-0 (StatefulSet default/web)", "sticky for
+	// web-0, borrowed from node node2". Empty for a lease made before the agent
+	// recorded it.
 	Why string `json:"why,omitempty"`
 	// Reconciler's view, when a runtime is configured.
 	Sandbox string `json:"sandbox,omitempty"` // READY, NOTREADY, GONE, UNKNOWN
@@ -360,4 +365,24 @@ func readLine(r *bufio.Reader, limit int) ([]byte, error) {
 			return out, nil
 		}
 	}
+}
+
+// MaxExclude bounds the entries of Request.Exclude (ipam.exclude).
+const MaxExclude = 256
+
+// ParseExclude reads one entry of ipam.exclude: an address (10.0.0.5, fd00::5) or a
+// CIDR without host bits (10.0.0.16/28). The error says what to write instead.
+func ParseExclude(s string) (netip.Prefix, error) {
+	if a, err := netip.ParseAddr(s); err == nil && a.Zone() == "" {
+		a = a.Unmap()
+		return netip.PrefixFrom(a, a.BitLen()), nil
+	}
+	p, err := netip.ParsePrefix(s)
+	if err != nil {
+		return netip.Prefix{}, fmt.Errorf("%q is not an address or a CIDR; give e.g. \"10.0.0.5\" or \"10.0.0.16/28\"", s)
+	}
+	if p.Masked() != p {
+		return netip.Prefix{}, fmt.Errorf("%q has host bits set; give %q (or the address alone)", s, p.Masked().String())
+	}
+	return p, nil
 }

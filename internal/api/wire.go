@@ -75,6 +75,10 @@ func appendRequest(b []byte, r *Request) ([]byte, bool) {
 		e.Raw(`,"blockSize":`)
 		e.Int(int64(r.BlockSize))
 	}
+	if len(r.Exclude) > 0 {
+		e.Field(&first, "exclude")
+		e.Strings(r.Exclude)
+	}
 	if r.Pod != (Pod{}) {
 		e.Field(&first, "pod")
 		appendPod(&e, r.Pod)
@@ -306,6 +310,8 @@ func decodeRequest(d *jsonlite.Decoder, r *Request) bool {
 			r.Ranges, ok = decodeRanges(d)
 		case "blockSize":
 			r.BlockSize, ok = d.Int()
+		case "exclude":
+			r.Exclude, ok = d.Strings()
 		case "pod":
 			ok = decodePod(d, &r.Pod)
 		case "netns":

@@ -76,7 +76,7 @@ func TestWireFieldNames(t *testing.T) {
 			fieldtest.Fill(t, reflect.ValueOf(&req))
 			return req
 		}(), `{"version":1,"op":"x","network":"x","containerID":"x","ifname":"x",` +
-			`"ranges":[[{"subnet":"10.1.2.3/32","rangeStart":"10.1.2.3","rangeEnd":"10.1.2.3","gateway":"10.1.2.3","usePodCidr":1}]],"blockSize":1,` +
+			`"ranges":[[{"subnet":"10.1.2.3/32","rangeStart":"10.1.2.3","rangeEnd":"10.1.2.3","gateway":"10.1.2.3","usePodCidr":1}]],"blockSize":1,"exclude":["x"],` +
 			`"pod":{"namespace":"x","name":"x","uid":"x","infraContainerID":"x"},"netns":{"path":"x","dev":1,"ino":1},` +
 			`"valid":[{"containerID":"x","ifname":"x"}],"ips":["x"],"ip":"x","detail":"x","forceReadySandbox":true,` +
 			`"cni":{"command":"x","containerID":"x","netns":"x","ifname":"x","args":"x","path":"x","netnsOverride":"x","stdin":"AQ==",` +

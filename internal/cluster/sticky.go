@@ -107,7 +107,7 @@ func (m *Manager) AllocateSticky(ctx context.Context, req ledger.AllocateRequest
 		}
 	}
 	for _, k := range kept {
-		req.Want = append(req.Want, k.addr)
+		req.Want, req.Sticky = append(req.Want, k.addr), true
 		if k.owner == m.opts.Node {
 			continue
 		}

@@ -73,9 +73,9 @@ func TestCommandOutputs(t *testing.T) {
 		out, code := runCtl(t, a, now, "leases")
 		want := []string{
 			"NETWORK  CONTAINER  IFNAME  IPS                       POD        PHASE  AGE  SANDBOX  VERDICT  WHY",
-			"n1       web-0      eth0    10.90.0.3/24              ns1/web-0  -      3h   -        -        -",
-			"n1       web-1      eth0    10.90.0.4/24              ns2/web-1  -      3h   -        -        -",
-			"n2       bare       net1    10.91.0.2/28,fd91::2/120  -          -      3h   -        -        -",
+			"n1       web-0      eth0    10.90.0.3/24              ns1/web-0  -      3h   -        -        default pool",
+			"n1       web-1      eth0    10.90.0.4/24              ns2/web-1  -      3h   -        -        default pool",
+			"n2       bare       net1    10.91.0.2/28,fd91::2/120  -          -      3h   -        -        default pool",
 		}
 		if code != 0 || strings.TrimRight(out, "\n") != strings.Join(want, "\n") {
 			t.Fatalf("exit %d\n%s\nwant\n%s", code, out, strings.Join(want, "\n"))
@@ -147,7 +147,7 @@ func TestCommandOutputs(t *testing.T) {
 		lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
 		if code != 0 || len(lines) != 2 || !strings.HasPrefix(lines[0], "FROM ") ||
 			!strings.Contains(lines[1], " old-0 ") || !strings.Contains(lines[1], " ns1/old-0 ") || !strings.Contains(lines[1], "DEL     pod deleted  ") ||
-			!strings.HasSuffix(lines[0], " WHY") || !strings.HasSuffix(lines[1], " -") {
+			!strings.HasSuffix(lines[0], " WHY") || !strings.HasSuffix(lines[1], " default pool") {
 			t.Fatalf("history table: exit %d\n%s", code, out)
 		}
 		for _, format := range []string{"json", "yaml"} {

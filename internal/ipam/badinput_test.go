@@ -74,6 +74,8 @@ func badInputs(conf func(ranges string) string, good string) []badCase {
 		{"range redefined for an existing network", call{Stdin: conf(`[[{"subnet":"10.82.0.0/24"}]]`)}, types.ErrInvalidNetworkConfig, []string{"badnet", "ranges", "10.81.0.0/24"}},
 		{"range redefined for the existing attachment", call{ContainerID: "keeper", Stdin: conf(`[[{"subnet":"10.82.0.0/24"}]]`)}, types.ErrInvalidNetworkConfig, []string{"badnet", "ranges"}},
 		{"bad route", call{Stdin: strings.Replace(conf(good), `"ranges":`, `"routes":[{"dst":"nowhere"}],"ranges":`, 1)}, types.ErrInvalidNetworkConfig, []string{"ipam.routes[0].dst"}},
+		{"exclude not an address", call{Stdin: strings.Replace(conf(good), `"ranges":`, `"exclude":["10.81.0.x"],"ranges":`, 1)}, types.ErrInvalidNetworkConfig, []string{"ipam.exclude[0]", "10.81.0.x", "10.0.0.16/28"}},
+		{"exclude host bits", call{Stdin: strings.Replace(conf(good), `"ranges":`, `"exclude":["10.81.0.9","10.81.0.5/28"],"ranges":`, 1)}, types.ErrInvalidNetworkConfig, []string{"ipam.exclude[1]", "10.81.0.0/28"}},
 		{"bad timeout", call{Stdin: strings.Replace(conf(good), `"ranges":`, `"timeout":"soon","ranges":`, 1)}, types.ErrInvalidNetworkConfig, []string{"ipam.timeout"}},
 		{"missing CNI_CONTAINERID", call{Unset: []string{"CNI_CONTAINERID"}, Stdin: conf(good)}, types.ErrInvalidEnvironmentVariables, []string{"CNI_CONTAINERID"}},
 		{"empty CNI_CONTAINERID", call{ContainerID: "-", Stdin: conf(good)}, types.ErrInvalidEnvironmentVariables, []string{"CNI_CONTAINERID"}},

@@ -53,6 +53,9 @@ type Config struct {
 	// BlockSize is cluster mode's block prefix length (0: /26 for IPv4, /122 for
 	// IPv6); the agent checks it against the ranges. Node mode ignores it.
 	BlockSize int `json:"blockSize,omitempty"`
+	// Exclude are addresses and CIDRs no pod gets ("10.0.0.5", "10.0.0.16/28"): the
+	// node-mode form of a reservation. A lease already holding one keeps it.
+	Exclude []string `json:"exclude,omitempty"`
 
 	ranges  []pool.RangeSet
 	timeout time.Duration
@@ -125,12 +128,31 @@ func ParseConfig(stdin []byte, needRanges bool) (*NetConf, *cniplugin.Error) {
 	if c.BlockSize < 0 || c.BlockSize > 128 {
 		return nil, cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.blockSize: %d is not a prefix length; give e.g. 26 (IPv4 /26 blocks, IPv6 /122) or leave it out", c.BlockSize), "")
 	}
+	if needRanges {
+		if cerr := checkExclude(c.Exclude); cerr != nil {
+			return nil, cerr
+		}
+	}
 	for i, r := range c.Routes {
 		if r == nil || r.Dst.IP == nil {
 			return nil, cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.routes[%d].dst: missing", i), "")
 		}
 	}
 	return &conf, nil
+}
+
+// checkExclude refuses an ipam.exclude entry that is not an address or a CIDR
+// without host bits, naming the entry and the fix.
+func checkExclude(ex []string) *cniplugin.Error {
+	if len(ex) > api.MaxExclude {
+		return cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.exclude: %d entries; at most %d (use CIDRs for ranges)", len(ex), api.MaxExclude), "")
+	}
+	for i, e := range ex {
+		if _, err := api.ParseExclude(e); err != nil {
+			return cniplugin.NewError(cniplugin.ErrInvalidNetworkConfig, fmt.Sprintf("ipam.exclude[%d]: %v", i, err), "")
+		}
+	}
+	return nil
 }
 
 // Limits on the pod identity values taken from CNI_ARGS.

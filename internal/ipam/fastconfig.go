@@ -18,7 +18,7 @@ import (
 // ipamFields those of Config.
 var (
 	netConfFields = []string{"cniVersion", "name", "type", "capabilities", "ipam", "dns", "prevResult", "cni.dev/valid-attachments", "cni.dev/attachments"}
-	ipamFields    = []string{"type", "socket", "spoolDir", "timeout", "ranges", "routes", "dataDir", "blockSize"}
+	ipamFields    = []string{"type", "socket", "spoolDir", "timeout", "ranges", "routes", "dataDir", "blockSize", "exclude"}
 )
 
 // decodeNetConf is json.Unmarshal(stdin, conf).
@@ -60,6 +60,10 @@ func fastNetConf(d *jsonlite.Decoder, c *NetConf) bool {
 				case "blockSize":
 					var ok bool
 					c.IPAM.BlockSize, ok = d.Int()
+					return ok
+				case "exclude":
+					var ok bool
+					c.IPAM.Exclude, ok = d.Strings()
 					return ok
 				case "ranges":
 					raw, ok := d.Skip()

@@ -137,7 +137,7 @@ func (p *Plugin) Add(args *cniplugin.Args) error {
 		return cniplugin.NewError(cniplugin.ErrInvalidNetNS, fmt.Sprintf("CNI_NETNS %s is the plugin's own (host) network namespace; refusing to allocate for it", args.Netns), "")
 	}
 	resp, err := p.call(conf, api.Request{Op: api.OpAdd, Network: k.Network, ContainerID: k.ContainerID, IfName: k.IfName,
-		Ranges: conf.IPAM.ranges, BlockSize: conf.IPAM.BlockSize, Pod: pod, NetNS: ns})
+		Ranges: conf.IPAM.ranges, BlockSize: conf.IPAM.BlockSize, Exclude: conf.IPAM.Exclude, Pod: pod, NetNS: ns})
 	if err != nil {
 		return toCNI(err, conf.IPAM.Socket)
 	}

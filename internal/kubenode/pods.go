@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sync"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
+	"github.com/ipledger/ipledger/internal/choice"
 	"github.com/ipledger/ipledger/internal/clock"
 )
 
@@ -70,6 +72,8 @@ type Pods struct {
 	// checked that of the last live check of a READY sandbox's pod.
 	asked, checked   time.Duration
 	asked0, checked0 bool
+	// getNS reads a namespace from the API server (NamespaceChoices); nil: none
+	getNS func(ctx context.Context, name string) (*corev1.Namespace, error)
 }
 
 // podGetter reads one pod from the API server itself (a consistent GET).
@@ -98,6 +102,9 @@ type podFact struct {
 	// and the runtime and CNI_ARGS know it by that UID, not the mirror's.
 	static string
 	phase  corev1.PodPhase
+	// choices are the pod's ipledger.io/pool and ipledger.io/ip annotations, only
+	// those present (nil for most pods)
+	choices map[string]string
 }
 
 // mirrorAnnotation names, on a mirror pod, the UID of the static pod it mirrors.
@@ -117,7 +124,11 @@ func NewPods(cfg *rest.Config, node string, clk clock.Clock, log *slog.Logger) (
 	get := func(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
 		return c.Pods(namespace).Get(ctx, name, metav1.GetOptions{})
 	}
-	return newPods(cache.NewListWatchFromClient(c.RESTClient(), "pods", metav1.NamespaceAll, sel), get, node, clk, log), nil
+	p := newPods(cache.NewListWatchFromClient(c.RESTClient(), "pods", metav1.NamespaceAll, sel), get, node, clk, log)
+	p.getNS = func(ctx context.Context, name string) (*corev1.Namespace, error) {
+		return c.Namespaces().Get(ctx, name, metav1.GetOptions{})
+	}
+	return p, nil
 }
 
 func newPods(lw cache.ListerWatcher, get podGetter, node string, clk clock.Clock, log *slog.Logger) *Pods {
@@ -363,7 +374,60 @@ func factOf(obj any) (podFact, bool) {
 	if !ok {
 		return podFact{}, false
 	}
-	return podFact{namespace: pod.Namespace, name: pod.Name, uid: string(pod.UID), static: pod.Annotations[mirrorAnnotation], phase: pod.Status.Phase}, true
+	return podFact{namespace: pod.Namespace, name: pod.Name, uid: string(pod.UID), static: pod.Annotations[mirrorAnnotation], phase: pod.Status.Phase, choices: choicesOf(pod.Annotations)}, true
+}
+
+// choicesOf keeps the address-choice annotations of annotations, nil when none.
+func choicesOf(annotations map[string]string) map[string]string {
+	var out map[string]string
+	for _, k := range []string{choice.Pool, choice.IP} {
+		if v, ok := annotations[k]; ok {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// NamespaceChoices returns the address-choice annotations of the namespace (only
+// ipledger.io/pool applies there), read by one GET of the Namespace at every ADD, so
+// that a namespace annotated a moment ago applies to its next pod. A namespace the
+// API server does not have has none; an error means the API could not be asked.
+func (p *Pods) NamespaceChoices(ctx context.Context, namespace string) (map[string]string, error) {
+	if p.getNS == nil || namespace == "" {
+		return nil, nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, liveTimeout)
+	defer cancel()
+	ns, err := p.getNS(ctx, namespace)
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("kubenode: GET namespace %s: %w", namespace, err)
+	}
+	return choicesOf(ns.Annotations), nil
+}
+
+// Choices returns the address-choice annotations (ipledger.io/pool, ipledger.io/ip)
+// of the pod, only those present: from the watch's cache, or, when the cache lacks
+// the pod (an ADD comes right after the binding the watch may not have delivered
+// yet), from a GET of the pod. A pod the API server does not have has none. An
+// error means the API could not be asked: the caller must not guess.
+func (p *Pods) Choices(ctx context.Context, namespace, name, uid string) (map[string]string, error) {
+	p.mu.Lock()
+	f, ok := p.lookupLocked(namespace, name, uid)
+	p.mu.Unlock()
+	if ok {
+		return maps.Clone(f.choices), nil
+	}
+	pod, deleted, err := p.live(ctx, namespace, name, uid)
+	if err != nil || deleted {
+		return nil, err
+	}
+	return choicesOf(pod.Annotations), nil
 }
 
 func putFact(byUID, byName map[string]podFact, f podFact) {

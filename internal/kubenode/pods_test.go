@@ -2,6 +2,7 @@ package kubenode_test
 
 import (
 	"context"
+	"maps"
 	"testing"
 	"time"
 
@@ -134,4 +135,58 @@ func TestPods(t *testing.T) {
 		t.Fatal(err)
 	}
 	check("a static pod's mirror deleted", "kube-system", "static-node-a", "static-uid-1", "", false)
+}
+
+// TestPodChoices: the agent reads a pod's ipledger.io annotations from the watch,
+// and from a GET when the watch does not hold the pod (a pod of another node here,
+// standing for one bound a moment ago), and a namespace's from a GET, on a real
+// kube-apiserver; other annotations are not kept.
+func TestPodChoices(t *testing.T) {
+	api := kubeenv.StartAPIServer(t, kubeenv.APIServerOptions{})
+	c, err := corev1client.NewForConfig(api.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := c.Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "team-b",
+		Annotations: map[string]string{"ipledger.io/pool": "blue", "other": "x"}}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	annotate := func(p *corev1.Pod) {
+		p.Annotations = map[string]string{"ipledger.io/ip": "10.9.0.7", "other": "x"}
+		if _, err := c.Pods(p.Namespace).Update(ctx, p, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a := createPod(t, c, "team-b", "pod-a", "node-a")
+	annotate(a)
+	b := createPod(t, c, "team-b", "pod-b", "node-b")
+	annotate(b)
+	cctx, cancel := context.WithCancel(ctx)
+	t.Cleanup(cancel)
+	pods, err := kubenode.NewPods(api.Config(), "node-a", nil, logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pods.Run(cctx)
+	if !pods.WaitSynced(cctx) {
+		t.Fatal("not synced")
+	}
+	want := map[string]string{"ipledger.io/ip": "10.9.0.7"}
+	for _, p := range []*corev1.Pod{a, b} {
+		got, err := pods.Choices(ctx, p.Namespace, p.Name, string(p.UID))
+		if err != nil || !maps.Equal(got, want) {
+			t.Errorf("Choices(%s) = %v, %v; want %v", p.Name, got, err, want)
+		}
+	}
+	if got, err := pods.Choices(ctx, "team-b", "nobody", ""); err != nil || got != nil {
+		t.Errorf("Choices of a pod the API does not have = %v, %v; want none", got, err)
+	}
+	got, err := pods.NamespaceChoices(ctx, "team-b")
+	if err != nil || !maps.Equal(got, map[string]string{"ipledger.io/pool": "blue"}) {
+		t.Errorf("NamespaceChoices(team-b) = %v, %v", got, err)
+	}
+	if got, err := pods.NamespaceChoices(ctx, "default"); err != nil || got != nil {
+		t.Errorf("NamespaceChoices(default) = %v, %v; want none", got, err)
+	}
 }

@@ -72,19 +72,30 @@ type AllocateRequest struct {
 	// (attachment and creation time): one whose attachment holds another lease by the
 	// time the request is applied (released and allocated again meanwhile) is kept.
 	SupersedeHolders []Holder
-	// Want are addresses to give instead of the next free ones, at most one per
-	// range set: each one free or withheld in an active block of the node (a
-	// sticky address kept here), or, in a cluster-scoped pool, one outside the
-	// node's blocks that the caller borrowed from another node's block (recorded
-	// in Lease.Borrowed). A range set without one allocates as usual. One that
-	// cannot be given fails the allocation with ErrNotWanted.
-	Want []netip.Addr
-	// Why is recorded on the lease (Lease.Why): why its addresses were chosen, when
-	// that was a choice. At most MaxDetailLen bytes.
-	Why string
 	// LogLater, when set, receives the allocation's log lines instead of their being
 	// written before Allocate returns (see LogLines).
 	LogLater *LogLines
+	// Why is recorded with the lease and its history (Lease.Why): how its
+	// addresses were chosen.
+	Why string
+	// Want asks for these addresses, at most one per range set (a pod's
+	// ipledger.io/ip): each must lie in a range set of the pool, be neither a
+	// network, broadcast or gateway address nor excluded, nor held, nor kept for a
+	// StatefulSet pod, nor released by another pod less than the reuse delay ago,
+	// and in cluster mode lie in an active block of the node. Otherwise the
+	// allocation fails with ErrAddressUnavailable and nothing changes. Range sets
+	// without a requested address are picked as usual. With Sticky, see there.
+	Want []netip.Addr
+	// Sticky says Want are a StatefulSet pod's own addresses, which the caller
+	// settled in the datastore: each one withheld (kept) in an active block of the
+	// node, or, in a cluster-scoped pool, one outside the node's blocks that the
+	// caller borrowed from another node's block through the datastore (recorded in
+	// Lease.Borrowed). One that cannot be given fails with ErrAddressUnavailable.
+	Sticky bool
+	// Exclude are addresses no allocation of this request hands out (reservations):
+	// the ledger skips them (those its fresh cursor passes become free addresses that
+	// stay unused while excluded). A lease already holding one keeps it.
+	Exclude []netip.Prefix
 }
 
 // Holder identifies one lease: an attachment and the time its lease was created. A
@@ -96,9 +107,6 @@ type Holder struct {
 
 // HolderOf returns the holder identity of ls.
 func HolderOf(ls Lease) Holder { return Holder{Key: ls.Key, Created: ls.Created} }
-
-// MaxWant bounds the addresses one request may ask for.
-const MaxWant = 8
 
 // MaxSupersede bounds how many leases one request may supersede.
 const MaxSupersede = 64
@@ -114,17 +122,6 @@ func (req AllocateRequest) Validate() error {
 	}
 	if err := req.NetNS.Validate(); err != nil {
 		return err
-	}
-	if err := boundedText("why", req.Why, MaxDetailLen); err != nil {
-		return err
-	}
-	if len(req.Want) > MaxWant {
-		return fmt.Errorf("%w: want: %d addresses; at most %d (one per range set)", ErrInvalidAttachment, len(req.Want), MaxWant)
-	}
-	for _, w := range req.Want {
-		if !w.IsValid() || w.Zone() != "" {
-			return fmt.Errorf("%w: want: %q is not an address without zone", ErrInvalidAttachment, w)
-		}
 	}
 	if req.Ranges != nil {
 		if err := pool.Validate(req.Ranges); err != nil {
@@ -144,7 +141,7 @@ func (req AllocateRequest) Validate() error {
 			return fmt.Errorf("supersede: %w", err)
 		}
 	}
-	return nil
+	return req.validChoice()
 }
 
 // Allocate gives the attachment one address from every range set of its network's
@@ -192,33 +189,29 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 				return fmt.Errorf("network %q: allocation refused: %w", req.Key.Network, err)
 			}
 		}
+		want, err := wantFor(ps, req.Want)
+		if err != nil {
+			return err
+		}
 		ls := &Lease{Key: req.Key, Pod: req.Pod, NetNS: req.NetNS, Created: now, State: StateActive, Why: req.Why}
 		if l.opts.Boot != nil {
 			if id, since, ok := l.opts.Boot.Boot(); ok {
 				ls.BootID, ls.SinceBoot = id, since
 			}
 		}
-		want := map[int]netip.Addr{}
-		for _, w := range req.Want {
-			i := ps.setOf(w)
-			if i < 0 {
-				return fmt.Errorf("%w: %s is in no range of network %q", ErrNotWanted, w, req.Key.Network)
-			}
-			if _, dup := want[i]; dup {
-				return fmt.Errorf("%w: two addresses asked for in range set %d", ErrNotWanted, i)
-			}
-			want[i] = w
-		}
 		for i := range ps.sets {
 			var a netip.Addr
 			var err error
-			if w, ok := want[i]; ok {
+			switch {
+			case want[i].IsValid() && req.Sticky:
 				var borrowed bool
-				if a, borrowed, err = c.take(ps, i, w); borrowed {
+				if a, borrowed, err = c.take(ps, i, want[i]); borrowed {
 					ls.Borrowed = append(ls.Borrowed, a)
 				}
-			} else {
-				a, err = c.pick(ps, i, req.Pod.UID, mono)
+			case want[i].IsValid():
+				a, err = c.pickWanted(ps, i, want[i], req.Pod.UID, mono, req.Exclude)
+			default:
+				a, err = c.pick(ps, i, req.Pod.UID, mono, req.Exclude)
 			}
 			if err != nil {
 				return err
@@ -257,31 +250,31 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 // node's blocks of a cluster-scoped pool.
 func (c *change) take(ps *poolState, i int, w netip.Addr) (a netip.Addr, borrowed bool, err error) {
 	if other := ps.held[w]; other != nil {
-		return netip.Addr{}, false, fmt.Errorf("%w: %s is held by %s", ErrNotWanted, w, other.Key)
+		return netip.Addr{}, false, fmt.Errorf("%w: %s is held by %s", ErrAddressUnavailable, w, other.Key)
 	}
 	s := ps.sets[i]
 	if s.set.Reserved(w) {
-		return netip.Addr{}, false, fmt.Errorf("%w: %s is reserved (network or gateway address)", ErrNotWanted, w)
+		return netip.Addr{}, false, fmt.Errorf("%w: %s is reserved (network or gateway address)", ErrAddressUnavailable, w)
 	}
 	if s.bits == 0 {
 		if it := s.index[w]; it != nil {
 			return c.takeFree(s, it), false, nil
 		}
-		return netip.Addr{}, false, fmt.Errorf("%w: %s is not free", ErrNotWanted, w)
+		return netip.Addr{}, false, fmt.Errorf("%w: %s is not free", ErrAddressUnavailable, w)
 	}
 	b := s.blockOf(w)
 	switch {
 	case b == nil:
 		return w, true, nil
 	case b.rec.State != BlockActive:
-		return netip.Addr{}, false, fmt.Errorf("%w: %s is in block %s, %s", ErrNotWanted, w, b.rec.Prefix, b.rec.State)
+		return netip.Addr{}, false, fmt.Errorf("%w: %s is in block %s, %s", ErrAddressUnavailable, w, b.rec.Prefix, b.rec.State)
 	case b.withheld[w]:
 		return w, false, nil
 	}
 	if it := s.index[w]; it != nil && !it.parked {
 		return c.takeFree(s, it), false, nil
 	}
-	return netip.Addr{}, false, fmt.Errorf("%w: %s is neither free nor kept in block %s", ErrNotWanted, w, b.rec.Prefix)
+	return netip.Addr{}, false, fmt.Errorf("%w: %s is neither free nor kept in block %s", ErrAddressUnavailable, w, b.rec.Prefix)
 }
 
 // takeFree hands out the free address it (removing it from s's free list, undone
@@ -326,15 +319,15 @@ func (s *setState) nextFresh(held map[netip.Addr]*Lease, set pool.RangeSet, size
 // pick takes one address of range set i: the pod's own last address when it is free,
 // else a never-used one, else the least recently released one past the reuse delay
 // (measured on the monotonic clock: mono is now's reading).
-func (c *change) pick(ps *poolState, i int, uid string, mono time.Duration) (netip.Addr, error) {
+func (c *change) pick(ps *poolState, i int, uid string, mono time.Duration, ex []netip.Prefix) (netip.Addr, error) {
 	s := ps.sets[i]
 	if s.bits != 0 {
-		return c.pickBlock(ps, i, uid, mono)
+		return c.pickBlock(ps, i, uid, mono, ex)
 	}
 	if uid != "" {
 		var best *freeItem
 		for _, it := range s.byUID[uid] {
-			if best == nil || it.f.Seq > best.f.Seq {
+			if !excluded(ex, it.f.IP) && (best == nil || it.f.Seq > best.f.Seq) {
 				best = it
 			}
 		}
@@ -343,10 +336,10 @@ func (c *change) pick(ps *poolState, i int, uid string, mono time.Duration) (net
 		}
 	}
 	c.touchPool(ps)
-	if a, ok := s.nextFresh(ps.held, s.set, s.size, &ps.rec.NextFresh[i]); ok {
+	if a, ok := c.fresh(ps, i, s.set, s.size, &ps.rec.NextFresh[i], ex); ok {
 		return a, nil
 	}
-	if top := s.free.top(); top != nil && mono-top.mono >= c.l.opts.ReuseDelay {
+	if top := c.topEligible(s, mono, ex); top != nil {
 		return c.takeFree(s, top), nil
 	}
 	return netip.Addr{}, fmt.Errorf("%w: network %q range set %d (%s): all %d usable addresses are in use (%d more released less than the reuse delay of %s ago)",

@@ -309,12 +309,12 @@ func auditCheck(rep *AuditReport, bad func(string, ...any), mem memIndex, holder
 	accounted map[poolSet]uint64, lastRel map[addrKey]Release, blocks map[blockKey]*blockAudit) {
 	// last history entry per address against its free record
 	for ak, r := range lastRel {
-		if f, ok := free[ak]; ok && (f.Seq != r.Seq || !f.ReleasedAt.Equal(r.To)) {
+		if f, ok := free[ak]; ok && !f.neverUsed() && (f.Seq != r.Seq || !f.ReleasedAt.Equal(r.To)) {
 			bad("%s/%s: free since %s (seq %d) but its last release is seq %d at %s", ak.network, ak.ip, f.ReleasedAt, f.Seq, r.Seq, r.To)
 		}
 	}
-	for ak := range free {
-		if _, ok := lastRel[ak]; !ok {
+	for ak, f := range free {
+		if _, ok := lastRel[ak]; !ok && !f.neverUsed() {
 			bad("%s/%s is free but has no release in its history", ak.network, ak.ip)
 		}
 	}

@@ -489,12 +489,12 @@ func (l *Ledger) Blocks(network string) []BlockStatus {
 // address when it is free in an active block, else one never used here from the
 // first active block that has one, else the least recently released one of the active
 // blocks past the reuse delay.
-func (c *change) pickBlock(ps *poolState, i int, uid string, mono time.Duration) (netip.Addr, error) {
+func (c *change) pickBlock(ps *poolState, i int, uid string, mono time.Duration, ex []netip.Prefix) (netip.Addr, error) {
 	s := ps.sets[i]
 	if uid != "" {
 		var best *freeItem
 		for _, it := range s.byUID[uid] {
-			if !it.parked && (best == nil || it.f.Seq > best.f.Seq) {
+			if !it.parked && !excluded(ex, it.f.IP) && (best == nil || it.f.Seq > best.f.Seq) {
 				best = it
 			}
 		}
@@ -515,12 +515,12 @@ func (c *change) pickBlock(ps *poolState, i int, uid string, mono time.Duration)
 		active++
 		if b.rec.NextFresh < b.size {
 			c.saveBlock(b)
-			if a, ok := s.nextFresh(ps.held, b.clip, b.size, &b.rec.NextFresh); ok {
+			if a, ok := c.fresh(ps, i, b.clip, b.size, &b.rec.NextFresh, ex); ok {
 				return a, nil
 			}
 		}
 	}
-	if top := s.free.top(); top != nil && mono-top.mono >= c.l.opts.ReuseDelay {
+	if top := c.topEligible(s, mono, ex); top != nil {
 		return c.takeFree(s, top), nil
 	}
 	return netip.Addr{}, &BlockCapacityError{Network: ps.rec.Network, Set: i, Blocks: active, Waiting: s.free.Len()}

@@ -39,10 +39,11 @@ var (
 	// ErrUnknownBlock: the pool has no such block (or it is not cluster-scoped), or
 	// the block is not one of the pool's aligned blocks.
 	ErrUnknownBlock = errors.New("unknown block")
+	// ErrAddressUnavailable: an allocation asked for an address (AllocateRequest.Want)
+	// that it cannot have: outside the pool, reserved, excluded, held by another
+	// attachment, still in its reuse delay, or (cluster mode) in no block the node
+	// owns. The message names the address and the reason; nothing was allocated.
+	ErrAddressUnavailable = errors.New("requested address unavailable")
 	// ErrBlockEpoch: a block operation named an epoch other than the block's.
 	ErrBlockEpoch = errors.New("block epoch mismatch")
-	// ErrNotWanted: an address the allocation asked for (AllocateRequest.Want)
-	// cannot be given: held by another lease, not free nor withheld in an active
-	// block of the node, or outside the range set.
-	ErrNotWanted = errors.New("requested address cannot be given")
 )

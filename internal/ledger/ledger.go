@@ -232,7 +232,10 @@ func (l *Ledger) load(keep map[freeMark]time.Duration) error {
 				b.used(f.IP)
 			}
 			mono, ok := keep[freeMark{f.Network, f.IP, f.Seq}]
-			if !ok {
+			switch {
+			case f.neverUsed():
+				mono = neverReleased // no pod held it: no reuse delay to wait
+			case !ok:
 				mono = now
 				if bootOK && f.BootID == bootID && f.SinceBoot > 0 && f.SinceBoot <= bootNow {
 					// released earlier on this boot: as long ago as CLOCK_BOOTTIME says

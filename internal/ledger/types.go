@@ -51,6 +51,10 @@ const (
 	// MaxDetailLen bounds a release's detail (an operator's reason, a reconciler's
 	// evidence).
 	MaxDetailLen = 4096
+	// MaxWhyLen bounds a lease's Why.
+	MaxWhyLen = 512
+	// MaxExclude bounds AllocateRequest.Exclude.
+	MaxExclude = 256
 )
 
 // Key identifies a CNI attachment: network name, container ID, interface name.
@@ -138,9 +142,10 @@ type Lease struct {
 	IPs     []netip.Prefix `json:"ips"` // one per range set, with the subnet's prefix length
 	Created time.Time      `json:"created"`
 	State   string         `json:"state"`
-	// Why says why the lease got its addresses when that was a choice rather than
-	// the next free address: "sticky for web-0 (StatefulSet default/web)", "sticky
-	// for web-0, borrowed from node node2". Empty for an ordinary allocation.
+	// Why says why the lease got its addresses (AllocateRequest.Why): "default pool",
+	// "requested by ipledger.io/ip", "sticky for web-0 (StatefulSet default/web)",
+	// "sticky for web-0, borrowed from node node2". Empty for a lease written before
+	// it existed.
 	Why string `json:"why,omitempty"`
 	// Borrowed are the lease's addresses lent to this node from another node's
 	// block (a StatefulSet pod's sticky address; the block record in the cluster

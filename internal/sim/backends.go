@@ -61,7 +61,7 @@ func rangeJSON(pool [3]string) string {
 	return string(b)
 }
 
-func newIpledger(w *world, dir string, pool [3]string) (*ipledgerSys, error) {
+func newIpledger(w *world, dir string, pool [3]string, reserve []string) (*ipledgerSys, error) {
 	b := &ipledgerSys{w: w, dir: dir, spool: filepath.Join(dir, "spool")}
 	// The spool fsyncs every entry and its directory (as it must on a node); the
 	// simulated crashes cannot lose page-cache writes, so the spool lives in memory
@@ -71,8 +71,9 @@ func newIpledger(w *world, dir string, pool [3]string) (*ipledgerSys, error) {
 			b.spool, b.shm = d, d
 		}
 	}
-	b.conf = fmt.Appendf(nil, `{"cniVersion":"1.0.0","name":%q,"type":"ipledger-veth","ipam":{"type":"ipledger","socket":%q,"ranges":%s}}`,
-		network, filepath.Join(dir, "agent.sock"), rangeJSON(pool))
+	exclude, _ := json.Marshal(reserve)
+	b.conf = fmt.Appendf(nil, `{"cniVersion":"1.0.0","name":%q,"type":"ipledger-veth","ipam":{"type":"ipledger","socket":%q,"ranges":%s,"exclude":%s}}`,
+		network, filepath.Join(dir, "agent.sock"), rangeJSON(pool), exclude)
 	b.plug = &ipam.Plugin{Call: b.call, Stdout: io.Discard, Stderr: io.Discard, Now: w.clk.Now}
 	if err := b.open(); err != nil {
 		return nil, err

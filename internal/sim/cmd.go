@@ -18,7 +18,7 @@ const (
 	exitError      = 2
 )
 
-const usage = `usage: ipledgerctl sim [--scenario S] [--pods N] [--seed K] [--pool CIDR] [-o table|json]
+const usage = `usage: ipledgerctl sim [--scenario S] [--pods N] [--seed K] [--pool CIDR] [--reserve CIDRS] [-o table|json]
 
 Replays the incidents ipledger exists to end, at scale, on a simulated clock: a model of
 kubelet, the container runtime and the CNI chain drives ipledger's real ledger, agent,
@@ -41,6 +41,14 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, tty bool
 	fs.StringVar(&o.Pool, "pool", "", "the network's subnet (default 10.64.0.0/16; crashloop-recreate: its incident's 32 addresses)")
 	fs.IntVar(&o.BaselinePods, "baseline-pods", 1000, "pods for the host-local baseline (each call execs it); 0 skips it")
 	fs.StringVar(&o.HostLocal, "host-local", HostLocalPath, "the host-local binary of the baseline")
+	fs.Func("reserve", "comma-separated addresses and CIDRs no pod may get (ipledger's ipam.exclude); ADDs answered with one count as reservedHits", func(v string) error {
+		for _, f := range strings.Split(v, ",") {
+			if f = strings.TrimSpace(f); f != "" {
+				o.Reserve = append(o.Reserve, f)
+			}
+		}
+		return nil
+	})
 	out := fs.String("o", "table", "output: table or json")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -76,6 +84,11 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer, tty bool
 		}
 	} else {
 		Table(stdout, res)
+		if len(o.Reserve) > 0 {
+			for _, r := range res {
+				fmt.Fprintf(stdout, "reserved %s: %s %s answered %d ADDs with a reserved address\n", strings.Join(o.Reserve, ","), r.Scenario, r.System, r.ReservedHits)
+			}
+		}
 	}
 	for _, r := range res {
 		if r.System == "ipledger" && !r.Balanced() {

@@ -107,6 +107,11 @@ func (w *world) chainAdd(sb *sandbox) (netip.Addr, error) {
 		return netip.Addr{}, err
 	}
 	sb.addr, sb.held = addr, true
+	for _, p := range w.reserved {
+		if p.Contains(addr) {
+			w.c.reservedHits++
+		}
+	}
 	if u := w.users[addr]; u != nil && u != sb && u.nsAlive && u.addr == addr {
 		w.c.doubleAssigned++
 	}

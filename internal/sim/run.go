@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"slices"
 	"time"
+
+	"github.com/ipledger/ipledger/internal/api"
 )
 
 // Options configure a simulation run.
@@ -30,6 +32,10 @@ type Options struct {
 	TempDir string
 	// Progress, when set, is told how far each run is (0..1).
 	Progress func(system, scenario string, done float64)
+	// Reserve are addresses and CIDRs no pod may get (--reserve): ipledger's
+	// conflist excludes them (ipam.exclude); host-local has no such setting. Every
+	// ADD answered with one of them counts in Result.ReservedHits.
+	Reserve []string
 }
 
 // Faults counts the faults a run injected.
@@ -49,22 +55,24 @@ type Faults struct {
 // Result is one system's outcome of one scenario; its JSON is the contract of
 // `ipledgerctl sim -o json`.
 type Result struct {
-	System           string   `json:"system"`
-	Scenario         string   `json:"scenario"`
-	Pods             int      `json:"pods"`
-	Lifecycles       int      `json:"lifecycles"`
-	LeakedAtEnd      int      `json:"leakedAtEnd"`
-	FalseReleases    int      `json:"falseReleases"`
-	DoubleAssigned   int      `json:"doubleAssigned"`
-	ExhaustionEvents int      `json:"exhaustionEvents"`
-	PeakLive         int      `json:"peakLive"`
-	ReclaimP50       float64  `json:"reclaimSecondsP50"`
-	ReclaimP99       float64  `json:"reclaimSecondsP99"`
-	SimulatedSeconds float64  `json:"simulatedSeconds"`
-	WallSeconds      float64  `json:"wallSeconds"`
-	Faults           Faults   `json:"faults"`
-	FalseReleaseOf   []string `json:"falseReleaseOf,omitempty"`
-	Note             string   `json:"note,omitempty"`
+	System           string  `json:"system"`
+	Scenario         string  `json:"scenario"`
+	Pods             int     `json:"pods"`
+	Lifecycles       int     `json:"lifecycles"`
+	LeakedAtEnd      int     `json:"leakedAtEnd"`
+	FalseReleases    int     `json:"falseReleases"`
+	DoubleAssigned   int     `json:"doubleAssigned"`
+	ExhaustionEvents int     `json:"exhaustionEvents"`
+	PeakLive         int     `json:"peakLive"`
+	ReclaimP50       float64 `json:"reclaimSecondsP50"`
+	ReclaimP99       float64 `json:"reclaimSecondsP99"`
+	SimulatedSeconds float64 `json:"simulatedSeconds"`
+	WallSeconds      float64 `json:"wallSeconds"`
+	Faults           Faults  `json:"faults"`
+	// ReservedHits counts the ADDs answered with a reserved address (--reserve).
+	ReservedHits   int      `json:"reservedHits"`
+	FalseReleaseOf []string `json:"falseReleaseOf,omitempty"`
+	Note           string   `json:"note,omitempty"`
 }
 
 // Balanced reports whether the run ended with nothing leaked and no invariant broken.
@@ -95,6 +103,11 @@ func Run(ctx context.Context, o Options) ([]Result, error) {
 			return nil, fmt.Errorf("--pool: %s is too small; give a /27 or larger", o.Pool)
 		}
 		custom[0] = p.String()
+	}
+	for _, r := range o.Reserve {
+		if _, err := api.ParseExclude(r); err != nil {
+			return nil, fmt.Errorf("--reserve: %v", err)
+		}
 	}
 	if o.HostLocal == "" {
 		o.HostLocal = HostLocalPath
@@ -145,11 +158,15 @@ func runOne(ctx context.Context, o Options, name string, k knobs, pods int, pool
 	defer os.RemoveAll(tmp)
 	start := time.Now()
 	w := newWorld(ctx, k, pods, o.Seed, tmp)
+	for _, r := range o.Reserve {
+		p, _ := api.ParseExclude(r)
+		w.reserved = append(w.reserved, p)
+	}
 	var b backend
 	if baseline {
 		b, err = newHostLocal(w, o.HostLocal, filepath.Join(tmp, "host-local"), pool)
 	} else {
-		b, err = newIpledger(w, filepath.Join(tmp, "ipledger"), pool)
+		b, err = newIpledger(w, filepath.Join(tmp, "ipledger"), pool, o.Reserve)
 	}
 	if err != nil {
 		return Result{}, err
@@ -171,7 +188,7 @@ func runOne(ctx context.Context, o Options, name string, k knobs, pods int, pool
 	c := w.c
 	r := Result{System: b.name(), Scenario: name, Pods: c.pods, Lifecycles: c.lifecycles, LeakedAtEnd: c.leakedAtEnd,
 		FalseReleases: c.falseReleases, DoubleAssigned: c.doubleAssigned, ExhaustionEvents: c.exhaustion, PeakLive: c.peakLive,
-		SimulatedSeconds: w.now().Seconds(), WallSeconds: time.Since(start).Seconds(), FalseReleaseOf: w.falseWhy,
+		ReservedHits: c.reservedHits, SimulatedSeconds: w.now().Seconds(), WallSeconds: time.Since(start).Seconds(), FalseReleaseOf: w.falseWhy,
 		Faults: Faults{SecondSandboxes: c.secondSandboxes, ChainFailures: c.chainFailures, Crashes: c.crashes, Reboots: c.reboots,
 			RuntimeRestarts: c.restarts, StaleNetnsDELs: c.staleDELs, StuckNotReady: c.stuck, AgentCrashes: c.agentCrashes, SpooledDELs: c.spooled, ClockSteps: c.clockSteps}}
 	r.ReclaimP50, r.ReclaimP99 = percentile(c.reclaim, 0.50), percentile(c.reclaim, 0.99)

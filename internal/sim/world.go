@@ -92,6 +92,7 @@ func (q *queue) Pop() any {
 // counters are a run's results.
 type counters struct {
 	pods, lifecycles, leakedAtEnd, falseReleases, doubleAssigned, exhaustion, peakLive int
+	reservedHits                                                                       int
 	reclaim                                                                            []float64
 	stuck, secondSandboxes, chainFailures, crashes, reboots, restarts, agentCrashes    int
 	clockSteps, spooled, staleDELs                                                     int
@@ -99,18 +100,20 @@ type counters struct {
 
 // world is the simulated node: kubelet, the runtime, the namespaces, the clock.
 type world struct {
-	k     knobs
-	seed  uint64
-	pods  int
-	clk   *simClock
-	q     queue
-	seq   uint64
-	b     backend
-	c     counters
-	ctx   context.Context
-	tmp   string
-	pend  int // pending pod events
-	progr func(done float64)
+	// reserved: no ADD may be answered with one of these (Options.Reserve)
+	reserved []netip.Prefix
+	k        knobs
+	seed     uint64
+	pods     int
+	clk      *simClock
+	q        queue
+	seq      uint64
+	b        backend
+	c        counters
+	ctx      context.Context
+	tmp      string
+	pend     int // pending pod events
+	progr    func(done float64)
 
 	sandboxes map[string]*sandbox
 	listed    []*sandbox // the runtime's sandboxes (READY and NOTREADY), in creation order

@@ -161,7 +161,7 @@ func decodeLease(d *jsonlite.Decoder, l *ledger.Lease, in *Interner) bool {
 		case "state":
 			return in.set(d, &l.State)
 		case "why":
-			return d.SetStr(&l.Why)
+			return in.set(d, &l.Why)
 		case "borrowed":
 			l.Borrowed = make([]netip.Addr, 0, 1)
 			return d.Array(func() bool {

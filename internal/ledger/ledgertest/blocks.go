@@ -581,7 +581,7 @@ func testBlocksWithheld(t *testing.T, newStore Factory) {
 // asks for it (AllocateRequest.Want) and to nobody else; one borrowed from
 // another node's block is held outside the node's blocks, survives a reopen,
 // and is not kept free here when released; an address neither free nor kept is
-// refused with ErrNotWanted, as is one held by another lease.
+// refused with ErrAddressUnavailable, as is one held by another lease.
 func testBlocksWant(t *testing.T, newStore Factory) {
 	st, reopen := newStore(t)
 	clk := NewClock()
@@ -605,8 +605,8 @@ func testBlocksWant(t *testing.T, newStore Factory) {
 	if err := l.SetWithheld("net", block, []netip.Addr{x}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("thief"), Ranges: r, Want: []netip.Addr{x}}); !errors.Is(err, ledger.ErrNotWanted) {
-		t.Fatalf("asking for an address held by another lease: %v, want ErrNotWanted", err)
+	if _, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("thief"), Ranges: r, Want: []netip.Addr{x}}); !errors.Is(err, ledger.ErrAddressUnavailable) {
+		t.Fatalf("asking for an address held by another lease: %v, want ErrAddressUnavailable", err)
 	}
 	if _, _, err := l.Release(Key("web-0-old"), ledger.ReasonDEL, ""); err != nil {
 		t.Fatal(err)
@@ -615,15 +615,15 @@ func testBlocksWant(t *testing.T, newStore Factory) {
 		t.Fatalf("another pod got %v %v; never the kept %s", other.IPs, err, x)
 	}
 	const why = "sticky for web-0 (StatefulSet default/web)"
-	again, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("web-0-new"), Ranges: r, Want: []netip.Addr{x}, Why: why})
+	again, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("web-0-new"), Ranges: r, Sticky: true, Want: []netip.Addr{x}, Why: why})
 	if err != nil || again.IPs[0].Addr() != x || again.Why != why || len(again.Borrowed) != 0 {
 		t.Fatalf("the re-created pod got %+v %v, want %s, why %q, nothing borrowed", again, err, x, why)
 	}
-	if _, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("fresh"), Ranges: r, Want: []netip.Addr{netip.MustParseAddr("10.7.0.30")}}); !errors.Is(err, ledger.ErrNotWanted) {
-		t.Fatalf("asking for an address neither free nor kept: %v, want ErrNotWanted", err)
+	if _, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("fresh"), Ranges: r, Sticky: true, Want: []netip.Addr{netip.MustParseAddr("10.7.0.30")}}); !errors.Is(err, ledger.ErrAddressUnavailable) {
+		t.Fatalf("asking for an address neither free nor kept: %v, want ErrAddressUnavailable", err)
 	}
 	y := netip.MustParseAddr("10.7.0.40") // in another node's block
-	lent, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("web-1"), Ranges: r, Want: []netip.Addr{y}, Why: "sticky for web-1, borrowed from node node-b"})
+	lent, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("web-1"), Ranges: r, Sticky: true, Want: []netip.Addr{y}, Why: "sticky for web-1, borrowed from node node-b"})
 	if err != nil || lent.IPs[0].Addr() != y || !slices.Equal(lent.Borrowed, []netip.Addr{y}) {
 		t.Fatalf("borrowed allocation %+v %v, want %s recorded as borrowed", lent, err, y)
 	}

@@ -122,6 +122,8 @@ func Run(t *testing.T, newStore Factory) {
 		{"CreationBootReading", testCreationBootReading},
 		{"LogLater", testLogLater},
 		{"WhyKept", testWhyKept},
+		{"WantedAddress", testWantedAddress},
+		{"Exclude", testExclude},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore) })
