@@ -129,7 +129,9 @@ func (ps *poolState) usedIn(set pool.RangeSet) (netip.Addr, bool) {
 // replacePool gives network's pool ps the ranges and block sizes of a config that
 // differs from it (other ranges, or node mode <-> cluster mode: blockBits nil for a
 // node-mode pool), within c. It is refused with ErrPoolConflict while a lease holds
-// an address of the pool (its ranges or its retired sets) or a block withholds one.
+// an address of the pool (its ranges or its retired sets) or a block withholds one,
+// and while an address released into the pool's free list that the new ranges
+// include is within its reuse delay (the new pool does not know it was released).
 // Otherwise the pool starts again under the new config: the old ranges' free
 // addresses and the blocks are forgotten (deleted from the store), the counters carry
 // over so that the books still balance (allocations = releases + live), the history
@@ -156,6 +158,10 @@ func (c *change) replacePool(ps *poolState, ranges []pool.RangeSet, blockBits []
 	}
 	if err := l.checkDisjoint(network, ranges); err != nil {
 		return err
+	}
+	if n, wait := ps.cooling(ranges, l.opts.Clock.Mono(), l.opts.ReuseDelay); n > 0 {
+		return fmt.Errorf("%w: network %q: %d of its addresses were released less than the reuse delay (%v) ago and lie in the new ranges %v, which would hand them out at once; the pool is replaced once they have waited it out (retry in %v)",
+			ErrPoolConflict, network, n, l.opts.ReuseDelay, pool.SetsString(ranges), wait.Round(time.Millisecond))
 	}
 	now := l.opts.Clock.Now().UTC()
 	reason := replaceReason(ps.rec.BlockBits, blockBits, pool.Equal(ps.rec.Ranges, ranges))
@@ -189,6 +195,26 @@ func (c *change) replacePool(ps *poolState, ranges []pool.RangeSet, blockBits []
 		l.logAt(at, slog.LevelWarn, "pool replaced", "network", network, "from", from, "to", to, "reason", reason)
 	})
 	return nil
+}
+
+// cooling counts the free addresses of ps inside ranges that are still within their
+// reuse delay at mono, and returns the longest wait left.
+func (ps *poolState) cooling(ranges []pool.RangeSet, mono, delay time.Duration) (n int, wait time.Duration) {
+	for _, s := range ps.sets {
+		for a, it := range s.index {
+			left := delay - (mono - it.mono)
+			if left <= 0 {
+				continue
+			}
+			for _, set := range ranges {
+				if set.Contains(a) {
+					n, wait = n+1, max(wait, left)
+					break
+				}
+			}
+		}
+	}
+	return n, wait
 }
 
 // liveConflict is the error refusing to give ps, which live leases hold, another

@@ -19,7 +19,9 @@ import (
 // and how to list them. Once every lease is released the new config replaces the
 // pool in one transaction: the old free addresses and blocks are gone, the history
 // stays, the counters carry over (the audit balances), the replacement is recorded
-// with its reason, and all of it is the same after a reopen.
+// with its reason, and all of it is the same after a reopen; until the released
+// addresses the new ranges include have waited out the reuse delay, the switch
+// waits (it would hand them out at once).
 func testModeSwitch(t *testing.T, newStore Factory) {
 	node := Ranges(t, `[[{"subnet":"10.236.0.0/24"}]]`)
 	cluster := Ranges(t, `[[{"subnet":"10.236.0.0/16"}]]`)
@@ -35,6 +37,12 @@ func testModeSwitch(t *testing.T, newStore Factory) {
 		t.Helper()
 		if _, ok, err := l.Release(Key(cid), ledger.ReasonDEL, "pod deleted"); err != nil || !ok {
 			t.Fatalf("release %s: %v %v", cid, ok, err)
+		}
+	}
+	cooling := func(t *testing.T, err error) {
+		t.Helper()
+		if !errors.Is(err, ledger.ErrPoolConflict) || !strings.Contains(err.Error(), "reuse delay (1m0s)") || !strings.Contains(err.Error(), "retry in 1m0s") {
+			t.Fatalf("switch right after the releases: %v, want ErrPoolConflict saying to retry once the reuse delay is over", err)
 		}
 	}
 	refused := func(t *testing.T, err error, leases string) {
@@ -105,7 +113,8 @@ func testModeSwitch(t *testing.T, newStore Factory) {
 
 	t.Run("node-to-cluster", func(t *testing.T) {
 		st, reopen := newStore(t)
-		l, err := ledger.Open(st, opts(NewClock()))
+		clk := NewClock()
+		l, err := ledger.Open(st, opts(clk))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -121,7 +130,12 @@ func testModeSwitch(t *testing.T, newStore Factory) {
 		_, err = alloc(t, l, "x", Ranges(t, `[[{"subnet":"10.237.0.0/24"}]]`), false)
 		refused(t, err, "1")
 		release(t, l, "b")
-
+		cooling(t, l.DeclareCluster("net", cluster, bits))
+		clk.Advance(time.Minute - time.Nanosecond)
+		if err := l.DeclareCluster("net", cluster, bits); !errors.Is(err, ledger.ErrPoolConflict) {
+			t.Fatalf("switch 1ns before the reuse delay is over: %v, want ErrPoolConflict", err)
+		}
+		clk.Advance(time.Nanosecond)
 		if err := l.DeclareCluster("net", cluster, bits); err != nil {
 			t.Fatalf("cluster mode once no lease is live: %v", err)
 		}
@@ -143,7 +157,8 @@ func testModeSwitch(t *testing.T, newStore Factory) {
 
 	t.Run("cluster-to-node", func(t *testing.T) {
 		st, reopen := newStore(t)
-		l, err := ledger.Open(st, opts(NewClock()))
+		clk := NewClock()
+		l, err := ledger.Open(st, opts(clk))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -164,7 +179,9 @@ func testModeSwitch(t *testing.T, newStore Factory) {
 		_, err = alloc(t, l, "x", node, true)
 		refused(t, err, "1")
 		release(t, l, "b")
-
+		_, err = alloc(t, l, "c", node, true)
+		cooling(t, err)
+		clk.Advance(time.Minute)
 		c, err := alloc(t, l, "c", node, true)
 		if err != nil || !node[0].Contains(c.IPs[0].Addr()) {
 			t.Fatalf("allocation in node mode once no lease is live: %v %v, want an address of %v", c.IPs, err, pool.SetsString(node))
