@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/netip"
@@ -12,19 +13,24 @@ import (
 
 // ensurePool returns the pool of network, creating it (within c) from ranges when it
 // does not exist. ranges may be nil to require an existing pool. An existing pool
-// with other ranges is refused, or with replace has its ranges replaced
-// (replaceRanges).
+// with other ranges has them replaced with replace (replaceRanges); otherwise, or
+// when replaceRanges refuses, it starts again as a node-mode pool of ranges if no
+// lease is live in it, and is refused if one is (replacePool).
 func (c *change) ensurePool(network string, ranges []pool.RangeSet, replace bool) (*poolState, error) {
 	l := c.l
 	if ps := l.pools[network]; ps != nil {
 		if ranges != nil && !pool.Equal(ps.rec.Ranges, ranges) {
 			if replace && ps.rec.BlockBits == nil {
-				if err := c.replaceRanges(ps, ranges); err != nil {
-					return nil, err
+				err := c.replaceRanges(ps, ranges)
+				// replaceRanges refuses before it changes anything; a pool
+				// without live leases may start again instead
+				if err == nil || len(ps.held) > 0 || !errors.Is(err, ErrPoolConflict) {
+					return ps, err
 				}
-				return ps, nil
 			}
-			return nil, fmt.Errorf("%w: network %q already has ranges %v; a config for the same network name must use the same ranges (use another network name for a new pool, or release every lease of %q first)", ErrPoolConflict, network, pool.SetsString(ps.rec.Ranges), network)
+			if err := c.replacePool(ps, ranges, nil); err != nil {
+				return nil, err
+			}
 		}
 		return ps, nil
 	}
@@ -153,8 +159,8 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 	}
 	err = l.doLater(func(c *change) error {
 		if ls, ok := l.leases[req.Key]; ok {
-			if req.Ranges != nil && !req.ReplaceRanges && !pool.Equal(l.pools[req.Key.Network].rec.Ranges, req.Ranges) {
-				return fmt.Errorf("%w: network %q already has ranges %v; a config for the same network name must use the same ranges", ErrPoolConflict, req.Key.Network, pool.SetsString(l.pools[req.Key.Network].rec.Ranges))
+			if ps := l.pools[req.Key.Network]; req.Ranges != nil && !req.ReplaceRanges && !pool.Equal(ps.rec.Ranges, req.Ranges) {
+				return ps.liveConflict(req.Ranges, nil)
 			}
 			lease, existed = cloneLease(ls), true
 			return nil

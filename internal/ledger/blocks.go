@@ -129,8 +129,9 @@ func (l *Ledger) SetAllocationGuard(fn func(network string) error) {
 // range set i is split into blocks of prefix length blockBits[i]; the node hands out
 // only addresses of the blocks added with AddBlock. It creates the pool when it does
 // not exist; declaring again with the same ranges and block sizes does nothing. A
-// node-mode pool of that name, or one with other ranges or block sizes, is refused
-// (ErrPoolConflict).
+// node-mode pool of that name, or one with other ranges or block sizes, starts again
+// as the cluster-scoped pool when no lease is live in it and is refused
+// (ErrPoolConflict) while one is (replacePool).
 func (l *Ledger) DeclareCluster(network string, ranges []pool.RangeSet, blockBits []int) error {
 	if err := attachment.ValidateName(ErrInvalidAttachment, "network name", network, MaxNetworkLen); err != nil {
 		return err
@@ -148,16 +149,10 @@ func (l *Ledger) DeclareCluster(network string, ranges []pool.RangeSet, blockBit
 	}
 	return l.do(func(c *change) error {
 		if ps := l.pools[network]; ps != nil {
-			if !pool.Equal(ps.rec.Ranges, ranges) {
-				return fmt.Errorf("%w: network %q already has ranges %v; a config for the same network name must use the same ranges", ErrPoolConflict, network, pool.SetsString(ps.rec.Ranges))
+			if pool.Equal(ps.rec.Ranges, ranges) && ps.rec.BlockBits != nil && slices.Equal(ps.rec.BlockBits, blockBits) {
+				return nil
 			}
-			if ps.rec.BlockBits == nil {
-				return fmt.Errorf("%w: network %q is a node-local pool in this node's ledger; it cannot become cluster-wide while the ledger holds it (use another network name, or move the state file aside)", ErrPoolConflict, network)
-			}
-			if !slices.Equal(ps.rec.BlockBits, blockBits) {
-				return fmt.Errorf("%w: network %q has blocks of /%v in this node's ledger, not /%v; blockSize must not change while the network exists", ErrPoolConflict, network, ps.rec.BlockBits, blockBits)
-			}
-			return nil
+			return c.replacePool(ps, ranges, blockBits)
 		}
 		if err := l.checkDisjoint(network, ranges); err != nil {
 			return err

@@ -3,6 +3,7 @@ package ledger
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"time"
 
@@ -86,6 +87,10 @@ type PoolStatus struct {
 	// Retired are range sets the pool's ranges no longer include that still hold
 	// live leases (PoolRecord.Retired), each with how many.
 	Retired []RetiredSet `json:"retired,omitempty"`
+	// Replaced is the pool's last replacement (PoolRecord.Replaced), or nil.
+	Replaced *PoolReplacement `json:"replaced,omitempty"`
+	// BlockBits are the block sizes of a cluster-scoped pool, nil in node mode.
+	BlockBits []int `json:"blockBits,omitempty"`
 }
 
 // RetiredSet is a retired range set of a pool and the live leases holding an
@@ -119,7 +124,11 @@ func (l *Ledger) Pools() []PoolStatus {
 }
 
 func (l *Ledger) poolStatus(ps *poolState) PoolStatus {
-	st := PoolStatus{Network: ps.rec.Network, Ranges: ps.rec.Ranges, InUse: len(ps.held), Available: true, Allocs: ps.rec.Allocations, Releases: ps.rec.Releases}
+	st := PoolStatus{Network: ps.rec.Network, Ranges: ps.rec.Ranges, InUse: len(ps.held), Available: true, Allocs: ps.rec.Allocations, Releases: ps.rec.Releases, BlockBits: slices.Clone(ps.rec.BlockBits)}
+	if r := ps.rec.Replaced; r != nil {
+		cp := *r
+		st.Replaced = &cp
+	}
 	for i, set := range ps.rec.Retired {
 		st.Retired = append(st.Retired, RetiredSet{Ranges: set, Leases: ps.retiredHeld[i]})
 	}

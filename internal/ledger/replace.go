@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/ipledger/ipledger/internal/pool"
@@ -123,4 +124,129 @@ func (ps *poolState) usedIn(set pool.RangeSet) (netip.Addr, bool) {
 		}
 	}
 	return netip.Addr{}, false
+}
+
+// replacePool gives network's pool ps the ranges and block sizes of a config that
+// differs from it (other ranges, or node mode <-> cluster mode: blockBits nil for a
+// node-mode pool), within c. It is refused with ErrPoolConflict while a lease holds
+// an address of the pool (its ranges or its retired sets) or a block withholds one,
+// and while an address released into the pool's free list that the new ranges
+// include is within its reuse delay (the new pool does not know it was released).
+// Otherwise the pool starts again under the new config: the old ranges' free
+// addresses and the blocks are forgotten (deleted from the store), the counters carry
+// over so that the books still balance (allocations = releases + live), the history
+// stays (every release keeps its record), and PoolRecord.Replaced records what the
+// pool was and why it was replaced.
+func (c *change) replacePool(ps *poolState, ranges []pool.RangeSet, blockBits []int) error {
+	l := c.l
+	network := ps.rec.Network
+	if len(ps.held) > 0 {
+		return ps.liveConflict(ranges, blockBits)
+	}
+	withheld := 0
+	for _, s := range ps.sets {
+		for _, b := range s.order {
+			withheld += len(b.withheld)
+		}
+	}
+	if withheld > 0 {
+		return fmt.Errorf("%w: network %q is %s and its blocks withhold %d addresses (borrowed by another node or kept for a StatefulSet pod); a config for the same network name must keep it (%s) until they are given back, or use another network name",
+			ErrPoolConflict, network, shapeOf(ps.rec.Ranges, ps.rec.BlockBits), withheld, shapeOf(ranges, blockBits))
+	}
+	if err := pool.Validate(ranges); err != nil {
+		return err
+	}
+	if err := l.checkDisjoint(network, ranges); err != nil {
+		return err
+	}
+	if n, wait := ps.cooling(ranges, l.opts.Clock.Mono(), l.opts.ReuseDelay); n > 0 {
+		return fmt.Errorf("%w: network %q: %d of its addresses were released less than the reuse delay (%v) ago and lie in the new ranges %v, which would hand them out at once; the pool is replaced once they have waited it out (retry in %v)",
+			ErrPoolConflict, network, n, l.opts.ReuseDelay, pool.SetsString(ranges), wait.Round(time.Millisecond))
+	}
+	now := l.opts.Clock.Now().UTC()
+	reason := replaceReason(ps.rec.BlockBits, blockBits, pool.Equal(ps.rec.Ranges, ranges))
+	rec := PoolRecord{
+		Network: network, Ranges: ranges, Created: ps.rec.Created, NextFresh: make([]uint64, len(ranges)),
+		Seq: ps.rec.Seq, Allocations: ps.rec.Allocations, Releases: ps.rec.Releases,
+		BlockBits: slices.Clone(blockBits), RangeChanges: ps.rec.RangeChanges + 1,
+		Replaced: &PoolReplacement{At: now, FromRanges: ps.rec.Ranges, FromBlockBits: slices.Clone(ps.rec.BlockBits), Reason: reason},
+	}
+	fresh, err := newPoolState(rec)
+	if err != nil {
+		return fmt.Errorf("%w: network %q: %w", ErrPoolConflict, network, err)
+	}
+	c.touchPool(ps)
+	for _, s := range ps.sets {
+		for a := range s.index {
+			c.write(func(tx Tx) error { return tx.DeleteFree(network, a) })
+		}
+		for _, b := range s.order {
+			b.removed = true
+			c.onUndo(func() { b.removed = false })
+			prefix := b.rec.Prefix
+			c.write(func(tx Tx) error { return tx.DeleteBlock(network, prefix) })
+		}
+	}
+	oldSets, oldHeld := ps.sets, ps.retiredHeld
+	c.onUndo(func() { ps.sets, ps.retiredHeld = oldSets, oldHeld })
+	ps.rec, ps.sets, ps.retiredHeld = rec, fresh.sets, fresh.retiredHeld
+	from, to := shapeOf(rec.Replaced.FromRanges, rec.Replaced.FromBlockBits), shapeOf(ranges, blockBits)
+	c.onCommit(func(at time.Time) {
+		l.logAt(at, slog.LevelWarn, "pool replaced", "network", network, "from", from, "to", to, "reason", reason)
+	})
+	return nil
+}
+
+// cooling counts the free addresses of ps inside ranges that are still within their
+// reuse delay at mono, and returns the longest wait left.
+func (ps *poolState) cooling(ranges []pool.RangeSet, mono, delay time.Duration) (n int, wait time.Duration) {
+	for _, s := range ps.sets {
+		for a, it := range s.index {
+			left := delay - (mono - it.mono)
+			if left <= 0 {
+				continue
+			}
+			for _, set := range ranges {
+				if set.Contains(a) {
+					n, wait = n+1, max(wait, left)
+					break
+				}
+			}
+		}
+	}
+	return n, wait
+}
+
+// liveConflict is the error refusing to give ps, which live leases hold, another
+// config: it names how many leases hold it and how to find them.
+func (ps *poolState) liveConflict(ranges []pool.RangeSet, blockBits []int) error {
+	network := ps.rec.Network
+	leases := map[Key]bool{}
+	for _, ls := range ps.held {
+		leases[ls.Key] = true
+	}
+	return fmt.Errorf("%w: network %q is %s and %d live leases hold %d of its addresses; a config for the same network name must keep it (not %s) while a lease is live: release every lease of %q first (list them with `ipledgerctl leases --network %s`), or use another network name for a new pool",
+		ErrPoolConflict, network, shapeOf(ps.rec.Ranges, ps.rec.BlockBits), len(leases), len(ps.held), shapeOf(ranges, blockBits), network, network)
+}
+
+// shapeOf describes a pool's config for a message.
+func shapeOf(ranges []pool.RangeSet, blockBits []int) string {
+	if blockBits == nil {
+		return "a node-mode pool of " + pool.SetsString(ranges)
+	}
+	return fmt.Sprintf("a cluster-wide pool of %s in blocks of /%v", pool.SetsString(ranges), blockBits)
+}
+
+// replaceReason says why a pool without live leases was replaced.
+func replaceReason(from, to []int, sameRanges bool) string {
+	switch {
+	case from == nil && to != nil:
+		return "no live lease; node mode to cluster mode"
+	case from != nil && to == nil:
+		return "no live lease; cluster mode to node mode"
+	case !sameRanges:
+		return "no live lease; ranges changed"
+	default:
+		return "no live lease; block size changed"
+	}
 }

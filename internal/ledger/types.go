@@ -222,6 +222,18 @@ type PoolRecord struct {
 	// RangeChanges counts the replacements of Ranges. Leases made before one may
 	// hold fewer or more addresses than the pool now has range sets.
 	RangeChanges uint64 `json:"rangeChanges,omitempty"`
+	// Replaced records the last time the pool, holding no live lease, was replaced
+	// by a config with other ranges or another shape (node mode <-> cluster mode);
+	// nil if it never was. The counters and the history carry over.
+	Replaced *PoolReplacement `json:"replaced,omitempty"`
+}
+
+// PoolReplacement is what a pool was before its last replacement and why.
+type PoolReplacement struct {
+	At            time.Time       `json:"at"`
+	FromRanges    []pool.RangeSet `json:"fromRanges"`
+	FromBlockBits []int           `json:"fromBlockBits,omitempty"`
+	Reason        string          `json:"reason"`
 }
 
 // BlockState says whether a block's addresses may be handed out.

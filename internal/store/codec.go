@@ -365,6 +365,14 @@ func appendPool(b []byte, p *ledger.PoolRecord) ([]byte, bool) {
 		pool.AppendRangeSets(&e, p.Retired)
 	}
 	e.UintField(&first, "rangeChanges", p.RangeChanges, true)
+	if p.Replaced != nil { // omitempty; written once per replacement, kept after
+		r, err := json.Marshal(p.Replaced)
+		if err != nil {
+			return nil, false
+		}
+		e.Field(&first, "replaced")
+		e.B = append(e.B, r...)
+	}
 	e.Raw("}")
 	return e.B, e.OK
 }

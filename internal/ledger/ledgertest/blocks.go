@@ -137,9 +137,10 @@ func testBlocksGatewayAndRanges(t *testing.T, newStore Factory) {
 	}
 }
 
-// testBlocksConfigConflicts: a node-mode pool does not become cluster-scoped, block
-// sizes do not change, ranges must match, node-mode networks beside cluster ones
-// work as they do alone.
+// testBlocksConfigConflicts: under a live lease a node-mode pool does not become
+// cluster-scoped, block sizes do not change, ranges must match (testModeSwitch: once
+// no lease is live they may); node-mode networks beside cluster ones work as they
+// do alone.
 func testBlocksConfigConflicts(t *testing.T, newStore Factory) {
 	st, _ := newStore(t)
 	l := Open(t, st, ledger.Options{Clock: NewClock()})
@@ -147,18 +148,24 @@ func testBlocksConfigConflicts(t *testing.T, newStore Factory) {
 	if _, _, err := l.Allocate(ledger.AllocateRequest{Key: Key("a"), Ranges: node}); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.DeclareCluster("net", node, []int{26}); !errors.Is(err, ledger.ErrPoolConflict) || !strings.Contains(err.Error(), "node-local") {
-		t.Fatalf("node-mode pool made cluster-scoped: %v", err)
+	if err := l.DeclareCluster("net", node, []int{26}); !errors.Is(err, ledger.ErrPoolConflict) || !strings.Contains(err.Error(), "node-mode pool") || !strings.Contains(err.Error(), "1 live leases") {
+		t.Fatalf("node-mode pool under a live lease made cluster-scoped: %v", err)
 	}
 	cr := Ranges(t, `[[{"subnet":"10.2.0.0/24"}]]`)
 	if err := l.DeclareCluster("cl", cr, []int{26}); err != nil {
 		t.Fatal(err)
 	}
-	if err := l.DeclareCluster("cl", cr, []int{27}); !errors.Is(err, ledger.ErrPoolConflict) || !strings.Contains(err.Error(), "blockSize") {
-		t.Fatalf("block size changed: %v", err)
+	if err := l.AddBlock("cl", pfx("10.2.0.0/26"), 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := l.Allocate(ledger.AllocateRequest{Key: ledger.Key{Network: "cl", ContainerID: "c", IfName: "eth0"}, Ranges: cr}); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.DeclareCluster("cl", cr, []int{27}); !errors.Is(err, ledger.ErrPoolConflict) || !strings.Contains(err.Error(), "blocks of /[27]") || !strings.Contains(err.Error(), "1 live leases") {
+		t.Fatalf("block size changed under a live lease: %v", err)
 	}
 	if err := l.DeclareCluster("cl", Ranges(t, `[[{"subnet":"10.3.0.0/24"}]]`), []int{26}); !errors.Is(err, ledger.ErrPoolConflict) {
-		t.Fatalf("ranges changed: %v", err)
+		t.Fatalf("ranges changed under a live lease: %v", err)
 	}
 	if err := l.DeclareCluster("cl2", Ranges(t, `[[{"subnet":"10.2.0.0/25"}]]`), []int{26}); !errors.Is(err, ledger.ErrPoolConflict) {
 		t.Fatalf("overlapping cluster network accepted: %v", err)

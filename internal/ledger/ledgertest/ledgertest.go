@@ -107,6 +107,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"ReuseDelayIgnoresWallSteps", testReuseDelayIgnoresWallSteps},
 		{"OverlappingNetworks", testOverlappingNetworks},
 		{"ReplaceRanges", testReplaceRanges},
+		{"ModeSwitch", testModeSwitch},
 		{"SupersedeJudgedHolder", testSupersedeJudgedHolder},
 		{"BlocksAllocate", testBlocksAllocate},
 		{"BlocksGatewayAndRanges", testBlocksGatewayAndRanges},
