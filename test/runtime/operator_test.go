@@ -84,7 +84,7 @@ func TestOperatorSurfaceOnRealRuntime(t *testing.T) {
 	out, code := w.ctl("leases", "--network", network)
 	// PHASE is "-": no Kubernetes API here to tell the pods' phases.
 	if code != 0 || !regexp.MustCompile(`default/stuck\s+-\s+\d+s\s+NOTREADY\s+stranded \(stranded: `).MatchString(out) ||
-		!regexp.MustCompile(`default/web\s+-\s+\d+s\s+READY\s+-\s+-\n`).MatchString(out) {
+		!regexp.MustCompile(`default/web\s+-\s+\d+s\s+READY\s+-\s+default pool\n`).MatchString(out) {
 		t.Errorf("leases table does not show the sandbox states and verdicts")
 	}
 	out, code = w.ctl("audit")
