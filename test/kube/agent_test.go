@@ -30,7 +30,7 @@ func (n *node) waitAgent(t testing.TB, timeout time.Duration) {
 			return false, err
 		}
 		_, lerr := n.leases()
-		return len(pods) == 1 && ready(pods[0]) && lerr == nil, fmt.Errorf("%d agent pods, leases: %v", len(pods), lerr)
+		return len(pods) == 1 && pods[0].Ready() && lerr == nil, fmt.Errorf("%d agent pods, leases: %v", len(pods), lerr)
 	}); err != nil {
 		t.Fatalf("agent not back: %v", err)
 	}

@@ -141,8 +141,8 @@ func startNode(t testing.TB) *node {
 		if err != nil {
 			return false, err
 		}
-		if len(pods) != 1 || !ready(pods[0]) {
-			return false, fmt.Errorf("%d ipledgerd pods, ready %v", len(pods), len(pods) == 1 && ready(pods[0]))
+		if len(pods) != 1 || !pods[0].Ready() {
+			return false, fmt.Errorf("%d ipledgerd pods, ready %v", len(pods), len(pods) == 1 && pods[0].Ready())
 		}
 		st, err := c.Kubectl("get", "node", c.NodeName, "-o", `jsonpath={.status.conditions[?(@.type=="Ready")].status}`)
 		return st == "True", fmt.Errorf("node Ready=%q (%v)", st, err)
@@ -168,23 +168,11 @@ func (n *node) readyPods(ns, selector string) ([]kubeenv.Pod, error) {
 	}
 	var out []kubeenv.Pod
 	for _, p := range all {
-		if ready(p) {
+		if p.Ready() {
 			out = append(out, p)
 		}
 	}
 	return out, nil
-}
-
-func ready(p kubeenv.Pod) bool {
-	if p.Status.Phase != "Running" || p.Metadata.DeletionTimestamp != nil {
-		return false
-	}
-	for _, c := range p.Status.Conditions {
-		if c.Type == "Ready" {
-			return c.Status == "True"
-		}
-	}
-	return false
 }
 
 // ctl runs ipledgerctl against the node's agent; it returns stdout and the exit code.
@@ -312,7 +300,7 @@ func (n *node) waitRunning(t testing.TB, ns, selector string, want int, timeout 
 		}
 		pods = pods[:0]
 		for _, p := range all {
-			if ready(p) && p.Status.PodIP != "" {
+			if p.Ready() && p.Status.PodIP != "" {
 				pods = append(pods, p)
 			}
 		}

@@ -61,13 +61,13 @@ spec:
 		}
 		succeeded := 0
 		for _, p := range pods {
-			if ready(p) && p.Status.PodIP != "" {
+			if p.Ready() && p.Status.PodIP != "" {
 				// The pod may finish between the two reads: only a pod still
 				// Running after the lease list was read counts.
 				if name, ok := leased[p.Status.PodIP]; !ok || name != p.Metadata.Name {
 					again, _ := n.c.Pods(ns, "job="+p.Metadata.Labels["job"])
 					for _, q := range again {
-						if q.Metadata.Name == p.Metadata.Name && ready(q) && q.Status.PodIP == p.Status.PodIP {
+						if q.Metadata.Name == p.Metadata.Name && q.Ready() && q.Status.PodIP == p.Status.PodIP {
 							t.Errorf("running pod %s: address %s leased to %q", p.Metadata.Name, p.Status.PodIP, name)
 						}
 					}

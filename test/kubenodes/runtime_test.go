@@ -253,7 +253,7 @@ func (cl *cluster) checkStatusDrivesNodes() {
 		if err != nil || len(pods) != 1 {
 			return false, fmt.Errorf("%d pods (%v)", len(pods), err)
 		}
-		return nodesenv.Ready(pods[0]), fmt.Errorf("pod %s", pods[0].Status.Phase)
+		return pods[0].Ready(), fmt.Errorf("pod %s", pods[0].Status.Phase)
 	}); err != nil {
 		t.Fatalf("the pending pod after the Nodes turned Ready: %v", err)
 	}

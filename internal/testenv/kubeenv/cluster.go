@@ -568,6 +568,19 @@ type Pod struct {
 	} `json:"status"`
 }
 
+// Ready reports whether the pod runs, is not being deleted and is Ready.
+func (p Pod) Ready() bool {
+	if p.Status.Phase != "Running" || p.Metadata.DeletionTimestamp != nil {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == "Ready" {
+			return c.Status == "True"
+		}
+	}
+	return false
+}
+
 // Pods lists the pods matching a label selector in a namespace.
 func (c *Cluster) Pods(namespace, selector string) ([]Pod, error) {
 	var l struct {

@@ -146,7 +146,7 @@ func (cl *Cluster) WaitAgents(what string, t0 time.Time) {
 		}
 		readyPods := 0
 		for _, p := range pods {
-			if Ready(p) {
+			if p.Ready() {
 				readyPods++
 			}
 		}
@@ -170,19 +170,6 @@ func (cl *Cluster) NodesReady() (bool, error) {
 		}
 	}
 	return true, nil
-}
-
-// Ready reports whether pod p runs, is not being deleted and is Ready.
-func Ready(p kubeenv.Pod) bool {
-	if p.Status.Phase != "Running" || p.Metadata.DeletionTimestamp != nil {
-		return false
-	}
-	for _, c := range p.Status.Conditions {
-		if c.Type == "Ready" {
-			return c.Status == "True"
-		}
-	}
-	return false
 }
 
 // PodCIDR is the Node's spec.podCIDR.
