@@ -90,6 +90,19 @@ type PoolStatus struct {
 	// Retired: range sets the pool's ranges no longer include (the node's podCIDR
 	// changed) that live leases still hold addresses in, each with how many.
 	Retired []RetiredSet `json:"retired,omitempty"`
+	// Replaced: the pool's last replacement (it held no live lease and a config
+	// with other ranges or the other mode took it over), or nil if it never was.
+	Replaced *PoolReplacement `json:"replaced,omitempty"`
+	// BlockBits: the block sizes of a cluster-scoped pool, nil in node mode.
+	BlockBits []int `json:"blockBits,omitempty"`
+}
+
+// PoolReplacement is what a pool was before its last replacement and why.
+type PoolReplacement struct {
+	At            time.Time       `json:"at"`
+	FromRanges    []pool.RangeSet `json:"fromRanges"`
+	FromBlockBits []int           `json:"fromBlockBits,omitempty"`
+	Reason        string          `json:"reason"`
 }
 
 // RetiredSet is a retired range set of a pool and its live leases.

@@ -96,7 +96,9 @@ func TestWireFieldNames(t *testing.T) {
 			`"reason":"x","detail":"x","why":"x","seq":1}],` +
 			`"pool":{"network":"x","ranges":[[{"subnet":"10.1.2.3/32","rangeStart":"10.1.2.3","rangeEnd":"10.1.2.3","gateway":"10.1.2.3","usePodCidr":1}]],` +
 			`"usable":[1],"inUse":1,"free":1,"available":true,"allocations":1,"releases":1,` +
-			`"retired":[{"ranges":[{"subnet":"10.1.2.3/32","rangeStart":"10.1.2.3","rangeEnd":"10.1.2.3","gateway":"10.1.2.3","usePodCidr":1}],"leases":1}]},` +
+			`"retired":[{"ranges":[{"subnet":"10.1.2.3/32","rangeStart":"10.1.2.3","rangeEnd":"10.1.2.3","gateway":"10.1.2.3","usePodCidr":1}],"leases":1}],` +
+			`"replaced":{"at":"2026-11-23T10:00:00Z","fromRanges":[[{"subnet":"10.1.2.3/32","rangeStart":"10.1.2.3","rangeEnd":"10.1.2.3","gateway":"10.1.2.3","usePodCidr":1}]],` +
+			`"fromBlockBits":[1],"reason":"x"},"blockBits":[1]},` +
 			`"doctor":{"runtime":"x","runtimeVersion":"x","runtimeError":"x","spoolBacklog":1,` +
 			`"pools":[{"network":"x","usable":1,"inUse":1,"cooling":1,"exhausted":true,"mostUsed":1}],` +
 			`"notReady":[{"id":"x","namespace":"x","name":"x","created":"2026-11-23T10:00:00Z"}],"booksBalanced":true,"problems":["x"],` +

@@ -64,7 +64,10 @@ func Releases(h []ledger.Release) []api.Release {
 // Pool shows a network's pool status.
 func Pool(ps ledger.PoolStatus) api.PoolStatus {
 	v := api.PoolStatus{Network: ps.Network, Ranges: ps.Ranges, Usable: ps.Usable, InUse: ps.InUse, Free: ps.Free,
-		Available: ps.Available, Allocs: ps.Allocs, Releases: ps.Releases}
+		Available: ps.Available, Allocs: ps.Allocs, Releases: ps.Releases, BlockBits: ps.BlockBits}
+	if r := ps.Replaced; r != nil {
+		v.Replaced = &api.PoolReplacement{At: r.At, FromRanges: r.FromRanges, FromBlockBits: r.FromBlockBits, Reason: r.Reason}
+	}
 	for _, r := range ps.Retired {
 		v.Retired = append(v.Retired, api.RetiredSet{Ranges: r.Ranges, Leases: r.Leases})
 	}

@@ -84,19 +84,21 @@ func TestIPAMHandedToAgent(t *testing.T) {
 				t.Fatalf("ADD gave %v, the agent holds %v", ips, held)
 			}
 			ping(t, ns, ips[0])
-			run(t, "DEL", id, ns, conf).ok(t)
-			check(t, "DEL", api.OpDel)
-			if held := ipam.Leases(t, network); len(held) != 0 {
-				t.Fatalf("after DEL the agent holds %v", held)
-			}
 
-			// an IPAM error: a pool redefined for the network
+			// an IPAM error: the network's pool redefined while a lease holds it (a pool
+			// that holds no lease is replaced instead)
 			bad := ipam.Section(pool{idx: 15}, false, false)
 			bad["socket"] = r.Socket
 			failed := run(t, "ADD", id+"bad", netenv.Namespace(t, "iplt-hand").Path, confBytes(t, "1.0.0", network, bad, nil))
 			failed.cniError(t)
 			check(t, "ADD", api.OpAdd)
 			errOut[old] = failed.stdout
+
+			run(t, "DEL", id, ns, conf).ok(t)
+			check(t, "DEL", api.OpDel)
+			if held := ipam.Leases(t, network); len(held) != 0 {
+				t.Fatalf("after DEL the agent holds %v", held)
+			}
 		})
 	}
 	if !bytes.Equal(errOut[false], errOut[true]) {
