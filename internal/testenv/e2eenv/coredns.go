@@ -15,10 +15,10 @@ import (
 
 // CoreDNSVersion is the CoreDNS kubeadm of kubeenv.Version deploys
 // (cmd/kubeadm/app/constants CoreDNSVersion).
-const CoreDNSVersion = "v1.14.2"
+var CoreDNSVersion = kubeenv.Current.CoreDNS
 
 // CoreDNSRef is the image reference the cluster's DNS Deployment names.
-const CoreDNSRef = "registry.k8s.io/coredns/coredns:" + CoreDNSVersion
+var CoreDNSRef = "registry.k8s.io/coredns/coredns:" + CoreDNSVersion
 
 // coreDNSDir caches the CoreDNS build: beside kubeenv's cache, by version.
 func coreDNSDir() string {

@@ -23,16 +23,16 @@ import (
 
 // The references the suite of kubeenv.Version asks for (its
 // test/utils/image/manifest.go; `e2e.test --list-images` prints them).
-const (
-	AgnhostRef = "registry.k8s.io/e2e-test-images/agnhost:2.63.0"
-	BusyboxRef = "registry.k8s.io/e2e-test-images/busybox:1.37.0-1"
-	PauseRef   = "registry.k8s.io/pause:3.10.2"
+var (
+	AgnhostRef = "registry.k8s.io/e2e-test-images/agnhost:" + kubeenv.Current.Images.Agnhost
+	BusyboxRef = "registry.k8s.io/e2e-test-images/busybox:" + kubeenv.Current.Images.Busybox
+	PauseRef   = "registry.k8s.io/pause:" + kubeenv.Current.Images.Pause
 	// GlibcDNSRef is the DNS tests' second prober ("jessie"): glibc's
 	// resolver through dig and getent, under sh -c.
-	GlibcDNSRef = "registry.k8s.io/e2e-test-images/glibc-dns-testing:2.0.0"
+	GlibcDNSRef = "registry.k8s.io/e2e-test-images/glibc-dns-testing:" + kubeenv.Current.Images.GlibcDNS
 	// Regression74839Ref is the Conntrack test's server that sends an
 	// out-of-window packet (its one binary, built from the release).
-	Regression74839Ref = "registry.k8s.io/e2e-test-images/regression-issue-74839:1.4"
+	Regression74839Ref = "registry.k8s.io/e2e-test-images/regression-issue-74839:" + kubeenv.Current.Images.Regression74839
 )
 
 // agnhostTools are what the suite execs inside agnhost (its Dockerfile adds

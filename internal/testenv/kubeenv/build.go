@@ -22,16 +22,6 @@ import (
 	"github.com/ipledger/ipledger/internal/testenv/buildcache"
 )
 
-// Version is the Kubernetes release the cluster runs; StagingVersion is the
-// matching version of its staging modules (k8s.io/api, client-go, ...).
-const (
-	Version        = "v1.36.3"
-	StagingVersion = "v0.36.3"
-	// EtcdModuleVersion is the etcd server Version's go.mod requires; its
-	// main package builds the etcd binary.
-	EtcdModuleVersion = "v3.6.8"
-)
-
 // stagingModules are the k8s.io modules that k8s.io/kubernetes keeps in its
 // staging/ tree and replaces with local paths in its own go.mod; a module that
 // requires k8s.io/kubernetes must replace each with its published version.
@@ -129,6 +119,9 @@ var (
 func Binaries(tb testing.TB) string {
 	tb.Helper()
 	testenv.SkipIfShort(tb, "needs a Kubernetes build")
+	if currentErr != nil {
+		tb.Fatal(currentErr)
+	}
 	binOnce.Do(func() { binDir, binErr = buildcache.Ensure(kubeRecipe(), tb.Logf) })
 	if binErr != nil {
 		tb.Fatal(binErr)
