@@ -74,6 +74,8 @@ type Pods struct {
 	asked0, checked0 bool
 	// getNS reads a namespace from the API server (NamespaceChoices); nil: none
 	getNS func(ctx context.Context, name string) (*corev1.Namespace, error)
+	// getNode reads this node's Node from the API server (NodeLabels); nil: none
+	getNode func(ctx context.Context) (*corev1.Node, error)
 }
 
 // podGetter reads one pod from the API server itself (a consistent GET).
@@ -127,6 +129,9 @@ func NewPods(cfg *rest.Config, node string, clk clock.Clock, log *slog.Logger) (
 	p := newPods(cache.NewListWatchFromClient(c.RESTClient(), "pods", metav1.NamespaceAll, sel), get, node, clk, log)
 	p.getNS = func(ctx context.Context, name string) (*corev1.Namespace, error) {
 		return c.Namespaces().Get(ctx, name, metav1.GetOptions{})
+	}
+	p.getNode = func(ctx context.Context) (*corev1.Node, error) {
+		return c.Nodes().Get(ctx, node, metav1.GetOptions{})
 	}
 	return p, nil
 }
@@ -409,6 +414,23 @@ func (p *Pods) NamespaceChoices(ctx context.Context, namespace string) (map[stri
 		return nil, fmt.Errorf("kubenode: GET namespace %s: %w", namespace, err)
 	}
 	return choicesOf(ns.Annotations), nil
+}
+
+// NodeLabels returns the labels of this node's Node, read by one GET (an IPPool's
+// node selector is checked against them at an ADD that asks for the pool). An
+// error means they could not be read, a Node the API server does not have
+// included: its labels are unknown, not empty.
+func (p *Pods) NodeLabels(ctx context.Context) (map[string]string, error) {
+	if p.getNode == nil {
+		return nil, fmt.Errorf("kubenode: no API client to read node %s", p.node)
+	}
+	ctx, cancel := context.WithTimeout(ctx, liveTimeout)
+	defer cancel()
+	n, err := p.getNode(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("kubenode: GET node %s: %w", p.node, err)
+	}
+	return n.Labels, nil
 }
 
 // Choices returns the address-choice annotations (ipledger.io/pool, ipledger.io/ip)
