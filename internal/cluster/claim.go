@@ -29,6 +29,15 @@ func (m *Manager) Allocate(ctx context.Context, req ledger.AllocateRequest) (led
 	if !ok {
 		return ledger.Lease{}, false, fmt.Errorf("%w: %q (EnsureNetwork or EnsurePool first)", ErrUnknownNetwork, network)
 	}
+	if _, held := m.l.Lease(req.Key); !held && len(req.Want) > 0 && !req.Sticky {
+		// a pod's own address outside the node's blocks: its block first
+		m.claimMu.Lock()
+		err := m.claimWanted(ctx, network, cfg, req.Want)
+		m.claimMu.Unlock()
+		if err != nil {
+			return ledger.Lease{}, false, err
+		}
+	}
 	ls, existed, err := m.l.Allocate(req)
 	var ce *ledger.BlockCapacityError
 	if !errors.As(err, &ce) {

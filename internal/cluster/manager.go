@@ -64,6 +64,9 @@ var (
 	ErrOwnBlock = errors.New("address is in a block of this node")
 	// ErrNotOwner: keeping an address needs the node that owns its block.
 	ErrNotOwner = errors.New("block is not this node's")
+	// ErrBlockOwned: a requested address lies in a block another node owns
+	// (named in the message).
+	ErrBlockOwned = errors.New("address's block is owned by another node")
 	// ErrNoPool: no IPPool of the name a pod asks for exists.
 	ErrNoPool = errors.New("no such IPPool")
 	// ErrPoolNotForNode: the IPPool's node selector does not select this node.
