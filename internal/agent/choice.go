@@ -2,11 +2,14 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/choice"
+	"github.com/ipledger/ipledger/internal/cluster"
+	"github.com/ipledger/ipledger/internal/ledger"
 )
 
 // WhyDefault is the reason recorded with a lease whose addresses came from the
@@ -16,10 +19,13 @@ const WhyDefault = "default pool"
 // Choices reads the address-choice annotations (choice.Pool, choice.IP) of a pod
 // and of a namespace, only those present. An error means the API could not be
 // asked: the ADD fails (the runtime retries) rather than ignore a choice. A pod or
-// namespace the API does not have has none. kubenode.Pods is one.
+// namespace the API does not have has none. NodeLabels are this node's labels, for
+// an IPPool's node selector (an error: unknown, and a pool with a selector is not
+// served). kubenode.Pods is one.
 type Choices interface {
 	Choices(ctx context.Context, namespace, name, uid string) (map[string]string, error)
 	NamespaceChoices(ctx context.Context, namespace string) (map[string]string, error)
+	NodeLabels(ctx context.Context) (map[string]string, error)
 }
 
 // Pod Event reason of a refused address choice.
@@ -34,6 +40,9 @@ type choiceMade struct {
 	why     string
 	ipFrom  choice.Source // where ipledger.io/ip was found
 	ipValue string
+	// pool is the named pool chosen by ipledger.io/pool (cluster mode), set up
+	// on this node; nil: the network's own ranges
+	pool *cluster.IPPool
 }
 
 // choose reads the pod's and its namespace's annotations: nil when there is nothing
@@ -67,18 +76,45 @@ func (s *Server) choose(ctx context.Context, pod api.Pod) (*choiceMade, *api.Err
 		if s.cfg.Cluster == nil {
 			return nil, s.refuseChoice(pod, fmt.Sprintf("%s on %s asks for pool %q: named pools exist only in cluster mode (ipledgerd --datastore); this agent runs in node mode, where the node's podCIDR is the only range; remove the annotation", choice.Pool, poolFrom, name))
 		}
-		return nil, s.refuseChoice(pod, fmt.Sprintf("%s on %s asks for pool %q: no IPPool of that name exists; create it, or remove the annotation for the default pool", choice.Pool, poolFrom, name))
+		p, err := s.cfg.Cluster.EnsurePool(ctx, name, c.NodeLabels)
+		switch {
+		case errors.Is(err, cluster.ErrNoPool) || errors.Is(err, cluster.ErrPoolNotForNode) || errors.Is(err, cluster.ErrBadPool) ||
+			errors.Is(err, cluster.ErrPoolMismatch) || errors.Is(err, ledger.ErrPoolConflict):
+			return nil, s.refuseChoice(pod, fmt.Sprintf("%s on %s asks for pool %q: %v; or remove the annotation for the default pool", choice.Pool, poolFrom, name, err))
+		case err != nil:
+			return nil, &api.Error{Code: api.CodeUnavailable, Msg: fmt.Sprintf("%s on %s asks for pool %q: %v", choice.Pool, poolFrom, name, err)}
+		}
+		made := &choiceMade{pool: &p, why: fmt.Sprintf("pool %s (annotation %s on %s)", name, choice.Pool, poolFrom)}
+		return s.chooseIP(pod, podAnn, made)
 	}
+	return s.chooseIP(pod, podAnn, nil)
+}
+
+// chooseIP adds the pod's ipledger.io/ip to made (nil: nothing chosen yet).
+func (s *Server) chooseIP(pod api.Pod, podAnn map[string]string, made *choiceMade) (*choiceMade, *api.Error) {
 	ipValue, hasIP := podAnn[choice.IP]
 	if !hasIP {
-		return nil, nil
+		return made, nil
 	}
 	src := choice.PodSource(pod.Namespace, pod.Name)
 	want, err := choice.ParseIP(ipValue, src)
 	if err != nil {
 		return nil, s.refuseChoice(pod, err.Error())
 	}
-	return &choiceMade{want: want, why: "requested by " + choice.IP, ipFrom: src, ipValue: ipValue}, nil
+	if made == nil {
+		return &choiceMade{want: want, why: "requested by " + choice.IP, ipFrom: src, ipValue: ipValue}, nil
+	}
+	made.want, made.ipFrom, made.ipValue = want, src, ipValue
+	made.why += ", requested by " + choice.IP
+	return made, nil
+}
+
+// applyChoice puts what the annotations chose into an ADD's allocation.
+func (c *choiceMade) applyChoice(areq *ledger.AllocateRequest) {
+	areq.Want, areq.Why = c.want, c.why
+	if c.pool != nil {
+		areq.Pool, areq.Ranges, areq.ReplaceRanges = c.pool.Name, c.pool.Ranges, false
+	}
 }
 
 // refuseChoice is the answer to an ADD whose address choice cannot be honoured:

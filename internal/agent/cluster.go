@@ -18,6 +18,10 @@ import (
 // The agent relies on:
 //   - EnsureNetwork sets a network up (its pool record, the ledger's cluster-scoped
 //     pool) and returns at once when it is set up with the same config.
+//   - EnsurePool sets a named IPPool up on the node (the pod's ipledger.io/pool)
+//     and returns it; errors wrap cluster.ErrNoPool, ErrPoolNotForNode,
+//     ErrBadPool, ErrPoolMismatch or ledger.ErrPoolConflict when the choice
+//     cannot be honoured, anything else when the datastore could not be asked.
 //   - Allocate serves an ADD from the node's own blocks, claiming a block when none
 //     has a free address; it never allocates from a block the node cannot prove it
 //     owns. Errors wrap cluster.ErrFenced (lease not provable),
@@ -34,6 +38,7 @@ import (
 type Cluster interface {
 	Node() string
 	EnsureNetwork(ctx context.Context, network string, ranges []pool.RangeSet, blockBits []int) error
+	EnsurePool(ctx context.Context, name string, labels cluster.NodeLabels) (cluster.IPPool, error)
 	Allocate(ctx context.Context, req ledger.AllocateRequest) (ledger.Lease, bool, error)
 	Status(network string) cluster.Status
 	Provable() bool
@@ -51,6 +56,9 @@ func (s *Server) allocate(ctx context.Context, areq ledger.AllocateRequest, bloc
 	if c == nil {
 		return s.cfg.Ledger.Allocate(areq)
 	}
+	if areq.Pool != "" {
+		return c.Allocate(ctx, areq) // a named pool, set up by EnsurePool
+	}
 	bits, err := cluster.BlockBits(areq.Ranges, blockSize)
 	if err != nil {
 		return ledger.Lease{}, false, err
@@ -66,7 +74,7 @@ func (s *Server) annotateBlock(v *api.LeaseView, ls ledger.Lease) {
 	if s.cfg.Cluster == nil {
 		return
 	}
-	bs := s.cfg.Ledger.Blocks(ls.Key.Network)
+	bs := s.cfg.Ledger.Blocks(ls.PoolNetwork())
 	for _, p := range ls.IPs {
 		for _, b := range bs {
 			if b.Prefix.Contains(p.Addr()) {

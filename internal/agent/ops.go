@@ -128,7 +128,7 @@ func netnsOf(n api.NetNS) ledger.NetNS {
 
 func (s *Server) view(ls ledger.Lease) api.LeaseView {
 	var ranges []pool.RangeSet
-	if ps, err := s.cfg.Ledger.Pool(ls.Key.Network); err == nil {
+	if ps, err := s.cfg.Ledger.Pool(ls.PoolNetwork()); err == nil {
 		ranges = ps.Ranges
 		for _, r := range ps.Retired { // a lease from before a podCIDR change
 			ranges = append(ranges[:len(ranges):len(ranges)], r.Ranges)
@@ -191,7 +191,7 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 			return errResp(aerr)
 		}
 		if chosen != nil {
-			areq.Want, areq.Why = chosen.want, chosen.why
+			chosen.applyChoice(&areq)
 		}
 	}
 	var supersededLeases []ledger.Lease // the holders judged, for their Events
@@ -233,12 +233,13 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 	}
 	s.countSuperseded(superseding)
 	s.supersededEvents(supersededLeases, k)
-	if existed && replace {
-		// the lease may be from ranges the pool had before the podCIDR changed
+	if existed && (replace || ls.Pool != areq.Pool) {
+		// the lease may be from ranges the pool had before the podCIDR changed, or
+		// from another pool than this request's (a named pool)
 		v := s.view(ls)
 		return &api.Response{Lease: &v, Existed: existed}
 	}
-	v := s.viewIn(ls, req.Ranges)
+	v := s.viewIn(ls, areq.Ranges) // the pool's: a named pool's when one was chosen
 	return &api.Response{Lease: &v, Existed: existed}
 }
 

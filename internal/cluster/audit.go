@@ -133,14 +133,14 @@ func Audit(blocks []BlockRecord, nodes []NodeBooks) AuditReport {
 				rep.Addresses++
 				a := p.Addr()
 				h := Holding{Node: n.Node, Key: ls.Key, Current: true}
-				b, ok := find(ls.Key.Network, a)
+				b, ok := find(ls.PoolNetwork(), a)
 				if ok {
 					lb, held := epochs[bk{b.Network, b.CIDR}]
 					h.Lost = held && lb.State == ledger.BlockLost
 				}
 				out := func(why string) {
 					h.Current = false
-					rep.Outside = append(rep.Outside, Outside{Holding: h, Network: ls.Key.Network, IP: a, Why: why, Block: b.CIDR, Owner: b.Owner})
+					rep.Outside = append(rep.Outside, Outside{Holding: h, Network: ls.PoolNetwork(), IP: a, Why: why, Block: b.CIDR, Owner: b.Owner})
 				}
 				borrowed := slices.Contains(ls.Borrowed, a)
 				switch {

@@ -19,11 +19,24 @@ import (
 // ErrFenced when the lease cannot be proven, and ledger.ErrPoolExhausted when no
 // block is left to claim.
 func (m *Manager) Allocate(ctx context.Context, req ledger.AllocateRequest) (ledger.Lease, bool, error) {
+	network := req.Key.Network
+	if req.Pool != "" {
+		network = req.Pool // a named pool (EnsurePool)
+	}
 	m.mu.Lock()
-	_, ok := m.nets[req.Key.Network]
+	cfg, ok := m.nets[network]
 	m.mu.Unlock()
 	if !ok {
-		return ledger.Lease{}, false, fmt.Errorf("%w: %q (EnsureNetwork first)", ErrUnknownNetwork, req.Key.Network)
+		return ledger.Lease{}, false, fmt.Errorf("%w: %q (EnsureNetwork or EnsurePool first)", ErrUnknownNetwork, network)
+	}
+	if _, held := m.l.Lease(req.Key); !held && len(req.Want) > 0 && !req.Sticky {
+		// a pod's own address outside the node's blocks: its block first
+		m.claimMu.Lock()
+		err := m.claimWanted(ctx, network, cfg, req.Want)
+		m.claimMu.Unlock()
+		if err != nil {
+			return ledger.Lease{}, false, err
+		}
 	}
 	ls, existed, err := m.l.Allocate(req)
 	var ce *ledger.BlockCapacityError
@@ -32,7 +45,7 @@ func (m *Manager) Allocate(ctx context.Context, req ledger.AllocateRequest) (led
 	}
 	m.claimMu.Lock()
 	defer m.claimMu.Unlock()
-	for tries := 0; tries <= 2*len(m.nets[req.Key.Network].Ranges); tries++ {
+	for tries := 0; tries <= 2*len(cfg.Ranges); tries++ {
 		// another caller may have claimed a block while this one waited
 		ls, existed, err = m.l.Allocate(req)
 		if !errors.As(err, &ce) {

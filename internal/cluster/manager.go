@@ -64,6 +64,16 @@ var (
 	ErrOwnBlock = errors.New("address is in a block of this node")
 	// ErrNotOwner: keeping an address needs the node that owns its block.
 	ErrNotOwner = errors.New("block is not this node's")
+	// ErrBlockOwned: a requested address lies in a block another node owns
+	// (named in the message).
+	ErrBlockOwned = errors.New("address's block is owned by another node")
+	// ErrNoPool: no IPPool of the name a pod asks for exists.
+	ErrNoPool = errors.New("no such IPPool")
+	// ErrPoolNotForNode: the IPPool's node selector does not select this node.
+	ErrPoolNotForNode = errors.New("IPPool does not select this node")
+	// ErrBadPool: an IPPool's name or spec cannot be used (the message names the
+	// field and the fix).
+	ErrBadPool = errors.New("invalid IPPool")
 )
 
 // Defaults.
@@ -125,6 +135,7 @@ type Manager struct {
 	lastCall  time.Duration // monotonic: when the last outcome was noted
 	lastOK    time.Duration // monotonic: the last successful call, or Start
 	nets      map[string]PoolRecord
+	pools     map[string]IPPool     // named pools set up here (EnsurePool), by name
 	owned     map[string]ownedBlock // by datastore key
 	empty     map[string]emptyObs   // hand-back observations, by key
 	obs       map[string]*leaseObs  // other nodes' leases, by node
@@ -226,7 +237,7 @@ func New(ds datastore.Store, l *ledger.Ledger, opts Options) (*Manager, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	m := &Manager{ds: ds, l: l, opts: opts, log: log.With("node", opts.Node),
-		nets: map[string]PoolRecord{}, owned: map[string]ownedBlock{}, empty: map[string]emptyObs{},
+		nets: map[string]PoolRecord{}, pools: map[string]IPPool{}, owned: map[string]ownedBlock{}, empty: map[string]emptyObs{},
 		obs: map[string]*leaseObs{}, gone: map[string]bool{}, fencing: fencing{lapsed: true},
 		caches: map[string]*blockCache{}, changed: make(chan struct{}, 1)}
 	l.SetAllocationGuard(m.guard)

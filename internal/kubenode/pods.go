@@ -74,6 +74,10 @@ type Pods struct {
 	asked0, checked0 bool
 	// getNS reads a namespace from the API server (NamespaceChoices); nil: none
 	getNS func(ctx context.Context, name string) (*corev1.Namespace, error)
+	// ns is the namespaces' list and watch (NamespaceChoices); nil: none
+	ns *nsCache
+	// getNode reads this node's Node from the API server (NodeLabels); nil: none
+	getNode func(ctx context.Context) (*corev1.Node, error)
 }
 
 // podGetter reads one pod from the API server itself (a consistent GET).
@@ -128,6 +132,10 @@ func NewPods(cfg *rest.Config, node string, clk clock.Clock, log *slog.Logger) (
 	p.getNS = func(ctx context.Context, name string) (*corev1.Namespace, error) {
 		return c.Namespaces().Get(ctx, name, metav1.GetOptions{})
 	}
+	p.ns = newNSCache(cache.NewListWatchFromClient(c.RESTClient(), "namespaces", metav1.NamespaceAll, fields.Everything()))
+	p.getNode = func(ctx context.Context) (*corev1.Node, error) {
+		return c.Nodes().Get(ctx, node, metav1.GetOptions{})
+	}
 	return p, nil
 }
 
@@ -149,6 +157,9 @@ func (p *Pods) Run(ctx context.Context) {
 	p.ctx = ctx
 	p.mu.Unlock()
 	go p.refl.RunWithContext(ctx)
+	if p.ns != nil {
+		p.ns.run(ctx)
+	}
 }
 
 // Synced reports whether the first list has been read.
@@ -392,11 +403,22 @@ func choicesOf(annotations map[string]string) map[string]string {
 }
 
 // NamespaceChoices returns the address-choice annotations of the namespace (only
-// ipledger.io/pool applies there), read by one GET of the Namespace at every ADD, so
-// that a namespace annotated a moment ago applies to its next pod. A namespace the
-// API server does not have has none; an error means the API could not be asked.
+// ipledger.io/pool applies there): from the list and watch of the namespaces,
+// which costs the API server nothing per ADD (a burst of pod starts was one GET
+// each); by one GET when that cache cannot vouch for the namespace (not listed
+// since the agent started, its watch failed since, or the namespace is not in it
+// yet). A namespace the API server does not have has none; an error means the
+// API could not be asked.
 func (p *Pods) NamespaceChoices(ctx context.Context, namespace string) (map[string]string, error) {
-	if p.getNS == nil || namespace == "" {
+	if namespace == "" {
+		return nil, nil
+	}
+	if p.ns != nil {
+		if c, ok := p.ns.lookup(namespace); ok {
+			return c, nil
+		}
+	}
+	if p.getNS == nil {
 		return nil, nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, liveTimeout)
@@ -409,6 +431,23 @@ func (p *Pods) NamespaceChoices(ctx context.Context, namespace string) (map[stri
 		return nil, fmt.Errorf("kubenode: GET namespace %s: %w", namespace, err)
 	}
 	return choicesOf(ns.Annotations), nil
+}
+
+// NodeLabels returns the labels of this node's Node, read by one GET (an IPPool's
+// node selector is checked against them at an ADD that asks for the pool). An
+// error means they could not be read, a Node the API server does not have
+// included: its labels are unknown, not empty.
+func (p *Pods) NodeLabels(ctx context.Context) (map[string]string, error) {
+	if p.getNode == nil {
+		return nil, fmt.Errorf("kubenode: no API client to read node %s", p.node)
+	}
+	ctx, cancel := context.WithTimeout(ctx, liveTimeout)
+	defer cancel()
+	n, err := p.getNode(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("kubenode: GET node %s: %w", p.node, err)
+	}
+	return n.Labels, nil
 }
 
 // Choices returns the address-choice annotations (ipledger.io/pool, ipledger.io/ip)

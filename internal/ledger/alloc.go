@@ -102,6 +102,19 @@ type AllocateRequest struct {
 	// the ledger skips them (those its fresh cursor passes become free addresses that
 	// stay unused while excluded). A lease already holding one keeps it.
 	Exclude []netip.Prefix
+	// Pool names the ledger pool to allocate from when it is not the network's own
+	// (a named pool of cluster mode, a pool record of its own whose name cannot be a
+	// network name); Ranges are then that pool's. The lease records it (Lease.Pool)
+	// and its release returns the addresses there. Empty: the network's pool.
+	Pool string
+}
+
+// poolNetwork is the ledger pool the request allocates from.
+func (req AllocateRequest) poolNetwork() string {
+	if req.Pool != "" {
+		return req.Pool
+	}
+	return req.Key.Network
 }
 
 // Holder identifies one lease: an attachment and the time its lease was created. A
@@ -147,6 +160,11 @@ func (req AllocateRequest) Validate() error {
 			return fmt.Errorf("supersede: %w", err)
 		}
 	}
+	if req.Pool != "" {
+		if err := boundedText("pool", req.Pool, MaxNetworkLen); err != nil {
+			return err
+		}
+	}
 	return req.validChoice()
 }
 
@@ -159,13 +177,13 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 	}
 	err = l.doLater(func(c *change) error {
 		if ls, ok := l.leases[req.Key]; ok {
-			if ps := l.pools[req.Key.Network]; req.Ranges != nil && !req.ReplaceRanges && !pool.Equal(ps.rec.Ranges, req.Ranges) {
+			if ps := l.pools[req.poolNetwork()]; req.Ranges != nil && req.poolNetwork() == ls.PoolNetwork() && !req.ReplaceRanges && !pool.Equal(ps.rec.Ranges, req.Ranges) {
 				return ps.liveConflict(req.Ranges, nil)
 			}
 			lease, existed = cloneLease(ls), true
 			return nil
 		}
-		ps, err := c.ensurePool(req.Key.Network, req.Ranges, req.ReplaceRanges)
+		ps, err := c.ensurePool(req.poolNetwork(), req.Ranges, req.ReplaceRanges)
 		if err != nil {
 			return err
 		}
@@ -191,8 +209,8 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 			}
 		}
 		if ps.rec.BlockBits != nil && l.guard != nil {
-			if err := l.guard(req.Key.Network); err != nil {
-				return fmt.Errorf("network %q: allocation refused: %w", req.Key.Network, err)
+			if err := l.guard(req.poolNetwork()); err != nil {
+				return fmt.Errorf("network %q: allocation refused: %w", req.poolNetwork(), err)
 			}
 		}
 		want, err := wantFor(ps, req.Want)
@@ -200,6 +218,9 @@ func (l *Ledger) Allocate(req AllocateRequest) (lease Lease, existed bool, err e
 			return err
 		}
 		ls := &Lease{Key: req.Key, Pod: req.Pod, NetNS: req.NetNS, Created: now, State: StateActive, Why: req.Why}
+		if req.Pool != req.Key.Network {
+			ls.Pool = req.Pool
+		}
 		if l.opts.Boot != nil {
 			if id, since, ok := l.opts.Boot.Boot(); ok {
 				ls.BootID, ls.SinceBoot = id, since

@@ -201,36 +201,37 @@ func (l *Ledger) auditScan(tx ReadTx, rep *AuditReport, bad func(string, ...any)
 		}
 		if err := tx.ForEachLease(func(ls Lease) error {
 			storedLeases[ls.Key] = true
+			pn := ls.PoolNetwork()
 			rep.Live++
-			if _, ok := pools[ls.Key.Network]; !ok {
-				bad("lease %s: network has no pool", ls.Key)
+			if _, ok := pools[pn]; !ok {
+				bad("lease %s: pool %q does not exist", ls.Key, pn)
 				return nil
 			}
 			if err := ls.Key.Validate(); err != nil {
 				bad("lease %s: %v", ls.Key, err)
 			}
 			// a lease made before the ranges changed may have a set more or fewer
-			if p := pools[ls.Key.Network]; len(ls.IPs) != len(p.Ranges) && p.RangeChanges == 0 {
-				bad("lease %s: %d addresses for %d range sets", ls.Key, len(ls.IPs), len(pools[ls.Key.Network].Ranges))
+			if p := pools[pn]; len(ls.IPs) != len(p.Ranges) && p.RangeChanges == 0 {
+				bad("lease %s: %d addresses for %d range sets", ls.Key, len(ls.IPs), len(pools[pn].Ranges))
 			}
 			seen := map[int]bool{}
 			for _, p := range ls.IPs {
-				ak := addrKey{ls.Key.Network, p.Addr()}
+				ak := addrKey{pn, p.Addr()}
 				holders[ak] = append(holders[ak], ls.Key)
 				rep.Addresses++
-				liveByPool[ls.Key.Network]++
-				set := inSet(ls.Key.Network, p.Addr())
-				if r := inRetired(ls.Key.Network, p.Addr()); set < 0 && r >= 0 {
-					accounted[poolSet{ls.Key.Network, -1 - r}]++ // retired sets count from -1 down
+				liveByPool[pn]++
+				set := inSet(pn, p.Addr())
+				if r := inRetired(pn, p.Addr()); set < 0 && r >= 0 {
+					accounted[poolSet{pn, -1 - r}]++ // retired sets count from -1 down
 				} else if set < 0 {
-					bad("lease %s: %s is outside the pool of %q", ls.Key, p.Addr(), ls.Key.Network)
+					bad("lease %s: %s is outside the pool of %q", ls.Key, p.Addr(), pn)
 				} else if seen[set] {
 					bad("lease %s: two addresses from range set %d", ls.Key, set)
-				} else if pools[ls.Key.Network].BlockBits != nil && slices.Contains(ls.Borrowed, p.Addr()) {
+				} else if pools[pn].BlockBits != nil && slices.Contains(ls.Borrowed, p.Addr()) {
 					seen[set] = true // lent by another node's block: not accounted here
-				} else if pools[ls.Key.Network].BlockBits != nil {
+				} else if pools[pn].BlockBits != nil {
 					seen[set] = true
-					b := blockOf(ls.Key.Network, set, p.Addr())
+					b := blockOf(pn, set, p.Addr())
 					if b == nil {
 						bad("lease %s: %s is outside the node's blocks", ls.Key, p.Addr())
 					} else {
@@ -241,8 +242,8 @@ func (l *Ledger) auditScan(tx ReadTx, rep *AuditReport, bad func(string, ...any)
 					}
 				} else {
 					seen[set] = true
-					accounted[poolSet{ls.Key.Network, set}]++
-					if off, _ := pools[ls.Key.Network].Ranges[set].Offset(p.Addr()); off >= pools[ls.Key.Network].NextFresh[set] {
+					accounted[poolSet{pn, set}]++
+					if off, _ := pools[pn].Ranges[set].Offset(p.Addr()); off >= pools[pn].NextFresh[set] {
 						bad("lease %s: %s is past the pool's fresh cursor", ls.Key, p.Addr())
 					}
 				}

@@ -180,7 +180,7 @@ func (l *Ledger) load(keep map[freeMark]time.Duration) error {
 		byUID = make(map[string][]Key, nLeases)
 		uids := make([]Key, nLeases)
 		if err := tx.ForEachLease(func(ls Lease) error {
-			ps := pools[ls.Key.Network]
+			ps := pools[ls.PoolNetwork()]
 			if ps == nil {
 				return fmt.Errorf("%w: lease %s has no pool", ErrCorrupt, ls.Key)
 			}

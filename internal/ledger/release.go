@@ -13,7 +13,7 @@ import (
 func (c *change) release(k Key, reason Reason, detail string, now time.Time, mono time.Duration) error {
 	l := c.l
 	ls := l.leases[k]
-	ps := l.pools[k.Network]
+	ps := l.pools[ls.PoolNetwork()]
 	if ps == nil {
 		return fmt.Errorf("%w: lease %s has no pool", ErrCorrupt, k)
 	}
@@ -28,7 +28,7 @@ func (c *change) release(k Key, reason Reason, detail string, now time.Time, mon
 			continue
 		}
 		ps.rec.Seq++
-		f := Free{Network: k.Network, IP: a, Set: set, ReleasedAt: now, Seq: ps.rec.Seq, LastUID: ls.Pod.UID}
+		f := Free{Network: ps.rec.Network, IP: a, Set: set, ReleasedAt: now, Seq: ps.rec.Seq, LastUID: ls.Pod.UID}
 		if l.opts.Boot != nil {
 			// read after mono: a reading later than the release's only shortens what
 			// a restart counts as already waited
@@ -61,7 +61,7 @@ func (c *change) release(k Key, reason Reason, detail string, now time.Time, mon
 		delete(ps.held, a)
 		c.onUndo(func() { ps.held[a] = ls })
 		ps.rec.Releases++
-		r := Release{Network: k.Network, IP: a, Key: k, Pod: ls.Pod, From: ls.Created, To: now, Reason: reason, Detail: detail, Why: ls.Why, Seq: f.Seq}
+		r := Release{Network: ps.rec.Network, IP: a, Key: k, Pod: ls.Pod, From: ls.Created, To: now, Reason: reason, Detail: detail, Why: ls.Why, Seq: f.Seq}
 		keep := l.opts.HistoryKeep
 		c.write(func(tx Tx) error {
 			if keepFree {

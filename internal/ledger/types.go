@@ -152,6 +152,10 @@ type Lease struct {
 	// datastore says so): held here outside the node's blocks, and not kept free
 	// here when released (the lender's block keeps them for the pod).
 	Borrowed []netip.Addr `json:"borrowed,omitempty"`
+	// Pool is the ledger pool the addresses came from when it is not the
+	// attachment's network's own (AllocateRequest.Pool: a named pool of cluster
+	// mode); empty for the network's own pool.
+	Pool string `json:"pool,omitempty"`
 	// BootID and SinceBoot are the machine's boot and its CLOCK_BOOTTIME reading at
 	// the allocation, when known (Options.Boot), stored in the allocation's own
 	// transaction. Unlike Created (a wall time) they measure the lease's age: a
@@ -160,6 +164,15 @@ type Lease struct {
 	// written without them read as unknown.
 	BootID    string        `json:"bootID,omitempty"`
 	SinceBoot time.Duration `json:"sinceBoot,omitempty"`
+}
+
+// PoolNetwork is the name of the ledger pool that holds the lease's addresses:
+// Pool, else the attachment's network.
+func (ls Lease) PoolNetwork() string {
+	if ls.Pool != "" {
+		return ls.Pool
+	}
+	return ls.Key.Network
 }
 
 // Lease states.

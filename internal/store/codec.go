@@ -92,6 +92,7 @@ func appendLease(b []byte, l *ledger.Lease) ([]byte, bool) {
 		}
 		e.Raw("]")
 	}
+	e.StrField(&first, "pool", l.Pool, true)
 	e.StrField(&first, "bootID", l.BootID, true)
 	if l.SinceBoot < 0 {
 		return nil, false
@@ -168,6 +169,8 @@ func decodeLease(d *jsonlite.Decoder, l *ledger.Lease, in *Interner) bool {
 				l.Borrowed = append(l.Borrowed, netip.Addr{})
 				return d.Addr(&l.Borrowed[len(l.Borrowed)-1])
 			})
+		case "pool":
+			return in.set(d, &l.Pool)
 		case "bootID":
 			return in.set(d, &l.BootID)
 		case "sinceBoot":

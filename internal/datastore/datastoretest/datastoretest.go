@@ -92,6 +92,7 @@ func Run(t *testing.T, open func(t *testing.T) datastore.Store, opts Options) {
 		fn   func(t *testing.T)
 	}{
 		{"CreateGet", s.testCreateGet},
+		{"NamedPoolSpec", s.testNamedPoolSpec},
 		{"UpdateCAS", s.testUpdateCAS},
 		{"DeleteCAS", s.testDeleteCAS},
 		{"RacingUpdatesOneWinner", s.testRacingUpdates},
@@ -250,6 +251,31 @@ func wantErr(t *testing.T, what string, err, sentinel error) {
 	if !errors.Is(err, sentinel) {
 		t.Fatalf("%s: error %v, want one wrapping %v", what, err, sentinel)
 	}
+}
+
+// testNamedPoolSpec: an IPPool's spec as an operator writes it (range sets, a
+// block size, a node selector whose keys hold '/' and '.') is stored and read back
+// with its meaning, by Get and by List of "pools/".
+func (s *suite) testNamedPoolSpec(t *testing.T) {
+	st, seg := s.store(t)
+	ctx := ctxT(t)
+	key := "pools/" + seg
+	v := []byte(`{"ranges":[[{"subnet":"10.50.0.0/16"}],[{"subnet":"fd50::/64","rangeStart":"fd50::10"}]],"blockSize":28,"nodeSelector":{"topology.kubernetes.io/zone":"b","pool.example/tier":"gold"}}`)
+	rev := mustCreate(t, st, key, v)
+	wantGet(t, st, key, v, rev)
+	kvs, _, err := st.List(ctx, "pools/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range kvs {
+		if kv.Key == key {
+			if kv.Revision != rev || !sameJSON(kv.Value, v) {
+				t.Fatalf("List: %s rev %d, want %s rev %d", kv.Value, kv.Revision, v, rev)
+			}
+			return
+		}
+	}
+	t.Fatalf("List(pools/) lacks %s: %v", key, kvs)
 }
 
 func (s *suite) testCreateGet(t *testing.T) {

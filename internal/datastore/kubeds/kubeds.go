@@ -233,7 +233,7 @@ func (s *Store) List(ctx context.Context, prefix string) ([]datastore.KV, int64,
 	}
 	kvs := make([]datastore.KV, 0, len(l.Items))
 	for i := range l.Items {
-		if !strings.HasPrefix(l.Items[i].GetAnnotations()[AnnotationKey], prefix) {
+		if key, ok := objKey(&l.Items[i]); !ok || !strings.HasPrefix(key, prefix) {
 			continue // another network's, or not written by ipledger
 		}
 		kv, err := toKV(&l.Items[i])
@@ -269,9 +269,27 @@ func newObject(ref objRef, key string, value []byte, replaces int64) (*unstructu
 	return obj, nil
 }
 
+// objKey is the datastore key an object holds: its annotation ipledger.io/key. An
+// IPPool without it is an operator's named pool (kubectl apply): its key is
+// "pools/<name>", the key parseKey maps to that name. false: no key (an object
+// not written by ipledger).
+func objKey(obj *unstructured.Unstructured) (string, bool) {
+	if key, ok := obj.GetAnnotations()[AnnotationKey]; ok {
+		return key, true
+	}
+	if obj.GetKind() != poolKind.objKind {
+		return "", false
+	}
+	key := poolKind.name + "/" + obj.GetName()
+	if r, err := parseKey(key); err != nil || r.kind != poolKind || r.name != obj.GetName() {
+		return "", false
+	}
+	return key, true
+}
+
 // toKV reads a record back from its object.
 func toKV(obj *unstructured.Unstructured) (datastore.KV, error) {
-	key, ok := obj.GetAnnotations()[AnnotationKey]
+	key, ok := objKey(obj)
 	if !ok {
 		return datastore.KV{}, fmt.Errorf("kubeds: %s %s has no %s annotation: not written by ipledger", obj.GetKind(), obj.GetName(), AnnotationKey)
 	}

@@ -115,7 +115,7 @@ func TestManifestHoldsClusterModeAndKeepsTheNodeDaemonSet(t *testing.T) {
 	}
 	// Events on the Node: client-go's events.k8s.io recorder creates, and patches
 	// an Event that recurs; a namespace's ipledger.io/pool is read by one GET
-	if want := []string{"[]nodes[get list watch]", "[]nodes/status[patch]", "[]namespaces[get]", "[events.k8s.io]events[create patch]"}; !reflect.DeepEqual(nodeRules, want) {
+	if want := []string{"[]nodes[get list watch]", "[]nodes/status[patch]", "[]namespaces[get list watch]", "[events.k8s.io]events[create patch]"}; !reflect.DeepEqual(nodeRules, want) {
 		t.Errorf("ClusterRole rules on Nodes, Namespaces and Events %v, want %v", nodeRules, want)
 	}
 	// node mode writes no cluster-mode record: those rights are deploy/cluster's

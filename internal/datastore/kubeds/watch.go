@@ -154,8 +154,7 @@ func (w *kwatch) pump(ctx context.Context, kw watch.Interface) error {
 			continue // already delivered before a resume
 		}
 		w.last = rv
-		key := obj.GetAnnotations()[AnnotationKey]
-		if !strings.HasPrefix(key, prefix) {
+		if key, ok := objKey(obj); !ok || !strings.HasPrefix(key, prefix) {
 			continue
 		}
 		kv, err := toKV(obj)

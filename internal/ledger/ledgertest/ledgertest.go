@@ -125,6 +125,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"WhyKept", testWhyKept},
 		{"WantedAddress", testWantedAddress},
 		{"Exclude", testExclude},
+		{"NamedPool", testNamedPool},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) { tt.fn(t, newStore) })
