@@ -22,13 +22,20 @@ import (
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 )
 
-// runAgent runs a second ipledgerd that is expected to refuse to start, and returns
-// its exit status and output.
+// runAgent runs a second ipledgerd on socket that is expected to refuse to
+// start, and returns its exit status and output.
 func runAgent(t *testing.T, socket string) (int, string) {
+	t.Helper()
+	return runAgentArgs(t, "--socket", socket)
+}
+
+// runAgentArgs runs an ipledgerd with a state directory of its own and args,
+// expected to exit within 20 s, and returns its exit status and output.
+func runAgentArgs(t *testing.T, args ...string) (int, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(agentenv.Bin(t), "ipledgerd"), "--state-dir", t.TempDir(), "--socket", socket, "--takeover-timeout", "300ms")
+	cmd := exec.CommandContext(ctx, filepath.Join(agentenv.Bin(t), "ipledgerd"), append([]string{"--state-dir", t.TempDir(), "--takeover-timeout", "300ms"}, args...)...)
 	out, err := cmd.CombinedOutput()
 	if ee, ok := err.(*exec.ExitError); ok {
 		return ee.ExitCode(), string(out)

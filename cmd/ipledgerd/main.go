@@ -45,6 +45,7 @@ func main() {
 
 type options struct {
 	stateDir, socket, spoolDir, criEndpoint, metricsAddr string
+	debugAddr                                            string
 	reconcileInterval, releaseGrace, reuseDelay          time.Duration
 	strandedGrace                                        time.Duration
 	apiEvidence                                          bool
@@ -65,6 +66,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	fs.StringVar(&o.spoolDir, "spool-dir", "", "directory where plugins spool DELs while the agent is down (default STATE-DIR/spool); published to the plugins as the symlink SOCKET.spool")
 	fs.StringVar(&o.criEndpoint, "cri-endpoint", "", "CRI runtime endpoint, e.g. unix:///run/containerd/containerd.sock (none: no runtime reconciliation)")
 	fs.StringVar(&o.metricsAddr, "metrics-addr", "", "address for Prometheus /metrics, /healthz, /readyz and the pool page at /, e.g. 127.0.0.1:9780 (loopback: the page shows pod names; empty, the default: off)")
+	fs.StringVar(&o.debugAddr, "debug-addr", "", "address for Go's profiler (net/http/pprof under /debug/pprof/), e.g. 127.0.0.1:9781; for profiling the agent, never on a reachable address (it shows the command line and costs CPU while a profile runs); empty, the default: off")
 	fs.DurationVar(&o.reconcileInterval, "reconcile-interval", 30*time.Second, "how often leases are compared with the runtime's sandboxes")
 	fs.DurationVar(&o.releaseGrace, "release-grace", 60*time.Second, "how long a lease must look abandoned, over at least two observations, before it is released")
 	fs.DurationVar(&o.reuseDelay, "reuse-delay", 30*time.Second, "least time between an address's release and its allocation to another pod")
@@ -243,6 +245,16 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 		hs := &http.Server{Handler: srv.HTTPHandler(), ReadHeaderTimeout: 5 * time.Second}
 		go hs.Serve(mln)
 		defer hs.Close()
+	}
+	if o.debugAddr != "" {
+		dln, err := net.Listen("tcp", o.debugAddr)
+		if err != nil {
+			return fmt.Errorf("--debug-addr %s: %w", o.debugAddr, err)
+		}
+		ds := &http.Server{Handler: debugHandler(), ReadHeaderTimeout: 5 * time.Second}
+		go ds.Serve(dln)
+		defer ds.Close()
+		log.Info("profiler on", "debug_addr", dln.Addr().String())
 	}
 	// After a failed commit the ledger re-reads its books from the store; if even that
 	// fails it refuses every change (ledger.ErrStateUnknown). Guessing is never safe,

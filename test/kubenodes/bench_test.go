@@ -475,23 +475,7 @@ func cpuOf(tb testing.TB, pids []int) time.Duration {
 }
 
 // rssOf is the mean VmRSS of pids in bytes.
-func rssOf(tb testing.TB, pids []int) uint64 {
-	tb.Helper()
-	var sum uint64
-	for _, pid := range pids {
-		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-		if err != nil {
-			tb.Fatal(err)
-		}
-		for _, l := range strings.Split(string(b), "\n") {
-			if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-				kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-				sum += kb << 10
-			}
-		}
-	}
-	return sum / uint64(len(pids))
-}
+func rssOf(tb testing.TB, pids []int) uint64 { tb.Helper(); return memOf(tb, pids, "VmRSS:") }
 
 // idle is the agents' usage over idleWindow with nothing changing.
 func idle(tb testing.TB, pids []int) usage {

@@ -37,6 +37,9 @@ type Options struct {
 	// restored, while this cluster still holds the host-wide lock (no other
 	// cluster can have changed the host yet): where a test checks the host.
 	AfterRestore func()
+	// MaxPods is each kubelet node's maxPods (AddNode; default 110, the
+	// kubelet's own default). A Node's podCIDR (/24) holds 254 addresses.
+	MaxPods int
 }
 
 // ClusterCIDR is the pod range the Nodes' podCIDRs are allocated from.

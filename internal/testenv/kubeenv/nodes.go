@@ -411,6 +411,10 @@ func (n *Node) startKubelet() error {
 	if err := os.WriteFile(resolv, []byte("nameserver "+netnodes.OutsideV4.String()+"\n"), 0o644); err != nil {
 		return err
 	}
+	maxPods := n.c.opts.MaxPods
+	if maxPods <= 0 {
+		maxPods = 110
+	}
 	cfg := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 address: %[1]s
@@ -441,8 +445,8 @@ evictionHard: {memory.available: "1Mi", nodefs.available: "1%%", imagefs.availab
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 serializeImagePulls: false
-maxPods: 110
-`, n.IP, p.path(serving), p.path("ca.crt"), n.cgroupRoot, nodeSock, DNSServiceIP, resolv)
+maxPods: %[8]d
+`, n.IP, p.path(serving), p.path("ca.crt"), n.cgroupRoot, nodeSock, DNSServiceIP, resolv, maxPods)
 	cfgPath := filepath.Join(n.Dir, "kubelet.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return err

@@ -76,7 +76,7 @@ func Images(t testing.TB, dir string) []string {
 // node is Ready with its agent Ready.
 func Start(t testing.TB, n int, clusterMode bool, extra []string) *Cluster {
 	t.Helper()
-	cl := startNodesWith(t, n, extra)
+	cl := startNodesWith(t, n, extra, 0)
 	cl.Install(clusterMode)
 	return cl
 }
@@ -85,15 +85,22 @@ func Start(t testing.TB, n int, clusterMode bool, extra []string) *Cluster {
 // the nodes are NotReady until one is installed.
 func StartNodes(t testing.TB, n int) *Cluster {
 	t.Helper()
-	return startNodesWith(t, n, nil)
+	return startNodesWith(t, n, nil, 0)
 }
 
-func startNodesWith(t testing.TB, n int, extra []string) *Cluster {
+// StartNodesMaxPods is StartNodes with each kubelet's maxPods raised (or
+// lowered) to maxPods, as an operator sets it in the KubeletConfiguration.
+func StartNodesMaxPods(t testing.TB, n, maxPods int) *Cluster {
+	t.Helper()
+	return startNodesWith(t, n, nil, maxPods)
+}
+
+func startNodesWith(t testing.TB, n int, extra []string, maxPods int) *Cluster {
 	t.Helper()
 	testenv.SkipIfShort(t, "needs a Kubernetes build")
 	imgs := append(Images(t, t.TempDir()), extra...)
 	t0 := time.Now()
-	c := kubeenv.StartControlPlane(t, kubeenv.Options{StartTimeout: 2 * time.Minute})
+	c := kubeenv.StartControlPlane(t, kubeenv.Options{StartTimeout: 2 * time.Minute, MaxPods: maxPods})
 	t.Logf("control plane up in %v", time.Since(t0).Round(time.Millisecond))
 	env := netnodes.New(t, n)
 	cl := &Cluster{T: t, C: c, Env: env}

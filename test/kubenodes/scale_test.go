@@ -1,0 +1,559 @@
+package kubenodes_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	watchtools "k8s.io/client-go/tools/watch"
+
+	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
+	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
+	"github.com/ipledger/ipledger/internal/testenv/nodesenv"
+)
+
+// The scale benchmark's knobs (issue 35), read from the environment so that
+// `make bench` runs the full size and a developer a smoke size:
+//
+//   - IPLEDGER_SCALE_DEPLOYMENTS: N, the Deployments of scaleReplicas
+//     created at once (default 50: 500 pods on the three nodes).
+//   - IPLEDGER_SCALE_SYSTEMS: which pod networks, comma-separated, of
+//     node, kubernetes, etcd, flannel (default all four, in that order).
+//   - IPLEDGER_SCALE_PPROF: a directory; when set the agents run with
+//     --debug-addr and a CPU profile of each node's agent during each
+//     ipledger burst is written there, IPLEDGER_SCALE_PPROF_SECONDS long
+//     (default 60).
+const (
+	scaleReplicas = 10
+	// scaleMaxPods is the kubelets' maxPods, raised from the default 110 as
+	// an operator would for this density: a node mode podCIDR (/24) holds
+	// 254 addresses, and the agents and flanneld take none of them.
+	scaleMaxPods = 250
+	// scaleDebugAddr is the agents' --debug-addr on the node's loopback.
+	scaleDebugAddr = "127.0.0.1:9781"
+	// scaleEtcdAddr is where each node reaches the benchmark's etcd: a relay
+	// on the node's loopback to the etcd on the host's.
+	scaleEtcdAddr = "127.0.0.1:23790"
+)
+
+// scaleSystems are the pod networks BenchmarkScale can measure, in its order.
+// flannel last: it leaves its bridge (cni0) on the nodes.
+var scaleSystems = []string{"node", "kubernetes", "etcd", "flannel"}
+
+// scaleResult is what one pod network measured during one burst.
+type scaleResult struct {
+	name       string
+	pods       int
+	startup    []time.Duration // per pod, creation to Ready
+	allRunning time.Duration   // Deployments created until every pod Running
+	allReady   time.Duration   // … until every pod Ready
+	teardown   time.Duration   // namespace deleted until every pod gone
+	agentCPU   time.Duration   // the agents' CPU during the burst, all nodes
+	execCPU    time.Duration   // containerd's reaped children's CPU (the CNI execs), all nodes
+	rss, hwm   uint64          // the agents' VmRSS after the burst and VmHWM, mean per node
+	apiWrites  float64         // apiserver create/update/patch/delete on group ipledger.io
+	etcdRevs   int64           // etcd revisions (-1: no etcd)
+}
+
+// BenchmarkScale (issue 35, make bench): Spiderpool's IPAM benchmark's shape
+// (N Deployments of 10 replicas created at once; Spiderpool's is 100 on 10
+// nodes of 3 vCPU) on the three kubelet nodes, with maxPods raised to
+// scaleMaxPods, for flannel host-gw as the control and ipledger in node mode,
+// in cluster mode on the Kubernetes datastore and in cluster mode on etcd,
+// one after the other in the same run and on the same cluster: the time until
+// every pod is Running and Ready, pod startup p50/p99, the agents' CPU per pod
+// and memory, the CNI execs' CPU per pod and the datastore writes per pod. It
+// reports, it does not assert a speed.
+func BenchmarkScale(b *testing.B) {
+	deployments := envInt(b, "IPLEDGER_SCALE_DEPLOYMENTS", 50)
+	if deployments*scaleReplicas > 3*(scaleMaxPods-10) {
+		b.Fatalf("IPLEDGER_SCALE_DEPLOYMENTS=%d: %d pods do not fit three nodes of maxPods %d; use at most %d",
+			deployments, deployments*scaleReplicas, scaleMaxPods, 3*(scaleMaxPods-10)/scaleReplicas)
+	}
+	systems := scaleSystems
+	if s := os.Getenv("IPLEDGER_SCALE_SYSTEMS"); s != "" {
+		systems = strings.Split(s, ",")
+		for _, name := range systems {
+			if !slices.Contains(scaleSystems, name) {
+				b.Fatalf("IPLEDGER_SCALE_SYSTEMS: %q is none of %v", name, scaleSystems)
+			}
+		}
+	}
+	profDir := os.Getenv("IPLEDGER_SCALE_PPROF")
+	profSeconds := envInt(b, "IPLEDGER_SCALE_PPROF_SECONDS", 60)
+
+	t0 := time.Now()
+	kubeenv.FlannelBinary(b)
+	cl := &cluster{nodesenv.StartNodesMaxPods(b, 3, scaleMaxPods)}
+	cs := cl.client()
+	for _, nd := range cl.Nodes {
+		n, err := cs.CoreV1().Nodes().Get(context.Background(), nd.Name, metav1.GetOptions{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if got := n.Status.Capacity.Pods().Value(); got != scaleMaxPods {
+			b.Fatalf("node %s: capacity.pods %d, want the maxPods %d the benchmark set", nd.Name, got, scaleMaxPods)
+		}
+	}
+	var ec *etcdenv.Embedded
+	if slices.Contains(systems, "etcd") {
+		ec = etcdenv.StartEmbedded(b)
+		target := strings.TrimPrefix(ec.Endpoints()[0], "http://")
+		for _, nd := range cl.Nodes {
+			if err := nd.Host.Relay(b, scaleEtcdAddr, target); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	b.Logf("cluster of 3 nodes (maxPods %d) up in %v; %d Deployments × %d replicas per system", scaleMaxPods,
+		time.Since(t0).Round(time.Millisecond), deployments, scaleReplicas)
+	for i := 0; i < b.N; i++ {
+		var rs []scaleResult
+		for _, sys := range systems {
+			t1 := time.Now()
+			ns := fmt.Sprintf("scale-%s-%d", sys, i)
+			var r scaleResult
+			if sys == "flannel" {
+				cl.installFlannel()
+				r = cl.burst(cs, sys, "flanneld", ns, deployments, nil, func() int64 { return -1 })
+				for _, nd := range cl.Nodes {
+					nd.StopFlannel()
+					if err := os.Remove(nd.HostPath("/etc/cni/net.d/" + flannelConf)); err != nil {
+						b.Fatal(err)
+					}
+				}
+			} else {
+				cl.installScale(sys, profDir != "")
+				var prof func(context.Context)
+				if profDir != "" {
+					prof = func(ctx context.Context) { cl.profile(ctx, filepath.Join(profDir, sys), profSeconds) }
+				}
+				rev := func() int64 { return -1 }
+				if sys == "etcd" {
+					rev = func() int64 { return etcdRevision(b, ec) }
+				}
+				r = cl.burst(cs, sys, "ipledgerd", ns, deployments, prof, rev)
+				cl.uninstallIpledger()
+				cl.removeLedgers()
+			}
+			rs = append(rs, r)
+			b.Logf("%s measured in %v", sys, time.Since(t1).Round(time.Second))
+		}
+		b.Logf("\n%s", scaleTable(rs))
+		for _, r := range rs {
+			b.ReportMetric(pct(r.startup, .99).Seconds(), r.name+"-p99-s")
+		}
+	}
+	b.Logf("benchmark took %v", time.Since(t0).Round(time.Second))
+}
+
+// envInt is the positive integer in environment variable name, or def.
+func envInt(tb testing.TB, name string, def int) int {
+	s := os.Getenv(name)
+	if s == "" {
+		return def
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n <= 0 {
+		tb.Fatalf("%s=%q: want a positive integer", name, s)
+	}
+	return n
+}
+
+// installScale installs ipledger as system (node, kubernetes or etcd) from
+// deploy/ through kustomize, unchanged but for the agent's flags: etcd mode is
+// deploy/cluster with --datastore=etcd (the last --datastore wins) and the
+// relay to the benchmark's etcd; debug adds --debug-addr.
+func (cl *cluster) installScale(system string, debug bool) {
+	t := cl.T
+	t.Helper()
+	base := filepath.Join(agentenv.RepoRoot(), "deploy", "cluster")
+	var args []string
+	switch system {
+	case "node":
+		base = filepath.Join(agentenv.RepoRoot(), "deploy", "ipledger.yaml")
+	case "etcd":
+		args = append(args, "--datastore=etcd", "--etcd-endpoints=http://"+scaleEtcdAddr)
+	}
+	if debug {
+		args = append(args, "--debug-addr="+scaleDebugAddr)
+	}
+	dir := t.TempDir()
+	rel, err := filepath.Rel(dir, base) // kustomize takes no absolute resource
+	if err != nil {
+		t.Fatal(err)
+	}
+	var k strings.Builder
+	fmt.Fprintf(&k, "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources: [%q]\n", rel)
+	if len(args) > 0 {
+		k.WriteString("patches:\n  - target: {group: apps, version: v1, kind: DaemonSet, name: ipledgerd, namespace: ipledger}\n    patch: |-\n")
+		for _, a := range args {
+			fmt.Fprintf(&k, "      - {op: add, path: /spec/template/spec/containers/0/command/-, value: %q}\n", a)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := cl.C.Kubectl("kustomize", "--load-restrictor=LoadRestrictionsNone", dir)
+	if err != nil {
+		t.Fatalf("kubectl kustomize: %v\n%s", err, out)
+	}
+	t0 := time.Now()
+	cl.ClusterMode = system != "node"
+	cl.C.Apply(t, out)
+	cl.WaitAgents(fmt.Sprintf("ipledger (%s, agent flags %v)", system, args), t0)
+}
+
+// burst creates deployments Deployments of scaleReplicas sleeping busybox
+// pods at once in a new namespace ns, waits until every pod is Ready, and
+// deletes the namespace. prof, when not nil, runs beside the burst; rev is
+// the datastore's revision (-1: none).
+func (cl *cluster) burst(cs *kubernetes.Clientset, name, agent, ns string, deployments int, prof func(context.Context), rev func() int64) scaleResult {
+	t := cl.T
+	t.Helper()
+	ctx := context.Background()
+	r := scaleResult{name: name, pods: deployments * scaleReplicas}
+	var pids, ctrd []int
+	for _, nd := range cl.Nodes {
+		ps, ct := agentPIDs(nd, agent), agentPIDs(nd, "containerd")
+		if len(ps) != 1 || len(ct) != 1 {
+			t.Fatalf("%s: %d %s and %d containerd processes in its namespaces", nd.Name, len(ps), agent, len(ct))
+		}
+		pids, ctrd = append(pids, ps[0]), append(ctrd, ct[0])
+	}
+	if _, err := cs.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// A watch that resumes from its last resourceVersion when the apiserver
+	// closes it (a plain one closed after 3 of 500 pods under load).
+	list, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := watchtools.NewRetryWatcherWithContext(ctx, list.ResourceVersion, &cache.ListWatch{
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return cs.CoreV1().Pods(ns).Watch(ctx, o)
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Stop()
+	var profDone sync.WaitGroup
+	if prof != nil {
+		pctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		profDone.Go(func() { prof(pctx) })
+	}
+	cpu0, exec0 := cpuOf(t, pids)*time.Duration(len(pids)), childCPU(t, ctrd)
+	writes0, rev0 := apiWrites(t, cs), rev()
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, deployments)
+	for d := range deployments {
+		wg.Go(func() {
+			_, err := cs.AppsV1().Deployments(ns).Create(ctx, scaleDeployment(fmt.Sprintf("dep-%03d", d)), metav1.CreateOptions{})
+			if err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	added, running, ready := map[string]time.Time{}, map[string]time.Time{}, map[string]time.Time{}
+	deadline := time.After(20 * time.Minute)
+	for len(ready) < r.pods || len(running) < r.pods {
+		select {
+		case ev, ok := <-w.ResultChan():
+			if !ok {
+				t.Fatalf("%s: pod watch closed with %d of %d pods Ready", name, len(ready), r.pods)
+			}
+			p, isPod := ev.Object.(*corev1.Pod)
+			if !isPod {
+				continue
+			}
+			now := time.Now()
+			if _, seen := added[p.Name]; !seen {
+				added[p.Name] = now
+			}
+			if _, seen := running[p.Name]; !seen && p.Status.Phase == corev1.PodRunning {
+				running[p.Name] = now
+			}
+			if _, seen := ready[p.Name]; !seen && podReady(p) {
+				ready[p.Name] = now
+			}
+		case <-deadline:
+			t.Fatalf("%s: %d of %d pods Running, %d Ready after 20 minutes", name, len(running), r.pods, len(ready))
+		}
+	}
+	for _, at := range running {
+		r.allRunning = max(r.allRunning, at.Sub(start))
+	}
+	for p, at := range ready {
+		r.allReady = max(r.allReady, at.Sub(start))
+		r.startup = append(r.startup, at.Sub(added[p]))
+	}
+	slices.Sort(r.startup)
+	r.agentCPU = cpuOf(t, pids)*time.Duration(len(pids)) - cpu0
+	r.execCPU = childCPU(t, ctrd) - exec0
+	r.apiWrites = apiWrites(t, cs) - writes0
+	if r0 := rev(); r0 >= 0 {
+		r.etcdRevs = r0 - rev0
+	} else {
+		r.etcdRevs = -1
+	}
+	r.rss, r.hwm = rssOf(t, pids), memOf(t, pids, "VmHWM:")
+	profDone.Wait()
+	t.Logf("%s: %d pods Running in %v, Ready in %v (p50 %v, p99 %v)", name, r.pods, r.allRunning.Round(time.Millisecond),
+		r.allReady.Round(time.Millisecond), pct(r.startup, .5).Round(time.Millisecond), pct(r.startup, .99).Round(time.Millisecond))
+	t1 := time.Now()
+	if err := cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := kubeenv.WaitFor(15*time.Minute, time.Second, func() (bool, error) {
+		pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		return len(pods.Items) == 0, fmt.Errorf("%d pods left", len(pods.Items))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	r.teardown = time.Since(t1)
+	return r
+}
+
+// scaleDeployment is one of the burst's Deployments: scaleReplicas sleeping
+// busybox pods, no placement of its own (the scheduler's default spreading).
+func scaleDeployment(name string) *appsv1.Deployment {
+	replicas := int32(scaleReplicas)
+	labels := map[string]string{"app": name}
+	zero := int64(0)
+	no := false
+	return &appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: name},
+		Spec: appsv1.DeploymentSpec{
+			Replicas: &replicas,
+			Selector: &metav1.LabelSelector{MatchLabels: labels},
+			Template: corev1.PodTemplateSpec{
+				ObjectMeta: metav1.ObjectMeta{Labels: labels},
+				Spec: corev1.PodSpec{
+					TerminationGracePeriodSeconds: &zero,
+					AutomountServiceAccountToken:  &no,
+					Containers: []corev1.Container{{Name: "sleep", Image: nodesenv.PodImage, ImagePullPolicy: corev1.PullNever,
+						Command: []string{"/bin/busybox", "sleep", "3600"}}},
+				},
+			},
+		},
+	}
+}
+
+// childCPU is the CPU time (cutime + cstime) of the children pids have
+// reaped, summed: for containerd, the CNI plugins it ran (and the shims'
+// start commands, the same number per pod whatever the network).
+func childCPU(tb testing.TB, pids []int) time.Duration {
+	tb.Helper()
+	var sum time.Duration
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		cu, _ := strconv.ParseUint(f[13], 10, 64)
+		cs, _ := strconv.ParseUint(f[14], 10, 64)
+		sum += time.Duration(cu+cs) * time.Second / 100 // USER_HZ
+	}
+	return sum
+}
+
+// memOf is the mean of the /proc/PID/status field (in kB) of pids, in bytes.
+func memOf(tb testing.TB, pids []int, field string) uint64 {
+	tb.Helper()
+	var sum uint64
+	for _, pid := range pids {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, field); ok {
+				kb, _ := strconv.ParseUint(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+				sum += kb << 10
+			}
+		}
+	}
+	return sum / uint64(len(pids))
+}
+
+// apiWrites is the apiserver's count of write requests (create, update,
+// patch, delete, apply) to ipledger's resources (group ipledger.io), from its
+// /metrics.
+func apiWrites(tb testing.TB, cs *kubernetes.Clientset) float64 {
+	tb.Helper()
+	raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var sum float64
+	sc := bufio.NewScanner(bytes.NewReader(raw))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		l := sc.Text()
+		if !strings.HasPrefix(l, "apiserver_request_total{") || !strings.Contains(l, `group="ipledger.io"`) {
+			continue
+		}
+		if !strings.Contains(l, `verb="POST"`) && !strings.Contains(l, `verb="PUT"`) && !strings.Contains(l, `verb="PATCH"`) &&
+			!strings.Contains(l, `verb="DELETE"`) && !strings.Contains(l, `verb="APPLY"`) &&
+			!strings.Contains(l, `verb="CREATE"`) && !strings.Contains(l, `verb="UPDATE"`) {
+			continue
+		}
+		v, err := strconv.ParseFloat(l[strings.LastIndexByte(l, ' ')+1:], 64)
+		if err != nil {
+			tb.Fatalf("apiserver metrics: %q: %v", l, err)
+		}
+		sum += v
+	}
+	return sum
+}
+
+// etcdRevision is the benchmark etcd's current revision: each write
+// transaction adds one.
+func etcdRevision(tb testing.TB, ec *etcdenv.Embedded) int64 {
+	tb.Helper()
+	resp, err := ec.Client().Get(context.Background(), "bench-revision-probe")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return resp.Header.Revision
+}
+
+// profile writes a CPU profile of seconds of each node's agent (through its
+// --debug-addr) to prefix-NODE.pprof.
+func (cl *cluster) profile(ctx context.Context, prefix string, seconds int) {
+	if err := os.MkdirAll(filepath.Dir(prefix), 0o755); err != nil {
+		cl.T.Error(err)
+		return
+	}
+	var wg sync.WaitGroup
+	for _, nd := range cl.Nodes {
+		wg.Go(func() {
+			hc := &http.Client{Transport: &http.Transport{DialContext: func(_ context.Context, network, addr string) (net.Conn, error) {
+				return nd.Host.Dial(network, addr, 5*time.Second)
+			}}}
+			req, _ := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", scaleDebugAddr, seconds), nil)
+			resp, err := hc.Do(req)
+			if err != nil {
+				cl.T.Errorf("%s: profile: %v", nd.Name, err)
+				return
+			}
+			defer resp.Body.Close()
+			body, err := io.ReadAll(resp.Body)
+			if err != nil || resp.StatusCode != http.StatusOK {
+				cl.T.Errorf("%s: profile: %s %v: %s", nd.Name, resp.Status, err, body[:min(len(body), 200)])
+				return
+			}
+			path := prefix + "-" + nd.Name + ".pprof"
+			if err := os.WriteFile(path, body, 0o644); err != nil {
+				cl.T.Error(err)
+				return
+			}
+			cl.T.Logf("%s: CPU profile of %d s written to %s", nd.Name, seconds, path)
+		})
+	}
+	wg.Wait()
+}
+
+// scaleTable is the Markdown table of rs, flannel's column (when measured)
+// first and each other system's ratio to it.
+func scaleTable(rs []scaleResult) string {
+	rs = slices.Clone(rs)
+	slices.SortStableFunc(rs, func(a, b scaleResult) int {
+		return strings.Compare(strconv.FormatBool(a.name != "flannel"), strconv.FormatBool(b.name != "flannel"))
+	})
+	var base *scaleResult
+	for i := range rs {
+		if rs[i].name == "flannel" {
+			base = &rs[i]
+		}
+	}
+	title := map[string]string{"flannel": "flannel host-gw " + kubeenv.FlannelVersion, "node": "ipledger node mode",
+		"kubernetes": "ipledger cluster mode, Kubernetes datastore", "etcd": "ipledger cluster mode, etcd datastore"}
+	var s strings.Builder
+	fmt.Fprintf(&s, "| %d Deployments × %d replicas at once, 3 kubelet nodes, Kubernetes %s |", rs[0].pods/scaleReplicas, scaleReplicas, kubeenv.Version)
+	sep := "|---|"
+	for _, r := range rs {
+		fmt.Fprintf(&s, " %s |", title[r.name])
+		sep += "---:|"
+		if base != nil && r.name != "flannel" {
+			fmt.Fprintf(&s, " / flannel |")
+			sep += "---:|"
+		}
+	}
+	s.WriteString("\n" + sep + "\n")
+	row := func(label string, f func(scaleResult) float64, format func(float64) string) {
+		fmt.Fprintf(&s, "| %s |", label)
+		for _, r := range rs {
+			v := f(r)
+			fmt.Fprintf(&s, " %s |", format(v))
+			if base != nil && r.name != "flannel" {
+				if b := f(*base); b > 0 && v >= 0 {
+					fmt.Fprintf(&s, " %.2f× |", v/b)
+				} else {
+					s.WriteString(" – |")
+				}
+			}
+		}
+		s.WriteString("\n")
+	}
+	secs := func(v float64) string { return fmtDur(time.Duration(v * float64(time.Second))) }
+	dur := func(f func(scaleResult) time.Duration) func(scaleResult) float64 {
+		return func(r scaleResult) float64 { return f(r).Seconds() }
+	}
+	mib := func(v float64) string { return fmt.Sprintf("%.1f MiB", v/(1<<20)) }
+	num := func(v float64) string {
+		if v < 0 {
+			return "–"
+		}
+		return fmt.Sprintf("%.2f", v)
+	}
+	row("all pods Running (wall, from the Deployments' creation)", dur(func(r scaleResult) time.Duration { return r.allRunning }), secs)
+	row("all pods Ready (wall)", dur(func(r scaleResult) time.Duration { return r.allReady }), secs)
+	row("pod startup p50 (creation → Ready)", dur(func(r scaleResult) time.Duration { return pct(r.startup, .5) }), secs)
+	row("pod startup p99", dur(func(r scaleResult) time.Duration { return pct(r.startup, .99) }), secs)
+	row("agent CPU per pod (flanneld or ipledgerd, all nodes, during the burst)", dur(func(r scaleResult) time.Duration { return r.agentCPU / time.Duration(r.pods) }), secs)
+	row("CNI exec CPU per pod (containerd's reaped children, all nodes)", dur(func(r scaleResult) time.Duration { return r.execCPU / time.Duration(r.pods) }), secs)
+	row("agent + CNI exec CPU per pod", dur(func(r scaleResult) time.Duration { return (r.agentCPU + r.execCPU) / time.Duration(r.pods) }), secs)
+	row("agent VmRSS after the burst (per node)", func(r scaleResult) float64 { return float64(r.rss) }, mib)
+	row("agent VmHWM, peak RSS (per node)", func(r scaleResult) float64 { return float64(r.hwm) }, mib)
+	row("apiserver writes to ipledger.io per pod", func(r scaleResult) float64 { return r.apiWrites / float64(r.pods) }, num)
+	row("etcd revisions per pod", func(r scaleResult) float64 {
+		if r.etcdRevs < 0 {
+			return -1
+		}
+		return float64(r.etcdRevs) / float64(r.pods)
+	}, num)
+	row("all pods gone after their namespace's deletion (wall)", dur(func(r scaleResult) time.Duration { return r.teardown }), secs)
+	return s.String()
+}
