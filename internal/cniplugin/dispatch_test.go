@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -69,8 +70,9 @@ type outcome struct {
 	exit           int
 }
 
-func runRole(t *testing.T, role string, env map[string]string, stdin string) outcome {
-	t.Helper()
+// runRole runs the test binary as role on env and stdin; err is set only when the
+// process could not run at all.
+func runRole(role string, env map[string]string, stdin string) (outcome, error) {
 	cmd := exec.Command(os.Args[0])
 	cmd.Env = []string{roleEnv + "=" + role, "PATH=" + os.Getenv("PATH")}
 	for k, v := range env {
@@ -86,9 +88,9 @@ func runRole(t *testing.T, role string, env map[string]string, stdin string) out
 	case errors.As(err, &ee):
 		o.exit = ee.ExitCode()
 	case err != nil:
-		t.Fatalf("%s: %v", role, err)
+		return o, fmt.Errorf("%s: %w", role, err)
 	}
-	return o
+	return o, nil
 }
 
 // TestDispatchMatchesSkel runs the library's skel and Main as processes on the same
@@ -148,9 +150,9 @@ func TestDispatchMatchesSkel(t *testing.T) {
 		{"nested", `{"cniVersion":"1.1.0","name":"net1","ipam":{"name":"x","cniVersion":"0.1.0"},"dns":{"nameservers":["10.0.0.10"]}}`},
 	}
 	type tc struct {
-		name  string
-		env   map[string]string
-		stdin string
+		cmd, name string
+		env       map[string]string
+		stdin     string
 	}
 	var cases []tc
 	for _, cmd := range commands {
@@ -160,14 +162,14 @@ func TestDispatchMatchesSkel(t *testing.T) {
 			if cmd != "" && ec.name != "nothing" {
 				e["CNI_COMMAND"] = cmd
 			}
-			cases = append(cases, tc{cmd + "/env " + ec.name, e, conf("1.1.0")})
+			cases = append(cases, tc{cmd, "env " + ec.name, e, conf("1.1.0")})
 		}
 		for _, c := range configs {
 			e := full()
 			if cmd != "" {
 				e["CNI_COMMAND"] = cmd
 			}
-			cases = append(cases, tc{cmd + "/config " + c.name, e, c.stdin})
+			cases = append(cases, tc{cmd, "config " + c.name, e, c.stdin})
 		}
 		if cmd == "" || cmd == "VERSION" || cmd == "BOGUS" || cmd == "add" {
 			continue
@@ -176,16 +178,53 @@ func TestDispatchMatchesSkel(t *testing.T) {
 			e := full()
 			e["CNI_COMMAND"] = cmd
 			e[outcomeEnv] = o
-			cases = append(cases, tc{cmd + "/verb " + o, e, conf("1.1.0")})
+			cases = append(cases, tc{cmd, "verb " + o, e, conf("1.1.0")})
 		}
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			want := runRole(t, "skel", c.env, c.stdin)
-			got := runRole(t, "ours", c.env, c.stdin)
-			if got != want {
-				t.Errorf("env %v stdin %q:\nskel: exit %d stdout %q stderr %q\nours: exit %d stdout %q stderr %q",
-					c.env, c.stdin, want.exit, want.stdout, want.stderr, got.exit, got.stdout, got.stderr)
+	// Each process is milliseconds of CPU, its wall time mostly exec and
+	// scheduling: a command's cases run their processes a few at a time, then
+	// compare in order (-run TestDispatchMatchesSkel/ADD runs ADD's alone).
+	for _, cmd := range commands {
+		group := cmd
+		if group == "" {
+			group = "no command"
+		}
+		t.Run(group, func(t *testing.T) {
+			type pair struct {
+				want, got outcome
+				err       error
+			}
+			var mine []tc
+			for _, c := range cases {
+				if c.cmd == cmd {
+					mine = append(mine, c)
+				}
+			}
+			pairs := make([]pair, len(mine))
+			sem := make(chan struct{}, 8)
+			var wg sync.WaitGroup
+			for i, c := range mine {
+				wg.Go(func() {
+					sem <- struct{}{}
+					defer func() { <-sem }()
+					p := &pairs[i]
+					if p.want, p.err = runRole("skel", c.env, c.stdin); p.err == nil {
+						p.got, p.err = runRole("ours", c.env, c.stdin)
+					}
+				})
+			}
+			wg.Wait()
+			for i, c := range mine {
+				t.Run(c.name, func(t *testing.T) {
+					want, got := pairs[i].want, pairs[i].got
+					if err := pairs[i].err; err != nil {
+						t.Fatal(err)
+					}
+					if got != want {
+						t.Errorf("env %v stdin %q:\nskel: exit %d stdout %q stderr %q\nours: exit %d stdout %q stderr %q",
+							c.env, c.stdin, want.exit, want.stdout, want.stderr, got.exit, got.stdout, got.stderr)
+					}
+				})
 			}
 		})
 	}

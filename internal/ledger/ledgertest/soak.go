@@ -11,11 +11,12 @@ import (
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/store/faultstore"
+	"github.com/ipledger/ipledger/internal/testenv"
 )
 
 // SoakConfig sizes a fault-injection soak.
 type SoakConfig struct {
-	Ops       int     // operations in all; a fifth of them under -short
+	Ops       int     // operations in all; a tenth of them under -short
 	Workers   int     // concurrent callers
 	FaultRate float64 // share of commits that fail, at a random step
 	Seed      uint64
@@ -60,10 +61,7 @@ func Soak(t *testing.T, inner ledger.Store, cfg SoakConfig) {
 	kinds := map[string]int{}
 	outcomes := map[string]int{}
 	start := time.Now()
-	size := cfg.Ops
-	if testing.Short() {
-		size = max(cfg.Workers, size/5) // the fast tier: the same mix, fewer rounds
-	}
+	size := testenv.Size(cfg.Ops, max(cfg.Workers, cfg.Ops/10)) // the fast tier: the same mix, fewer rounds
 	perWorker := size / cfg.Workers
 	var wg sync.WaitGroup
 	for w := 0; w < cfg.Workers; w++ {
@@ -156,6 +154,11 @@ func Soak(t *testing.T, inner ledger.Store, cfg SoakConfig) {
 	t.Logf("soak: operations %v; outcomes %v", kinds, outcomes)
 	t.Logf("soak: %d commits, faults injected: before-write %d, during-write %d, after-write %d, after-sync %d; %d live leases at the end",
 		commits, faults[faultstore.BeforeWrite], faults[faultstore.DuringWrite], faults[faultstore.AfterWrite], faults[faultstore.AfterSync], rep.Live)
+	for _, step := range faultstore.Steps() {
+		if cfg.FaultRate > 0 && faults[step] == 0 {
+			t.Errorf("soak: no %s fault injected in %d commits: too few operations to meet every fault", step, commits)
+		}
+	}
 	if l.Broken() != nil {
 		t.Fatalf("ledger broken: %v", l.Broken())
 	}

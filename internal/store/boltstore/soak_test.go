@@ -7,7 +7,7 @@ import (
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 )
 
-// TestFaultSoak: 10,000 random operations (2,000 under -short) from 8 concurrent
+// TestFaultSoak: 10,000 random operations (1,000 under -short) from 8 concurrent
 // callers over a real bbolt file whose commits fail at random steps (one in five:
 // nothing written, a write failing, written but not durable, durable yet reported
 // failed); the audit, the no-double-assignment check and a fresh open of the same

@@ -52,7 +52,7 @@ func TestLedgerSuite(t *testing.T) {
 }
 
 // TestFaultSoak is boltstore's soak over this store, checkpointing every few commits:
-// 10,000 random operations (2,000 under -short) from 8 callers with one commit in
+// 10,000 random operations (1,000 under -short) from 8 callers with one commit in
 // five failing at a random step; the audit and a fresh open of the same store agree
 // with the ledger's memory after every operation.
 func TestFaultSoak(t *testing.T) {

@@ -35,17 +35,28 @@ var (
 // is computed again (a go list, about a second).
 func Bin(tb testing.TB) string {
 	tb.Helper()
+	dir, err := bin(tb.Logf)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return dir
+}
+
+// BinDir is Bin for a TestMain, before any test runs: the same cached build,
+// its progress lines on stderr.
+func BinDir() (string, error) {
+	return bin(func(format string, args ...any) { fmt.Fprintf(os.Stderr, format+"\n", args...) })
+}
+
+func bin(logf func(string, ...any)) (string, error) {
 	buildOnce.Do(func() {
 		var r buildcache.Recipe
 		if r, buildErr = binRecipe(); buildErr != nil {
 			return
 		}
-		binDir, buildErr = buildcache.Ensure(r, tb.Logf)
+		binDir, buildErr = buildcache.Ensure(r, logf)
 	})
-	if buildErr != nil {
-		tb.Fatal(buildErr)
-	}
-	return binDir
+	return binDir, buildErr
 }
 
 // binRecipe is Bin's build: its cache directory is this checkout's (a digest of

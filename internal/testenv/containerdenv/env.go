@@ -81,6 +81,13 @@ type Env struct {
 	waitErr error
 }
 
+// SkipIfShort skips tb under -short as Start does: for a harness that starts
+// containerd late in a run, so that it skips before the work that comes first.
+func SkipIfShort(tb testing.TB) {
+	tb.Helper()
+	testenv.SkipIfShort(tb, "needs containerd")
+}
+
 // Start installs containerd, runc and the CNI plugins if missing, builds and
 // imports the pause image, starts containerd and waits until its CRI service
 // answers. Everything is undone by tb.Cleanup: sandboxes are stopped and
@@ -88,7 +95,7 @@ type Env struct {
 // and the dirs removed. Under -short it skips tb.
 func Start(tb testing.TB, opts Options) *Env {
 	tb.Helper()
-	testenv.SkipIfShort(tb, "needs containerd")
+	SkipIfShort(tb)
 	if opts.StartTimeout <= 0 {
 		opts.StartTimeout = 30 * time.Second
 	}
