@@ -213,6 +213,7 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 		cfg.Pods, cfg.Events = kp.pods, kp.events
 		if kp.pods != nil {
 			cfg.Choices = kp.pods
+			cfg.StatefulSets = kp.pods // sticky addresses, in cluster mode only
 		}
 		pods = kp.pods
 	}

@@ -88,6 +88,8 @@ var (
 	_ agent.Pods     = (*kubenode.Pods)(nil)
 	_ agent.PodWatch = (*kubenode.Pods)(nil)
 	_ agent.Events   = (*kubenode.Events)(nil)
+
+	_ agent.StatefulSets = (*kubenode.Pods)(nil)
 )
 
 // startLeaseNetwork starts the node network of cluster mode on the etcd datastore,

@@ -58,6 +58,10 @@ type Config struct {
 	// Choices reads the ipledger.io/pool and ipledger.io/ip annotations of an ADD's
 	// pod and namespace (--node-name: kubenode.Pods); nil: no annotation is read.
 	Choices Choices
+	// StatefulSets tells which StatefulSet controls an ADD's pod, whose addresses
+	// then follow it from node to node (cluster mode, --node-name: kubenode.Pods);
+	// nil: no address is sticky.
+	StatefulSets StatefulSets
 	// Runtime answers the operator's questions about the container runtime (doctor,
 	// release, readiness); nil when no runtime is configured.
 	Runtime RuntimeInfo
