@@ -62,6 +62,12 @@ type Config struct {
 	// then follow it from node to node (cluster mode, --node-name: kubenode.Pods);
 	// nil: no address is sticky.
 	StatefulSets StatefulSets
+	// StatefulSetCache tells which StatefulSets exist and their replicas, for the
+	// retention of sticky addresses (RunRetention); StickyRetention, when
+	// positive, also ends the keeping of an address unused that long
+	// (ipledgerd --sticky-retention; 0: as long as its StatefulSet exists).
+	StatefulSetCache StatefulSetCache
+	StickyRetention  time.Duration
 	// Runtime answers the operator's questions about the container runtime (doctor,
 	// release, readiness); nil when no runtime is configured.
 	Runtime RuntimeInfo
@@ -124,6 +130,8 @@ type Server struct {
 	idleN atomic.Int32
 	// stranded: the leases a stranded Event was recorded for (Reconciled)
 	stranded strandedSeen
+	// retained: the retention sweep's state (RunRetention)
+	retained retention
 }
 
 // New checks cfg and returns a server.

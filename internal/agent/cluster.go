@@ -133,6 +133,9 @@ func (s *Server) blocks(ctx context.Context) *api.Response {
 		default:
 			bv.State = api.BlockOther
 		}
+		for _, k := range b.Borrows {
+			bv.Borrows = append(bv.Borrows, api.Borrow{Addr: k.Addr.String(), For: k.For, Node: k.Node})
+		}
 		if b.Local {
 			used, free := b.Used, int(b.Usable)-b.Used
 			bv.Used, bv.Free = &used, &free

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ipledger/ipledger/internal/agent"
 	"github.com/ipledger/ipledger/internal/api"
@@ -106,5 +107,109 @@ func TestStickyThroughTheAgent(t *testing.T) {
 	}
 	if r := b.addPod("s4", web0("u4")); r.Error != nil || r.Lease.IPs[0] != x {
 		t.Fatalf("web-0 on node-b after node-c's DEL: %+v %+v, want %s", r.Error, r.Lease, x)
+	}
+}
+
+// stsCache is a StatefulSetCache: replicas by "namespace/name"; known false:
+// not listed.
+type stsCache struct {
+	known    bool
+	replicas map[string]int32
+}
+
+var _ agent.StatefulSetCache = (*stsCache)(nil)
+
+func (c *stsCache) Replicas(namespace, name string) (int32, bool, bool) {
+	r, ok := c.replicas[namespace+"/"+name]
+	return r, ok, c.known
+}
+
+func (c *stsCache) Changed() <-chan struct{} { return nil }
+
+// kept is the addresses of node n's blocks kept for each pod ("ns/sts/pod").
+func (n *clusterNode) kept() map[string]string {
+	n.t.Helper()
+	bs, err := n.m.Blocks(context.Background())
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, b := range bs {
+		if b.Owner != n.m.Node() {
+			continue
+		}
+		for _, k := range b.Borrows {
+			out[k.For] = k.Addr.String()
+		}
+	}
+	return out
+}
+
+// TestStickyRetention: an agent releases the kept addresses of its blocks when
+// the StatefulSet is scaled down below their ordinals, or deleted, never on a
+// StatefulSet cache that has not listed, and keeps an address lent to another
+// node until it comes back; with a retention, an address in use stays kept.
+func TestStickyRetention(t *testing.T) {
+	clk := clocktest.New()
+	ds := memds.New(clk)
+	sts := statefulSets{"default/web-0": "web", "default/web-1": "web", "default/web-2": "web", "default/db-0": "db"}
+	cache := &stsCache{replicas: map[string]int32{"default/web": 3, "default/db": 1}}
+	a := newClusterNode(t, ds, clk, "node-a", func(c *agent.Config) {
+		c.StatefulSets, c.StatefulSetCache, c.StickyRetention = sts, cache, time.Hour
+	})
+	b, _ := stickyNode(t, ds, clk, "node-b", sts)
+	for _, name := range []string{"web-0", "web-1", "web-2"} {
+		if r := a.addPod(name, api.Pod{Namespace: "default", Name: name, UID: name}); r.Error != nil {
+			t.Fatalf("ADD %s: %+v", name, r.Error)
+		}
+	}
+	// db-0 lives on node-b, from node-b's block
+	if r := b.addPod("db-0", api.Pod{Namespace: "default", Name: "db-0", UID: "db-0"}); r.Error != nil {
+		t.Fatal(r.Error)
+	}
+	all := a.kept()
+	if len(all) != 3 {
+		t.Fatalf("node-a keeps %v, want web-0..2", all)
+	}
+	sweep := func() {
+		t.Helper()
+		if err := a.s.SweepRetention(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// scaled down to 1, but the cache has not listed: nothing goes
+	cache.replicas["default/web"] = 1
+	sweep()
+	if got := a.kept(); len(got) != 3 {
+		t.Fatalf("released on an unlisted cache: %v", got)
+	}
+	cache.known = true
+	// two hours in use: the retention does not end the keeping of a held address
+	for range 2 {
+		sweep()
+		clk.Advance(time.Hour)
+		if err := a.m.Renew(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sweep()
+	if got := a.kept(); len(got) != 1 || got["default/web/web-0"] != all["default/web/web-0"] {
+		t.Fatalf("after the scale-down to 1: node-a keeps %v, want web-0's only", got)
+	}
+	// node-a sweeps its own blocks only: db's address in node-b's block stays
+	delete(cache.replicas, "default/web")
+	delete(cache.replicas, "default/db")
+	sweep()
+	if got := a.kept(); len(got) != 0 {
+		t.Fatalf("after the StatefulSet's deletion: node-a keeps %v", got)
+	}
+	if got := b.kept(); len(got) != 1 {
+		t.Fatalf("node-a's sweep touched node-b's block: %v", got)
+	}
+	// the pods keep their addresses meanwhile
+	for _, name := range []string{"web-0", "web-1", "web-2"} {
+		if _, held := a.l.Lease(ledger.Key{Network: "pods", ContainerID: name, IfName: "eth0"}); !held {
+			t.Fatalf("the retention's end released %s's lease", name)
+		}
 	}
 }

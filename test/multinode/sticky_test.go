@@ -18,6 +18,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
+	"github.com/ipledger/ipledger/internal/testenv/netnodes"
 )
 
 // stickyNS is the Kubernetes namespace of the test's StatefulSet.
@@ -246,9 +247,11 @@ func TestStickyStatefulSet(t *testing.T) {
 		code int
 	}
 	answers := make([]answer, 2)
+	raceNS := map[int]*netnodes.NS{}
 	var wg sync.WaitGroup
 	for k, node := range []int{1, 2} {
 		ns := c.net.Namespace(fmt.Sprintf("p-race%d", node))
+		raceNS[node] = ns
 		cid := fmt.Sprintf("cid-race%d", node)
 		c.t.Cleanup(func() { c.cni(node, "DEL", cid, ns, clusterRanges, args...) })
 		wg.Go(func() {
@@ -290,6 +293,82 @@ func TestStickyStatefulSet(t *testing.T) {
 		t.Fatalf("Event on web-0: %s %q, want a Warning naming node %s", ev.Type, ev.Message, winner)
 	}
 	c.waitRoutedTo(x, won[0].node)
+
+	// web-1 and web-2 on node1, from node1's block; the StatefulSet scaled down to
+	// 1: their addresses are no longer kept, web-0's is
+	for _, name := range []string{"web-1", "web-2"} {
+		_, args := c.createStickyPod(kc, sts, 1, name)
+		p := c.addPod(1, name, clusterRanges, args...)
+		t.Logf("%s on node1: %s", name, p.addr(true))
+	}
+	keptBefore := c.kept(1)
+	t.Logf("kept before the scale-down: %v", keptBefore)
+	if len(keptBefore) != 3 || keptBefore["default/web/web-0"] != x.String() {
+		t.Fatalf("kept: %v, want web-0 (%s), web-1, web-2", keptBefore, x)
+	}
+	c.scale(kc, "web", 1)
+	c.waitKept(func(k map[string]string) bool { return len(k) == 1 && k["default/web/web-0"] == x.String() }, "web-0's only")
+	// deleted: web-0's address is released once its holder gives it back
+	if out, code := c.cni(won[0].node, "DEL", fmt.Sprintf("cid-race%d", won[0].node), raceNS[won[0].node], clusterRanges, args...); code != 0 {
+		t.Fatalf("DEL of web-0 on node%d exited %d: %s", won[0].node, code, out)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := kc.AppsV1().StatefulSets(stickyNS).Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.waitKept(func(k map[string]string) bool { return len(k) == 0 }, "none")
+	c.waitNotRouted(x)
+}
+
+// kept is the addresses kept for StatefulSet pods in the blocks `ipledgerctl
+// blocks -o json` of node i's agent shows: address by pod ("ns/sts/pod").
+func (c *cluster) kept(i int) map[string]string {
+	c.t.Helper()
+	stdout, stderr, code := agentenv.Ctl(c.t, "--socket", c.agents[i].Socket, "blocks", "-o", "json")
+	if code != 0 {
+		c.t.Fatalf("ipledgerctl blocks on %s exited %d: %s", c.net.Node(i).Name, code, stderr)
+	}
+	var bs []api.BlockView
+	if err := json.Unmarshal([]byte(stdout), &bs); err != nil {
+		c.t.Fatalf("ipledgerctl blocks: %v\n%s", err, stdout)
+	}
+	out := map[string]string{}
+	for _, b := range bs {
+		for _, k := range b.Borrows {
+			out[k.For] = k.Addr
+		}
+	}
+	return out
+}
+
+// waitKept waits until the kept addresses (as node0 shows them) satisfy ok.
+func (c *cluster) waitKept(ok func(map[string]string) bool, want string) {
+	c.t.Helper()
+	for t0 := time.Now(); ; time.Sleep(100 * time.Millisecond) {
+		k := c.kept(0)
+		if ok(k) {
+			return
+		}
+		if time.Since(t0) > 30*time.Second {
+			c.t.Fatalf("kept addresses after 30s: %v, want %s", k, want)
+		}
+	}
+}
+
+// scale sets the StatefulSet's spec.replicas.
+func (c *cluster) scale(kc *kubernetes.Clientset, name string, replicas int32) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sc, err := kc.AppsV1().StatefulSets(stickyNS).GetScale(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	sc.Spec.Replicas = replicas
+	if _, err := kc.AppsV1().StatefulSets(stickyNS).UpdateScale(ctx, name, sc, metav1.UpdateOptions{}); err != nil {
+		c.t.Fatalf("scale StatefulSet %s to %d: %v", name, replicas, err)
+	}
 }
 
 // waitNotRouted waits until no node has a route of ipledger's protocol to x.
