@@ -47,6 +47,7 @@ type options struct {
 	stateDir, socket, spoolDir, criEndpoint, metricsAddr string
 	debugAddr                                            string
 	reconcileInterval, releaseGrace, reuseDelay          time.Duration
+	stickyRetention                                      time.Duration
 	strandedGrace                                        time.Duration
 	apiEvidence                                          bool
 	takeoverTimeout                                      time.Duration
@@ -74,6 +75,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	fs.BoolVar(&o.reclaimStranded, "reclaim-stranded", false, "remove the interface of a NotReady sandbox that still holds its address (identity-checked) and release it after --stranded-grace; off by default because it changes a pod's namespace, and a stranded lease is reported and kept either way")
 	fs.BoolVar(&o.apiEvidence, "api-evidence", true, "with --node-name: a pod deleted from the Kubernetes API, or Succeeded or Failed, is evidence for the reconciler beside the runtime's (never alone: only for a NOTREADY or gone sandbox, over --release-grace and two observations); it releases a NotReady sandbox's lease whose namespace was not recorded, and removes the interface of a stranded one; false: the runtime is the only witness")
 	fs.DurationVar(&o.strandedGrace, "stranded-grace", 10*time.Minute, "how long a lease must be stranded before --reclaim-stranded acts; at least --release-grace")
+	fs.DurationVar(&o.stickyRetention, "sticky-retention", 0, "cluster mode: how long an address kept for a StatefulSet's pod stays kept while no pod uses it (0, the default: as long as the StatefulSet exists and the pod's ordinal is below its replicas)")
 	o.cluster.Register(fs, getenv)
 	o.network.Register(fs)
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -102,6 +104,12 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	}
 	if o.reuseDelay < 0 {
 		return nil, errors.New("--reuse-delay: must not be negative")
+	}
+	if o.stickyRetention < 0 {
+		return nil, fmt.Errorf("--sticky-retention: %v is negative; give a duration such as 24h, or 0 to keep a StatefulSet pod's address as long as its StatefulSet exists", o.stickyRetention)
+	}
+	if o.stickyRetention > 0 && !o.cluster.Cluster() {
+		return nil, errors.New("--sticky-retention: sticky addresses exist only in cluster mode (--datastore); remove the flag in node mode")
 	}
 	if o.takeoverTimeout < 0 {
 		return nil, errors.New("--takeover-timeout: must not be negative")
@@ -215,6 +223,10 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 		cfg.Pods, cfg.Events = kp.pods, kp.events
 		if kp.pods != nil {
 			cfg.Choices = kp.pods
+			cfg.StatefulSets = kp.pods // sticky addresses, in cluster mode only
+		}
+		if kp.statefulSets != nil {
+			cfg.StatefulSetCache, cfg.StickyRetention = kp.statefulSets, o.stickyRetention
 		}
 		pods = kp.pods
 	}
@@ -237,6 +249,9 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 		rp.start(ctx, o.reconcileInterval, srv)
 	}
 	go srv.WatchClock(ctx, time.Second)
+	if cfg.StatefulSetCache != nil {
+		go srv.RunRetention(ctx, retentionSweep(o.stickyRetention))
+	}
 	if o.metricsAddr != "" {
 		mln, err := net.Listen("tcp", o.metricsAddr)
 		if err != nil {
@@ -374,4 +389,14 @@ func watchLedger(ctx context.Context, l *ledger.Ledger, stop context.CancelCause
 			}
 		}
 	}
+}
+
+// retentionSweep is how often the keeping of sticky addresses is judged besides
+// each change of the StatefulSets: a minute, or a quarter of --sticky-retention
+// when that is shorter.
+func retentionSweep(retention time.Duration) time.Duration {
+	if retention > 0 && retention/4 < time.Minute {
+		return max(retention/4, time.Second)
+	}
+	return time.Minute
 }

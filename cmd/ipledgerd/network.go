@@ -59,6 +59,13 @@ func startNetwork(ctx context.Context, o *options, m *cluster.Manager, log *slog
 		return nil, err
 	}
 	kp := &kubeParts{nodes: w, pods: pods, events: ev}
+	if m != nil {
+		// cluster mode: the StatefulSets say how long sticky addresses are kept
+		if kp.statefulSets, err = kubenode.NewStatefulSets(rc, log.With("part", "statefulsets")); err != nil {
+			return nil, err
+		}
+		kp.statefulSets.Run(ctx)
+	}
 	if !o.network.Enabled(true) {
 		return kp, nil
 	}
@@ -82,12 +89,18 @@ type kubeParts struct {
 	pods    *kubenode.Pods
 	events  *kubenode.Events
 	network *controller.Controller
+	// statefulSets: cluster mode's cache of the StatefulSets (sticky addresses'
+	// retention), nil in node mode
+	statefulSets *kubenode.StatefulSets
 }
 
 var (
 	_ agent.Pods     = (*kubenode.Pods)(nil)
 	_ agent.PodWatch = (*kubenode.Pods)(nil)
 	_ agent.Events   = (*kubenode.Events)(nil)
+
+	_ agent.StatefulSets     = (*kubenode.Pods)(nil)
+	_ agent.StatefulSetCache = (*kubenode.StatefulSets)(nil)
 )
 
 // startLeaseNetwork starts the node network of cluster mode on the etcd datastore,

@@ -58,6 +58,16 @@ type Config struct {
 	// Choices reads the ipledger.io/pool and ipledger.io/ip annotations of an ADD's
 	// pod and namespace (--node-name: kubenode.Pods); nil: no annotation is read.
 	Choices Choices
+	// StatefulSets tells which StatefulSet controls an ADD's pod, whose addresses
+	// then follow it from node to node (cluster mode, --node-name: kubenode.Pods);
+	// nil: no address is sticky.
+	StatefulSets StatefulSets
+	// StatefulSetCache tells which StatefulSets exist and their replicas, for the
+	// retention of sticky addresses (RunRetention); StickyRetention, when
+	// positive, also ends the keeping of an address unused that long
+	// (ipledgerd --sticky-retention; 0: as long as its StatefulSet exists).
+	StatefulSetCache StatefulSetCache
+	StickyRetention  time.Duration
 	// Runtime answers the operator's questions about the container runtime (doctor,
 	// release, readiness); nil when no runtime is configured.
 	Runtime RuntimeInfo
@@ -120,6 +130,8 @@ type Server struct {
 	idleN atomic.Int32
 	// stranded: the leases a stranded Event was recorded for (Reconciled)
 	stranded strandedSeen
+	// retained: the retention sweep's state (RunRetention)
+	retained retention
 }
 
 // New checks cfg and returns a server.

@@ -50,8 +50,9 @@ type Cluster interface {
 var _ Cluster = (*cluster.Manager)(nil)
 
 // allocate serves an ADD's allocation: in cluster mode through the block manager,
-// after setting the network up with the request's ranges and blockSize.
-func (s *Server) allocate(ctx context.Context, areq ledger.AllocateRequest, blockSize int) (ledger.Lease, bool, error) {
+// after setting the network up with the request's ranges and blockSize; for a
+// StatefulSet pod (sticky, cluster mode only) from the addresses kept for it.
+func (s *Server) allocate(ctx context.Context, areq ledger.AllocateRequest, blockSize int, sticky *cluster.StickyPod) (ledger.Lease, bool, error) {
 	c := s.cfg.Cluster
 	if c == nil {
 		return s.cfg.Ledger.Allocate(areq)
@@ -65,6 +66,9 @@ func (s *Server) allocate(ctx context.Context, areq ledger.AllocateRequest, bloc
 	}
 	if err := c.EnsureNetwork(ctx, areq.Key.Network, areq.Ranges, bits); err != nil {
 		return ledger.Lease{}, false, fmt.Errorf("network %q: %w", areq.Key.Network, err)
+	}
+	if sticky != nil {
+		return s.allocateSticky(ctx, areq, *sticky)
 	}
 	return c.Allocate(ctx, areq)
 }
@@ -136,6 +140,9 @@ func (s *Server) blocks(ctx context.Context) *api.Response {
 			bv.State = api.BlockFree
 		default:
 			bv.State = api.BlockOther
+		}
+		for _, k := range b.Borrows {
+			bv.Borrows = append(bv.Borrows, api.Borrow{Addr: k.Addr.String(), For: k.For, Node: k.Node})
 		}
 		if b.Local {
 			used, free := b.Used, int(b.Usable)-b.Used

@@ -28,7 +28,9 @@ type clusterNode struct {
 	m *cluster.Manager
 }
 
-func newClusterNode(t *testing.T, ds *memds.Store, clk *clocktest.Clock, name string) *clusterNode {
+// newClusterNode starts the node name; with sets each agent.Config edit before
+// the server is made.
+func newClusterNode(t *testing.T, ds *memds.Store, clk *clocktest.Clock, name string, with ...func(*agent.Config)) *clusterNode {
 	t.Helper()
 	st, err := boltstore.Open(filepath.Join(t.TempDir(), "ledger.db"))
 	if err != nil {
@@ -43,7 +45,11 @@ func newClusterNode(t *testing.T, ds *memds.Store, clk *clocktest.Clock, name st
 	if err := m.Start(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	s, err := agent.New(agent.Config{Ledger: l, Socket: filepath.Join(t.TempDir(), "s.sock"), Cluster: m, Datastore: "memory", Clock: clk, Logger: ledgertest.TestLogger(t)})
+	cfg := agent.Config{Ledger: l, Socket: filepath.Join(t.TempDir(), "s.sock"), Cluster: m, Datastore: "memory", Clock: clk, Logger: ledgertest.TestLogger(t)}
+	for _, w := range with {
+		w(&cfg)
+	}
+	s, err := agent.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

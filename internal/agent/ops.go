@@ -63,7 +63,7 @@ func (s *Server) handle(ctx context.Context, req api.Request, later *ledger.LogL
 	case api.OpAdd:
 		resp = s.add(ctx, req, later)
 	case api.OpDel:
-		resp = s.del(req, later)
+		resp = s.del(ctx, req, later)
 	case api.OpCheck:
 		resp = s.check(req)
 	case api.OpGC:
@@ -183,6 +183,7 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 	}
 	areq := ledger.AllocateRequest{Key: k, Pod: podOf(req.Pod), NetNS: netnsOf(req.NetNS), Ranges: req.Ranges, ReplaceRanges: replace, LogLater: later, Why: WhyDefault, Exclude: exclude}
 	var chosen *choiceMade
+	var sticky *cluster.StickyPod
 	if _, held := s.cfg.Ledger.Lease(k); !held {
 		// an attachment holding a lease gets it back (ADD is idempotent) whatever
 		// its annotations say now
@@ -192,6 +193,9 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 		}
 		if chosen != nil {
 			chosen.applyChoice(&areq)
+		}
+		if sticky, aerr = s.stickyOf(ctx, req.Pod, chosen); aerr != nil {
+			return errResp(aerr)
 		}
 	}
 	var supersededLeases []ledger.Lease // the holders judged, for their Events
@@ -224,8 +228,11 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 		superseding = append(superseding, h.Key)
 	}
 	superseding = s.held(superseding)
-	ls, existed, err := s.allocate(ctx, areq, req.BlockSize)
+	ls, existed, err := s.allocate(ctx, areq, req.BlockSize, sticky)
 	if err != nil {
+		if aerr := s.stickyRefused(req.Pod, sticky, err); aerr != nil {
+			return errResp(aerr)
+		}
 		if chosen != nil && errors.Is(err, ledger.ErrAddressUnavailable) {
 			return errResp(s.refuseChoice(req.Pod, fmt.Sprintf("%s on %s asks for %s: %v; give a free address inside the network's ranges, or remove the annotation", choice.IP, chosen.ipFrom, chosen.ipValue, err)))
 		}
@@ -243,7 +250,7 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 	return &api.Response{Lease: &v, Existed: existed}
 }
 
-func (s *Server) del(req api.Request, later *ledger.LogLines) *api.Response {
+func (s *Server) del(ctx context.Context, req api.Request, later *ledger.LogLines) *api.Response {
 	k := keyOf(req)
 	if err := k.Validate(); err != nil {
 		return errResp(errorOf(err))
@@ -255,13 +262,14 @@ func (s *Server) del(req api.Request, later *ledger.LogLines) *api.Response {
 	if err := s.settleSpooled(k, later); err != nil {
 		return errResp(errorOf(err))
 	}
-	_, ok, err := s.cfg.Ledger.ReleaseLogLater(k, ledger.ReasonDEL, req.Detail, later)
+	released, ok, err := s.cfg.Ledger.ReleaseLogLater(k, ledger.ReasonDEL, req.Detail, later)
 	if err != nil {
 		return errResp(errorOf(err))
 	}
 	resp := &api.Response{}
 	if ok {
 		resp.Released = 1
+		s.returnBorrowed(ctx, released)
 	}
 	return resp
 }
@@ -332,7 +340,7 @@ func (s *Server) gc(ctx context.Context, req api.Request) *api.Response {
 	var failed []error
 	for _, ls := range drop {
 		unlock := s.locks.lock(ls.Key)
-		_, ok, err := s.cfg.Ledger.ReleaseIfCreated(ls.Key, ls.Created, ledger.ReasonGC, "not in cni.dev/valid-attachments")
+		rel, ok, err := s.cfg.Ledger.ReleaseIfCreated(ls.Key, ls.Created, ledger.ReasonGC, "not in cni.dev/valid-attachments")
 		unlock()
 		if err != nil {
 			failed = append(failed, fmt.Errorf("%s: %w", ls.Key, err))
@@ -340,6 +348,7 @@ func (s *Server) gc(ctx context.Context, req api.Request) *api.Response {
 		}
 		if ok {
 			released++
+			s.returnBorrowed(ctx, rel)
 		}
 	}
 	resp := &api.Response{Released: released}
@@ -440,12 +449,13 @@ func (s *Server) release(ctx context.Context, req api.Request) *api.Response {
 	if detail == "" {
 		detail = "released by an operator"
 	}
-	_, ok, err := s.cfg.Ledger.Release(k, ledger.ReasonManual, detail)
+	rel, ok, err := s.cfg.Ledger.Release(k, ledger.ReasonManual, detail)
 	if err != nil {
 		return errResp(errorOf(err))
 	}
 	if !ok {
 		return errResp(&api.Error{Code: api.CodeNotFound, Msg: fmt.Sprintf("attachment %s holds no lease", k)})
 	}
+	s.returnBorrowed(ctx, rel)
 	return &api.Response{Released: 1}
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"sync"
@@ -119,8 +120,12 @@ type strandedSeen struct {
 // Reconciled records Events for a reconciliation round: AddressReleased (Normal) on
 // the pod of each lease it released, with the reconciler's evidence, and
 // AddressStranded (Warning) on the pod of each lease the reconciler holds stranded
-// now and did not after the last round. It never blocks on the API server.
+// now and did not after the last round. It never blocks on the API server. The
+// borrowed addresses of the released leases go back to their blocks first.
 func (s *Server) Reconciled(rd reconcile.Round) {
+	for _, ls := range rd.Released {
+		s.returnBorrowed(context.Background(), ls)
+	}
 	if s.cfg.Events == nil {
 		return
 	}

@@ -225,6 +225,16 @@ type BlockView struct {
 	// ledger knows).
 	Used *int `json:"used"`
 	Free *int `json:"free"`
+	// Borrows are the block's addresses kept for StatefulSet pods (sticky), each
+	// with the node that borrowed it, if another node holds it now.
+	Borrows []Borrow `json:"borrows,omitempty"`
+}
+
+// Borrow is an address of a block kept for a StatefulSet pod.
+type Borrow struct {
+	Addr string `json:"addr"`
+	For  string `json:"for"`            // "namespace/statefulset/pod"
+	Node string `json:"node,omitempty"` // the borrower, "" while no other node holds it
 }
 
 // Cluster is the answer to OpBlocks: cluster mode as one node sees it.

@@ -135,11 +135,17 @@ func (m *Manager) AllocateSticky(ctx context.Context, req ledger.AllocateRequest
 }
 
 // ReturnBorrowed returns to their blocks the borrowed addresses of a lease this
-// node released (the pod's DEL): they stay kept for the pod. A failure is retried
-// by the sweep (returnOrphans).
+// node released (the pod's DEL): they stay kept for the pod. An address a lease of
+// the ledger holds again (the pod's next sandbox on this node borrowed it since)
+// is not returned. A failure is retried by the sweep (returnOrphans).
 func (m *Manager) ReturnBorrowed(ctx context.Context, released ledger.Lease) error {
+	m.stickyMu.Lock() // no borrow between the ledger's word and the return
+	defer m.stickyMu.Unlock()
 	var errs []error
 	for _, a := range released.Borrowed {
+		if m.holdsBorrowed(released.Key.Network, a) {
+			continue
+		}
 		errs = append(errs, m.Return(ctx, released.Key.Network, a))
 	}
 	return errors.Join(errs...)

@@ -109,6 +109,9 @@ type podFact struct {
 	// choices are the pod's ipledger.io/pool and ipledger.io/ip annotations, only
 	// those present (nil for most pods)
 	choices map[string]string
+	// statefulSet is the StatefulSet controlling the pod (its controller
+	// ownerReference of kind StatefulSet), "" for any other pod
+	statefulSet string
 }
 
 // mirrorAnnotation names, on a mirror pod, the UID of the static pod it mirrors.
@@ -385,7 +388,7 @@ func factOf(obj any) (podFact, bool) {
 	if !ok {
 		return podFact{}, false
 	}
-	return podFact{namespace: pod.Namespace, name: pod.Name, uid: string(pod.UID), static: pod.Annotations[mirrorAnnotation], phase: pod.Status.Phase, choices: choicesOf(pod.Annotations)}, true
+	return podFact{namespace: pod.Namespace, name: pod.Name, uid: string(pod.UID), static: pod.Annotations[mirrorAnnotation], phase: pod.Status.Phase, choices: choicesOf(pod.Annotations), statefulSet: statefulSetOf(pod)}, true
 }
 
 // choicesOf keeps the address-choice annotations of annotations, nil when none.

@@ -53,8 +53,17 @@ func (l *Ledger) setWithheld(c *change, network string, prefix netip.Prefix, add
 				continue
 			}
 			c.touchPool(ps)
-			ps.rec.Seq++
-			f := Free{Network: network, IP: a, Set: i, ReleasedAt: now, Seq: ps.rec.Seq}
+			// free again as of its last release, which the history holds (the
+			// books tie each free record to it); the reuse delay counts from now
+			f := Free{Network: network, IP: a, Set: i}
+			if last, ok, err := l.lastRelease(network, a); err != nil {
+				return err
+			} else if ok {
+				f.ReleasedAt, f.Seq, f.LastUID = last.To, last.Seq, last.Pod.UID
+			} else {
+				ps.rec.Seq++
+				f.ReleasedAt, f.Seq = now, ps.rec.Seq
+			}
 			s.addFree(f, mono)
 			c.onUndo(func() { s.removeFree(s.index[a]) })
 			c.write(func(tx Tx) error { return tx.PutFree(f) })
@@ -86,4 +95,18 @@ func (l *Ledger) Withheld(network string, prefix netip.Prefix) []netip.Addr {
 
 func sortedAddrs(m map[netip.Addr]bool) []netip.Addr {
 	return slices.SortedFunc(maps.Keys(m), netip.Addr.Compare)
+}
+
+// lastRelease is the last release of a in network's history, if any.
+func (l *Ledger) lastRelease(network string, a netip.Addr) (Release, bool, error) {
+	var h []Release
+	err := l.st.View(func(tx ReadTx) error {
+		var err error
+		h, err = tx.History(network, a)
+		return err
+	})
+	if err != nil || len(h) == 0 {
+		return Release{}, false, err
+	}
+	return h[len(h)-1], true, nil
 }

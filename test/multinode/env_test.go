@@ -347,8 +347,9 @@ type cniError struct {
 const podRanges = `[[{"subnet":"usePodCidr"}],[{"subnet":"usePodCidrIPv6"}]]`
 
 // cni execs ipledger-veth inside node i's namespace, as the container runtime
-// does, for pod namespace ns; it returns the plugin's stdout and exit status.
-func (c *cluster) cni(i int, command, containerID string, ns *netnodes.NS, ranges string) ([]byte, int) {
+// does, for pod namespace ns, with CNI_ARGS cniArgs when given (the runtime's
+// K8S_POD_* of a Kubernetes pod); it returns the plugin's stdout and exit status.
+func (c *cluster) cni(i int, command, containerID string, ns *netnodes.NS, ranges string, cniArgs ...string) ([]byte, int) {
 	c.t.Helper()
 	bin := agentenv.Bin(c.t)
 	conf := fmt.Sprintf(`{"cniVersion":"1.0.0","name":%q,"type":"ipledger-veth","ipam":{"type":"ipledger","socket":%q,"ranges":%s}}`,
@@ -356,6 +357,9 @@ func (c *cluster) cni(i int, command, containerID string, ns *netnodes.NS, range
 	cmd := exec.Command("ip", "netns", "exec", c.net.Node(i).Netns, filepath.Join(bin, "ipledger-veth"))
 	cmd.Env = []string{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", "CNI_COMMAND=" + command, "CNI_CONTAINERID=" + containerID,
 		"CNI_NETNS=/run/netns/" + ns.Netns, "CNI_IFNAME=eth0", "CNI_PATH=" + bin}
+	if len(cniArgs) > 0 {
+		cmd.Env = append(cmd.Env, "CNI_ARGS="+strings.Join(cniArgs, ";"))
+	}
 	cmd.Stdin = strings.NewReader(conf)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -370,9 +374,10 @@ func (c *cluster) cni(i int, command, containerID string, ns *netnodes.NS, range
 	return stdout.Bytes(), cmd.ProcessState.ExitCode()
 }
 
-// addPodRaw makes a pod namespace and runs ADD for it behind node i; the DEL and
-// the namespace's removal are registered for cleanup whatever ADD answered.
-func (c *cluster) addPodRaw(i int, name, ranges string) (*pod, []byte, int) {
+// addPodRaw makes a pod namespace and runs ADD for it behind node i (with CNI_ARGS
+// cniArgs); the DEL and the namespace's removal are registered for cleanup
+// whatever ADD answered.
+func (c *cluster) addPodRaw(i int, name, ranges string, cniArgs ...string) (*pod, []byte, int) {
 	c.t.Helper()
 	ns := c.net.Namespace("p-" + name)
 	cid := "cid-" + name
@@ -382,14 +387,14 @@ func (c *cluster) addPodRaw(i int, name, ranges string) (*pod, []byte, int) {
 	var out []byte
 	var code int
 	for t0 := time.Now(); ; time.Sleep(100 * time.Millisecond) {
-		out, code = c.cni(i, "ADD", cid, ns, ranges)
+		out, code = c.cni(i, "ADD", cid, ns, ranges, cniArgs...)
 		var ce cniError
 		if code == 0 || json.Unmarshal(out, &ce) != nil || ce.Code != 11 || !strings.Contains(ce.Msg, "node network not ready") || time.Since(t0) > 30*time.Second {
 			break
 		}
 	}
 	c.t.Cleanup(func() {
-		if _, code := c.cni(i, "DEL", cid, ns, ranges); code != 0 {
+		if _, code := c.cni(i, "DEL", cid, ns, ranges, cniArgs...); code != 0 {
 			c.t.Errorf("DEL of pod %s on %s exited %d", name, c.net.Node(i).Name, code)
 		}
 	})
@@ -397,10 +402,10 @@ func (c *cluster) addPodRaw(i int, name, ranges string) (*pod, []byte, int) {
 }
 
 // addPod makes a pod behind node i with ipledger-veth and returns it with its
-// addresses.
-func (c *cluster) addPod(i int, name, ranges string) *pod {
+// addresses (CNI_ARGS cniArgs when given).
+func (c *cluster) addPod(i int, name, ranges string, cniArgs ...string) *pod {
 	c.t.Helper()
-	p, out, code := c.addPodRaw(i, name, ranges)
+	p, out, code := c.addPodRaw(i, name, ranges, cniArgs...)
 	if code != 0 {
 		c.t.Fatalf("ADD of pod %s on %s exited %d: %s", name, c.net.Node(i).Name, code, out)
 	}
