@@ -109,12 +109,14 @@ func (s *Server) returnBorrowed(ctx context.Context, released ledger.Lease) {
 }
 
 // StatefulSetCache tells the cluster's StatefulSets (kubenode.StatefulSets).
-// Contract: Replicas never calls the API server; known is false while the cache
-// cannot vouch for an absence (it has not listed since the agent started, or an
-// error came since its last list); then nothing is released on its word.
-// Changed receives a value after the cache changed (it may be nil: no notice).
+// Contract: Ordinals never calls the API server; it returns the StatefulSet's
+// pods' ordinals, start (spec.ordinals.start, 0 when unset) up to start+replicas
+// (excluded). known is false while the cache cannot vouch for an absence (it has
+// not listed since the agent started, or an error came since its last list);
+// then nothing is released on its word. Changed receives a value after the
+// cache changed (it may be nil: no notice).
 type StatefulSetCache interface {
-	Replicas(namespace, name string) (replicas int32, exists, known bool)
+	Ordinals(namespace, name string) (start, replicas int32, exists, known bool)
 	Changed() <-chan struct{}
 }
 
@@ -205,15 +207,15 @@ func (s *Server) retentionOver(network string, k cluster.Borrow, key string, now
 	if !ok1 || !ok2 {
 		return ""
 	}
-	replicas, exists, known := s.cfg.StatefulSetCache.Replicas(ns, sts)
+	start, replicas, exists, known := s.cfg.StatefulSetCache.Ordinals(ns, sts)
 	switch {
 	case !known:
 		return ""
 	case !exists:
 		return fmt.Sprintf("StatefulSet %s/%s is deleted", ns, sts)
 	}
-	if o, ok := ordinalOf(sts, pod); ok && o >= int(replicas) {
-		return fmt.Sprintf("StatefulSet %s/%s is scaled down to %d replicas", ns, sts, replicas)
+	if o, ok := ordinalOf(sts, pod); ok && (o < int(start) || o >= int(start)+int(replicas)) {
+		return fmt.Sprintf("StatefulSet %s/%s has no ordinal %d any more (ordinals %d to %d)", ns, sts, o, start, int(start)+int(replicas)-1)
 	}
 	if s.cfg.StickyRetention <= 0 {
 		return ""

@@ -110,18 +110,19 @@ func TestStickyThroughTheAgent(t *testing.T) {
 	}
 }
 
-// stsCache is a StatefulSetCache: replicas by "namespace/name"; known false:
-// not listed.
+// stsCache is a StatefulSetCache: replicas and the first ordinal (start, 0
+// when absent) by "namespace/name"; known false: not listed.
 type stsCache struct {
 	known    bool
 	replicas map[string]int32
+	start    map[string]int32
 }
 
 var _ agent.StatefulSetCache = (*stsCache)(nil)
 
-func (c *stsCache) Replicas(namespace, name string) (int32, bool, bool) {
+func (c *stsCache) Ordinals(namespace, name string) (int32, int32, bool, bool) {
 	r, ok := c.replicas[namespace+"/"+name]
-	return r, ok, c.known
+	return c.start[namespace+"/"+name], r, ok, c.known
 }
 
 func (c *stsCache) Changed() <-chan struct{} { return nil }
@@ -152,13 +153,16 @@ func (n *clusterNode) kept() map[string]string {
 func TestStickyRetention(t *testing.T) {
 	clk := clocktest.New()
 	ds := memds.New(clk)
-	sts := statefulSets{"default/web-0": "web", "default/web-1": "web", "default/web-2": "web", "default/db-0": "db"}
-	cache := &stsCache{replicas: map[string]int32{"default/web": 3, "default/db": 1}}
+	sts := statefulSets{"default/web-0": "web", "default/web-1": "web", "default/web-2": "web", "default/db-0": "db",
+		"default/shard-5": "shard", "default/shard-6": "shard"}
+	// shard's ordinals start at 5 (spec.ordinals.start): shard-5 and shard-6
+	cache := &stsCache{replicas: map[string]int32{"default/web": 3, "default/db": 1, "default/shard": 2},
+		start: map[string]int32{"default/shard": 5}}
 	a := newClusterNode(t, ds, clk, "node-a", func(c *agent.Config) {
 		c.StatefulSets, c.StatefulSetCache, c.StickyRetention = sts, cache, time.Hour
 	})
 	b, _ := stickyNode(t, ds, clk, "node-b", sts)
-	for _, name := range []string{"web-0", "web-1", "web-2"} {
+	for _, name := range []string{"web-0", "web-1", "web-2", "shard-5", "shard-6"} {
 		if r := a.addPod(name, api.Pod{Namespace: "default", Name: name, UID: name}); r.Error != nil {
 			t.Fatalf("ADD %s: %+v", name, r.Error)
 		}
@@ -168,8 +172,8 @@ func TestStickyRetention(t *testing.T) {
 		t.Fatal(r.Error)
 	}
 	all := a.kept()
-	if len(all) != 3 {
-		t.Fatalf("node-a keeps %v, want web-0..2", all)
+	if len(all) != 5 {
+		t.Fatalf("node-a keeps %v, want web-0..2 and shard-5..6", all)
 	}
 	sweep := func() {
 		t.Helper()
@@ -180,7 +184,7 @@ func TestStickyRetention(t *testing.T) {
 	// scaled down to 1, but the cache has not listed: nothing goes
 	cache.replicas["default/web"] = 1
 	sweep()
-	if got := a.kept(); len(got) != 3 {
+	if got := a.kept(); len(got) != 5 {
 		t.Fatalf("released on an unlisted cache: %v", got)
 	}
 	cache.known = true
@@ -193,9 +197,18 @@ func TestStickyRetention(t *testing.T) {
 		}
 	}
 	sweep()
-	if got := a.kept(); len(got) != 1 || got["default/web/web-0"] != all["default/web/web-0"] {
-		t.Fatalf("after the scale-down to 1: node-a keeps %v, want web-0's only", got)
+	// shard's ordinals 5 and 6 are above its 2 replicas and still its pods
+	if got := a.kept(); len(got) != 3 || got["default/web/web-0"] != all["default/web/web-0"] ||
+		got["default/shard/shard-5"] != all["default/shard/shard-5"] || got["default/shard/shard-6"] != all["default/shard/shard-6"] {
+		t.Fatalf("after web's scale-down to 1: node-a keeps %v, want web-0's and shard-5..6's only", got)
 	}
+	// shard's ordinals moved to start at 6: ordinal 5 is gone, 6 stays
+	cache.start["default/shard"] = 6
+	sweep()
+	if got := a.kept(); len(got) != 2 || got["default/shard/shard-6"] != all["default/shard/shard-6"] {
+		t.Fatalf("after shard's ordinals start at 6: node-a keeps %v, want web-0's and shard-6's only", got)
+	}
+	delete(cache.replicas, "default/shard")
 	// node-a sweeps its own blocks only: db's address in node-b's block stays
 	delete(cache.replicas, "default/web")
 	delete(cache.replicas, "default/db")
@@ -207,7 +220,7 @@ func TestStickyRetention(t *testing.T) {
 		t.Fatalf("node-a's sweep touched node-b's block: %v", got)
 	}
 	// the pods keep their addresses meanwhile
-	for _, name := range []string{"web-0", "web-1", "web-2"} {
+	for _, name := range []string{"web-0", "web-1", "web-2", "shard-5", "shard-6"} {
 		if _, held := a.l.Lease(ledger.Key{Network: "pods", ContainerID: name, IfName: "eth0"}); !held {
 			t.Fatalf("the retention's end released %s's lease", name)
 		}

@@ -114,24 +114,28 @@ func (s *StatefulSets) Changed() <-chan struct{} { return s.changed }
 // Run lists and watches until ctx ends; it returns at once.
 func (s *StatefulSets) Run(ctx context.Context) { go s.inf.RunWithContext(ctx) }
 
-// Replicas returns the StatefulSet's spec.replicas (1 when unset, as the API's
-// default) and whether it exists; known is false while the cache cannot vouch
-// for an absence (it has not listed since start, or an error came since).
-func (s *StatefulSets) Replicas(namespace, name string) (replicas int32, exists, known bool) {
+// Ordinals returns the StatefulSet's spec.ordinals.start (0 when unset) and
+// spec.replicas (1 when unset, as the API's defaults) and whether it exists;
+// known is false while the cache cannot vouch for an absence (it has not listed
+// since start, or an error came since).
+func (s *StatefulSets) Ordinals(namespace, name string) (start, replicas int32, exists, known bool) {
 	s.mu.Lock()
 	known = s.listed && s.broken == "" && s.inf.HasSynced()
 	s.mu.Unlock()
 	obj, ok, err := s.inf.GetStore().GetByKey(namespace + "/" + name)
 	if err != nil || !ok {
-		return 0, false, known && err == nil
+		return 0, 0, false, known && err == nil
 	}
 	sts, ok := obj.(*appsv1.StatefulSet)
 	if !ok {
-		return 0, false, false
+		return 0, 0, false, false
 	}
 	replicas = 1
 	if sts.Spec.Replicas != nil {
 		replicas = *sts.Spec.Replicas
 	}
-	return replicas, true, true
+	if sts.Spec.Ordinals != nil {
+		start = sts.Spec.Ordinals.Start
+	}
+	return start, replicas, true, true
 }
