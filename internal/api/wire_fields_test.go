@@ -104,7 +104,8 @@ func TestWireFieldNames(t *testing.T) {
 			`"notReady":[{"id":"x","namespace":"x","name":"x","created":"2026-11-23T10:00:00Z"}],"booksBalanced":true,"problems":["x"],` +
 			`"clockSteps":1,"lastStep":"x","now":"2026-11-23T10:00:00Z","clusterChecks":[{"level":"x","text":"x"}],"networkChecks":[{"level":"x","text":"x"}]},` +
 			`"cluster":{"node":"x","datastore":"x","degraded":true,"reason":"x",` +
-			`"blocks":[{"network":"x","block":"x","owner":"x","epoch":1,"state":"x","used":1,"free":1}]},` +
+			`"blocks":[{"network":"x","block":"x","owner":"x","epoch":1,"state":"x","used":1,"free":1,` +
+			`"borrows":[{"addr":"x","for":"x","node":"x"}]}]},` +
 			`"released":1,"existed":true,"cni":{"exit":1,"stdout":"AQ==","stderr":"AQ=="}}`},
 		{"Response, unset", func() any {
 			var resp Response
