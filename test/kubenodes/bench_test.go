@@ -403,6 +403,14 @@ func (cl *cluster) podStartup(cs *kubernetes.Clientset, ns string) (ds []time.Du
 		ds = append(ds, r.Sub(added[name]))
 	}
 	slices.Sort(ds)
+	return ds, wall, deleteNamespace(t, cs, ns)
+}
+
+// deleteNamespace deletes the benchmark's namespace and returns how long its
+// pods took to be gone.
+func deleteNamespace(t testing.TB, cs *kubernetes.Clientset, ns string) time.Duration {
+	t.Helper()
+	ctx := context.Background()
 	t1 := time.Now()
 	if err := cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
@@ -416,7 +424,7 @@ func (cl *cluster) podStartup(cs *kubernetes.Clientset, ns string) (ds []time.Du
 	}); err != nil {
 		t.Fatal(err)
 	}
-	return ds, wall, time.Since(t1)
+	return time.Since(t1)
 }
 
 func podReady(p *corev1.Pod) bool {

@@ -327,20 +327,7 @@ func (cl *cluster) burst(cs *kubernetes.Clientset, name, agent, ns string, deplo
 	profDone.Wait()
 	t.Logf("%s: %d pods Running in %v, Ready in %v (p50 %v, p99 %v)", name, r.pods, r.allRunning.Round(time.Millisecond),
 		r.allReady.Round(time.Millisecond), pct(r.startup, .5).Round(time.Millisecond), pct(r.startup, .99).Round(time.Millisecond))
-	t1 := time.Now()
-	if err := cs.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := kubeenv.WaitFor(15*time.Minute, time.Second, func() (bool, error) {
-		pods, err := cs.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return false, err
-		}
-		return len(pods.Items) == 0, fmt.Errorf("%d pods left", len(pods.Items))
-	}); err != nil {
-		t.Fatal(err)
-	}
-	r.teardown = time.Since(t1)
+	r.teardown = deleteNamespace(t, cs, ns)
 	return r
 }
 

@@ -20,8 +20,8 @@ const blockRouted = 5 * time.Second
 // clusterRanges is cluster mode's pool: a cluster-wide range split into blocks.
 const clusterRanges = `[[{"subnet":"10.80.0.0/16"}]]`
 
-// blocks is `ipledgerctl blocks -o json` of node i's agent: the owned blocks, by CIDR.
-func (c *cluster) blocks(i int) map[string]string {
+// blockViews is `ipledgerctl blocks -o json` of node i's agent.
+func (c *cluster) blockViews(i int) []api.BlockView {
 	c.t.Helper()
 	stdout, stderr, code := agentenv.Ctl(c.t, "--socket", c.agents[i].Socket, "blocks", "-o", "json")
 	if code != 0 {
@@ -31,8 +31,14 @@ func (c *cluster) blocks(i int) map[string]string {
 	if err := json.Unmarshal([]byte(stdout), &bs); err != nil {
 		c.t.Fatalf("ipledgerctl blocks: %v\n%s", err, stdout)
 	}
+	return bs
+}
+
+// blocks is node i's agent's view of the owned blocks, by CIDR.
+func (c *cluster) blocks(i int) map[string]string {
+	c.t.Helper()
 	owned := map[string]string{}
-	for _, b := range bs {
+	for _, b := range c.blockViews(i) {
 		if b.Owner != "" {
 			owned[b.Block] = b.Owner
 		}

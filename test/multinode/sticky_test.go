@@ -325,16 +325,8 @@ func TestStickyStatefulSet(t *testing.T) {
 // blocks -o json` of node i's agent shows: address by pod ("ns/sts/pod").
 func (c *cluster) kept(i int) map[string]string {
 	c.t.Helper()
-	stdout, stderr, code := agentenv.Ctl(c.t, "--socket", c.agents[i].Socket, "blocks", "-o", "json")
-	if code != 0 {
-		c.t.Fatalf("ipledgerctl blocks on %s exited %d: %s", c.net.Node(i).Name, code, stderr)
-	}
-	var bs []api.BlockView
-	if err := json.Unmarshal([]byte(stdout), &bs); err != nil {
-		c.t.Fatalf("ipledgerctl blocks: %v\n%s", err, stdout)
-	}
 	out := map[string]string{}
-	for _, b := range bs {
+	for _, b := range c.blockViews(i) {
 		for _, k := range b.Borrows {
 			out[k.For] = k.Addr
 		}
