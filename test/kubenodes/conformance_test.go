@@ -27,7 +27,8 @@ var (
 
 // conformanceFocus is issue 26's selection: every [sig-network] test tagged
 // [Conformance], the network tests of the node conformance suite, the
-// Networking Granular Checks, HostPort, Services, Conntrack and DNS.
+// Networking Granular Checks, HostPort, Services, Conntrack, DNS and KubeProxy
+// (its CLOSE_WAIT test runs a privileged pod: the cluster allows them).
 var conformanceSelection = []string{
 	`\[sig-network\].*\[Conformance\]`,
 	`\[sig-network\].*\[NodeConformance\]`,
@@ -36,6 +37,7 @@ var conformanceSelection = []string{
 	`\[sig-network\] Services`,
 	`\[sig-network\] Conntrack`,
 	`\[sig-network\] DNS`,
+	`\[sig-network\] KubeProxy`,
 }
 
 // TestConformance is make conformance (issue 26): Kubernetes' own network
