@@ -31,11 +31,12 @@ type StatefulSets interface {
 
 // Sticky is cluster mode's sticky addresses as the agent uses them
 // (cluster.Manager). Contract: AllocateSticky allocates like Cluster.Allocate,
-// from the addresses kept for pod when there are (borrowing them by one
-// compare-and-swap; cluster.ErrBorrowed, naming the holder, when another node
-// holds one), else new ones it keeps for pod; ReturnBorrowed gives the borrowed
-// addresses of a released lease back to their blocks (a failure is retried by the
-// manager's sweep).
+// from the addresses kept for pod when there are (holding each in its block
+// record by one compare-and-swap, borrowed from another node's block or in this
+// node's own; cluster.ErrBorrowed, naming the holder, when another node holds
+// one), else new ones it keeps for pod; ReturnBorrowed gives the kept addresses
+// of a released lease back to their blocks (a failure is retried by the
+// manager's sweep; a lease with none costs nothing).
 //
 // Unkeep ends the keeping of an address of this node's blocks (its retention is
 // over): one compare-and-swap on the block record, idempotent; it fails with
@@ -92,19 +93,20 @@ func (s *Server) stickyRefused(pod api.Pod, sp *cluster.StickyPod, err error) *a
 	return &api.Error{Code: api.CodeConflict, Msg: msg}
 }
 
-// returnBorrowed gives the borrowed addresses of released (a lease this node
-// released: DEL, GC, reconciliation, an operator) back to their blocks, where they
-// stay kept for their pod. A failure is logged; the manager's sweep returns what
+// returnBorrowed gives the kept addresses of released (a lease this node
+// released: DEL, GC, reconciliation, an operator), borrowed or of its own blocks,
+// back to their blocks, where they stay kept for their pod (the manager reads its
+// ledger first: a lease with none costs no datastore call). A failure is logged; the manager's sweep returns what
 // no lease holds.
 func (s *Server) returnBorrowed(ctx context.Context, released ledger.Lease) {
 	st, ok := s.cfg.Cluster.(Sticky)
-	if !ok || len(released.Borrowed) == 0 {
+	if !ok {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), returnTimeout)
 	defer cancel()
 	if err := st.ReturnBorrowed(ctx, released); err != nil {
-		s.log.Warn("returning borrowed addresses of a released lease; the block sweep retries", "attachment", released.Key.String(), "addrs", fmt.Sprint(released.Borrowed), "err", err)
+		s.log.Warn("returning kept addresses of a released lease; the block sweep retries", "attachment", released.Key.String(), "addrs", fmt.Sprint(released.IPs), "err", err)
 	}
 }
 

@@ -13,12 +13,14 @@ import (
 
 // Sticky addresses across nodes. A StatefulSet pod's address is kept for it (Keep,
 // by the node owning the address's block: its ledger withholds the address from
-// then on, and the block record lists it in Borrows), and a node the pod is
-// re-created on borrows it from the block (Borrow: one compare-and-swap on the
-// block record sets the borrower, so of two nodes racing for it exactly one wins)
-// and gives it back to the block when the pod goes (Return). Every node routes a
-// borrowed address to its borrower (Owners). The owner lets the address go when the
-// pod's retention ends (Unkeep), never while it is lent.
+// then on, and the block record lists it in Borrows). Whichever node runs the pod
+// holds the address in that record first, by one compare-and-swap that sets
+// Borrow.Node: a node the pod is re-created on borrows it (Borrow), and the owner
+// itself holds it the same way before its ledger hands it out (hold), so of two
+// nodes racing for it, the owner among them, exactly one wins. The holder gives it
+// back to the block when the pod goes (Return). Every node routes a borrowed
+// address to its borrower (Owners). The owner lets the address go when the pod's
+// retention ends (Unkeep), never while another node holds it.
 
 // maxEditTries bounds the re-reads of one block edit that keeps losing its
 // compare-and-swap to other writers (each loss re-decides on the fresh record).
@@ -111,6 +113,12 @@ func (m *Manager) editBlock(ctx context.Context, network string, addr netip.Addr
 // may borrow it. Keeping it again for the same pod does nothing; an address kept
 // for another pod fails with ErrKept.
 func (m *Manager) Keep(ctx context.Context, network string, addr netip.Addr, forName string) error {
+	return m.keep(ctx, network, addr, forName, false)
+}
+
+// keep is Keep; with held, this node holds the address from the start (the
+// record says so in the same write), for the lease that was just given it.
+func (m *Manager) keep(ctx context.Context, network string, addr netip.Addr, forName string, held bool) error {
 	if forName == "" {
 		return fmt.Errorf("%w: keeping %s: the pod it is kept for is empty", ErrNotKept, addr)
 	}
@@ -136,7 +144,11 @@ func (m *Manager) Keep(ctx context.Context, network string, addr netip.Addr, for
 			}
 			return errNoChange
 		}
-		rec.Borrows = append(rec.Borrows, Borrow{Addr: addr, For: forName})
+		b := Borrow{Addr: addr, For: forName}
+		if held {
+			b.Node, b.Holder, b.Lease = m.opts.Node, m.opts.Holder, m.leaseID()
+		}
+		rec.Borrows = append(rec.Borrows, b)
 		slices.SortFunc(rec.Borrows, func(a, b Borrow) int { return a.Addr.Compare(b.Addr) })
 		return nil
 	})
@@ -155,8 +167,9 @@ func (m *Manager) Keep(ctx context.Context, network string, addr netip.Addr, for
 
 // Unkeep ends the keeping of addr (the pod's retention ended: its StatefulSet was
 // scaled down below it or deleted): the block record forgets it and this node's
-// ledger may hand it out again after the reuse delay. It fails with ErrBorrowed
-// while another node holds it, and does nothing for an address not kept.
+// ledger may hand it out again after the reuse delay (a pod of this node holding
+// it keeps it until it goes). It fails with ErrBorrowed while another node holds
+// it, and does nothing for an address not kept.
 func (m *Manager) Unkeep(ctx context.Context, network string, addr netip.Addr) error {
 	p, err := m.blockOfAddr(network, addr)
 	if err != nil {
@@ -170,7 +183,7 @@ func (m *Manager) Unkeep(ctx context.Context, network string, addr netip.Addr) e
 		if i < 0 {
 			return errNoChange
 		}
-		if b := rec.Borrows[i]; b.Node != "" {
+		if b := rec.Borrows[i]; b.Node != "" && b.Node != m.opts.Node {
 			return fmt.Errorf("%w: %s (kept for %s) is borrowed by node %s; it must return it first", ErrBorrowed, addr, b.For, b.Node)
 		}
 		rec.Borrows = slices.Delete(rec.Borrows, i, i+1)
@@ -230,9 +243,47 @@ func (m *Manager) Borrow(ctx context.Context, network string, addr netip.Addr, f
 	return rec.Owner, nil
 }
 
-// Return gives back to its block an address this node borrowed (the pod went): it
-// stays kept for its pod, for any node to borrow again. Returning an address this
-// node does not hold does nothing.
+// hold marks addr, kept for forName in a block of this node, as held by this
+// node, by one compare-and-swap on the block record, before the ledger hands it
+// to the pod: the owner's claim on its own kept address is decided in the
+// datastore as a borrower's is, so a pod re-created elsewhere while its old
+// sandbox restarts here (a split brain) gets the address on one node only. It
+// fails with ErrBorrowed naming the node that holds it, ErrNotKept when it is not
+// kept for forName, ErrNotOwner when the block is not this node's, and ErrFenced
+// while the node lease cannot be proven. Holding it again succeeds.
+func (m *Manager) hold(ctx context.Context, network string, addr netip.Addr, forName string) error {
+	if !m.Provable() {
+		return fmt.Errorf("%w: node %s holds no kept address without a provable lease", ErrFenced, m.opts.Node)
+	}
+	lid := m.leaseID()
+	_, err := m.editBlock(ctx, network, addr, func(rec *BlockRecord) error {
+		if rec.Owner != m.opts.Node {
+			return fmt.Errorf("%w: block %s of %q is owned by %q, not by this node (%s)", ErrNotOwner, rec.CIDR, network, rec.Owner, m.opts.Node)
+		}
+		i := rec.borrowIndex(addr)
+		if i < 0 || rec.Borrows[i].For != forName {
+			kept := "nobody"
+			if i >= 0 {
+				kept = rec.Borrows[i].For
+			}
+			return fmt.Errorf("%w: %s in block %s is kept for %s, not %s", ErrNotKept, addr, rec.CIDR, kept, forName)
+		}
+		b := &rec.Borrows[i]
+		switch {
+		case b.Node == m.opts.Node && b.Holder == m.opts.Holder && b.Lease == lid:
+			return errNoChange
+		case b.Node != "" && b.Node != m.opts.Node:
+			return fmt.Errorf("%w: %s (kept for %s) is borrowed by node %s", ErrBorrowed, addr, forName, b.Node)
+		}
+		b.Node, b.Holder, b.Lease = m.opts.Node, m.opts.Holder, lid
+		return nil
+	})
+	return err
+}
+
+// Return gives back to its block an address this node borrowed or held (the pod
+// went): it stays kept for its pod, for any node to borrow again. Returning an
+// address this node does not hold does nothing.
 func (m *Manager) Return(ctx context.Context, network string, addr netip.Addr) error {
 	_, err := m.editBlock(ctx, network, addr, func(rec *BlockRecord) error {
 		i := rec.borrowIndex(addr)

@@ -60,11 +60,13 @@ func keptIn(kvs []datastore.KV, network, forName string) []keptAddr {
 }
 
 // AllocateSticky allocates req for the StatefulSet pod pod: the addresses kept for
-// it when there are (from this node's blocks, or borrowed from the block of the
-// node that keeps them, by compare-and-swap: ErrBorrowed when another node holds
-// one), else new ones, which are then kept for it. The lease's Why says which:
-// "sticky for web-0 (StatefulSet default/web)" or "sticky for web-0, borrowed from
-// node node2". An attachment that holds a lease gets it back.
+// it when there are, else new ones, which are then kept for it. A kept address is
+// held in its block record first, by compare-and-swap, by whichever node runs the
+// pod: borrowed from the block of the node that keeps it, or held by that node
+// itself; ErrBorrowed when another node holds one (its ADD fails and nothing is
+// allocated). The lease's Why says which: "sticky for web-0 (StatefulSet
+// default/web)" or "sticky for web-0, borrowed from node node2". An attachment
+// that holds a lease gets it back.
 func (m *Manager) AllocateSticky(ctx context.Context, req ledger.AllocateRequest, pod StickyPod) (ledger.Lease, bool, error) {
 	if ls, ok := m.l.Lease(req.Key); ok {
 		return ls, true, nil
@@ -72,7 +74,7 @@ func (m *Manager) AllocateSticky(ctx context.Context, req ledger.AllocateRequest
 	if pod.Namespace == "" || pod.StatefulSet == "" || pod.Pod == "" {
 		return ledger.Lease{}, false, fmt.Errorf("%w: sticky pod %q: namespace, StatefulSet and pod name are all needed", ErrNotKept, pod.For())
 	}
-	m.stickyMu.Lock() // no orphan sweep between a borrow and its lease
+	m.stickyMu.Lock() // no orphan sweep between a hold and its lease
 	defer m.stickyMu.Unlock()
 	network := req.Key.Network
 	kept, err := m.keptFor(ctx, network, pod.For())
@@ -86,7 +88,7 @@ func (m *Manager) AllocateSticky(ctx context.Context, req ledger.AllocateRequest
 			return ls, existed, err
 		}
 		for _, p := range ls.IPs {
-			if kerr := m.Keep(ctx, network, p.Addr(), pod.For()); kerr != nil {
+			if kerr := m.keep(ctx, network, p.Addr(), pod.For(), true); kerr != nil {
 				// not kept: the pod must not start with an address that would not
 				// follow it (the runtime retries the ADD)
 				if _, _, rerr := m.l.Release(req.Key, ledger.ReasonDEL, "sticky address could not be kept: "+kerr.Error()); rerr != nil {
@@ -97,30 +99,35 @@ func (m *Manager) AllocateSticky(ctx context.Context, req ledger.AllocateRequest
 		}
 		return ls, false, nil
 	}
-	var borrowed []netip.Addr
+	var held []netip.Addr
 	var from []string
 	giveBack := func() {
-		for _, a := range borrowed {
+		for _, a := range held {
 			if err := m.Return(ctx, network, a); err != nil {
-				m.log.Warn("returning a borrowed address after a failed allocation", "addr", a.String(), "err", err)
+				m.log.Warn("returning a held address after a failed allocation", "addr", a.String(), "err", err)
 			}
 		}
 	}
 	for _, k := range kept {
 		req.Want, req.Sticky = append(req.Want, k.addr), true
-		if k.owner == m.opts.Node {
-			continue
+		owner, err := k.owner, error(nil)
+		if owner == m.opts.Node {
+			err = m.hold(ctx, network, k.addr, pod.For())
 		}
-		owner, err := m.Borrow(ctx, network, k.addr, pod.For())
-		if errors.Is(err, ErrOwnBlock) {
-			continue // the block became this node's since the read
+		if owner != m.opts.Node || errors.Is(err, ErrNotOwner) {
+			owner, err = m.Borrow(ctx, network, k.addr, pod.For())
+			if errors.Is(err, ErrOwnBlock) { // the block became this node's since the read
+				owner, err = m.opts.Node, m.hold(ctx, network, k.addr, pod.For())
+			}
 		}
 		if err != nil {
 			giveBack()
 			return ledger.Lease{}, false, err
 		}
-		borrowed = append(borrowed, k.addr)
-		from = append(from, owner)
+		held = append(held, k.addr)
+		if owner != m.opts.Node {
+			from = append(from, owner)
+		}
 	}
 	req.Why = fmt.Sprintf("sticky for %s (StatefulSet %s/%s)", pod.Pod, pod.Namespace, pod.StatefulSet)
 	if len(from) > 0 {
@@ -134,21 +141,45 @@ func (m *Manager) AllocateSticky(ctx context.Context, req ledger.AllocateRequest
 	return ls, existed, nil
 }
 
-// ReturnBorrowed returns to their blocks the borrowed addresses of a lease this
-// node released (the pod's DEL): they stay kept for the pod. An address a lease of
-// the ledger holds again (the pod's next sandbox on this node borrowed it since)
-// is not returned. A failure is retried by the sweep (returnOrphans).
+// ReturnBorrowed returns to their blocks the kept addresses of a lease this node
+// released (the pod's DEL): those it borrowed and those of its own blocks it held.
+// They stay kept for the pod. An address a lease of the ledger holds again (the
+// pod's next sandbox on this node took it since) is not returned. A failure is
+// retried by the sweep (returnOrphans). A lease with no kept address costs no
+// datastore call.
 func (m *Manager) ReturnBorrowed(ctx context.Context, released ledger.Lease) error {
-	m.stickyMu.Lock() // no borrow between the ledger's word and the return
+	cand := m.keptOf(released)
+	if len(cand) == 0 {
+		return nil
+	}
+	m.stickyMu.Lock() // no hold between the ledger's word and the return
 	defer m.stickyMu.Unlock()
 	var errs []error
-	for _, a := range released.Borrowed {
-		if m.holdsBorrowed(released.Key.Network, a) {
+	for _, a := range cand {
+		if m.holds(released.Key.Network, a) {
 			continue
 		}
 		errs = append(errs, m.Return(ctx, released.Key.Network, a))
 	}
 	return errors.Join(errs...)
+}
+
+// keptOf is the addresses of ls this node may hold in a block record: those it
+// borrowed, and those of its own blocks its ledger withholds (kept). It reads only
+// the ledger.
+func (m *Manager) keptOf(ls ledger.Lease) []netip.Addr {
+	out := slices.Clone(ls.Borrowed)
+	for _, p := range ls.IPs {
+		a := p.Addr()
+		if slices.Contains(out, a) {
+			continue
+		}
+		b, err := m.blockOfAddr(ls.Key.Network, a)
+		if err == nil && slices.Contains(m.l.Withheld(ls.Key.Network, b), a) {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // ReleaseKept ends the keeping of every address kept for pod in this node's
@@ -169,9 +200,11 @@ func (m *Manager) ReleaseKept(ctx context.Context, network string, pod StickyPod
 	return errors.Join(errs...)
 }
 
-// returnOrphans returns the addresses the block records kvs show lent to this node
-// that no lease of its ledger holds (a Return that failed, a crash between a
-// borrow and its lease): the ledger is this node's own, so its word is complete.
+// returnOrphans returns the addresses the block records kvs show held by this
+// node (borrowed, or held in its own block) that no lease of its ledger holds (a
+// Return that failed, a crash between a hold and its lease): the ledger is this
+// node's own, so its word is complete. It records the holds of this node's pods on
+// addresses of its own blocks that the records do not show.
 func (m *Manager) returnOrphans(ctx context.Context, kvs []datastore.KV) error {
 	m.stickyMu.Lock()
 	defer m.stickyMu.Unlock()
@@ -182,21 +215,25 @@ func (m *Manager) returnOrphans(ctx context.Context, kvs []datastore.KV) error {
 			continue
 		}
 		for _, b := range rec.Borrows {
-			if b.Node != m.opts.Node || m.holdsBorrowed(rec.Network, b.Addr) {
-				continue
+			held := m.holds(rec.Network, b.Addr)
+			switch {
+			case b.Node == m.opts.Node && !held:
+				errs = append(errs, m.Return(ctx, rec.Network, b.Addr))
+			case b.Node == "" && rec.Owner == m.opts.Node && held:
+				// a pod of this node holds it, and the record does not say so
+				// (a lease from before holds were recorded): say it, so that
+				// no other node borrows it from under the pod
+				if err := m.hold(ctx, rec.Network, b.Addr, b.For); err != nil && !errors.Is(err, ErrBorrowed) {
+					errs = append(errs, err)
+				}
 			}
-			errs = append(errs, m.Return(ctx, rec.Network, b.Addr))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// holdsBorrowed: a lease of the ledger holds a as a borrowed address.
-func (m *Manager) holdsBorrowed(network string, a netip.Addr) bool {
-	k, ok := m.l.Holder(network, a)
-	if !ok {
-		return false
-	}
-	ls, ok := m.l.Lease(k)
-	return ok && slices.Contains(ls.Borrowed, a)
+// holds: a lease of the ledger holds a.
+func (m *Manager) holds(network string, a netip.Addr) bool {
+	_, ok := m.l.Holder(network, a)
+	return ok
 }

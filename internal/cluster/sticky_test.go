@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -172,5 +173,110 @@ func testOrphanBorrowReturned(t *testing.T, newC func(*testing.T) *cl) {
 	}
 	if rec := blockRec(t, c.ds, blockOf(x)); rec.Borrows[0].Node != "" {
 		t.Fatalf("after node-b's sweep: %+v, want the orphan borrow returned", rec)
+	}
+}
+
+// The owner of a kept address is one side of the race too: a StatefulSet pod
+// re-created on node-b while its old sandbox still runs (or restarts) on node-a,
+// the block's owner, gets the address on one node only. The owner holds it in the
+// block record by the same compare-and-swap a borrower uses, so node-b's ADD fails
+// while node-a's pod holds it, node-a's ADD fails while node-b holds it, and of
+// the two racing, exactly one wins. A pod of the owner holding a kept address the
+// record does not show held (a lease from an older release) is recorded held by
+// the owner's sweep, and nobody can borrow it from under the pod.
+func TestStickyOwnerRaces(t *testing.T) { forBackends(t, testStickyOwnerRaces) }
+
+func testStickyOwnerRaces(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
+	r := ranges(t, `[[{"subnet":"10.45.0.0/24"}]]`)
+	a := c.agent("node-a", r, []int{26})
+	b := c.agent("node-b", r, []int{26})
+	pod := cluster.StickyPod{Namespace: "default", StatefulSet: "web", Pod: "web-0"}
+	add := func(n *agent, cid string) (ledger.Lease, error) {
+		ls, _, err := n.m.AllocateSticky(ctx, ledger.AllocateRequest{Key: ledger.Key{Network: "net", ContainerID: cid, IfName: "eth0"}}, pod)
+		return ls, err
+	}
+	del := func(n *agent, cid string) {
+		t.Helper()
+		ls, ok, err := n.l.Release(ledger.Key{Network: "net", ContainerID: cid, IfName: "eth0"}, ledger.ReasonDEL, "")
+		if err != nil || !ok {
+			t.Fatalf("DEL %s: %v %v", cid, ok, err)
+		}
+		if err := n.m.ReturnBorrowed(ctx, ls); err != nil {
+			t.Fatal(err)
+		}
+	}
+	first, err := add(a, "a-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := first.IPs[0].Addr()
+	if _, err := add(b, "b-1"); !errors.Is(err, cluster.ErrBorrowed) {
+		t.Fatalf("node-b while the owner's pod holds %s: %v, want ErrBorrowed", x, err)
+	}
+	if _, ok := b.l.Holder("net", x); ok {
+		t.Fatalf("node-b's ledger holds %s after its refused ADD", x)
+	}
+	del(a, "a-1")
+	if _, err := add(b, "b-2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := add(a, "a-2"); !errors.Is(err, cluster.ErrBorrowed) {
+		t.Fatalf("the owner while node-b holds %s: %v, want ErrBorrowed", x, err)
+	}
+	if _, ok := a.l.Holder("net", x); ok {
+		t.Fatalf("node-a's ledger holds %s after its refused ADD", x)
+	}
+	del(b, "b-2")
+
+	for round := range 20 {
+		var wg sync.WaitGroup
+		res := map[*agent]error{}
+		var mu sync.Mutex
+		for _, n := range []*agent{a, b} {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				_, err := add(n, fmt.Sprint("race-", round))
+				mu.Lock()
+				res[n] = err
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		var won []*agent
+		for n, err := range res {
+			switch {
+			case err == nil:
+				won = append(won, n)
+			case !errors.Is(err, cluster.ErrBorrowed):
+				t.Fatalf("round %d: %v, want success or ErrBorrowed", round, err)
+			}
+		}
+		if len(won) != 1 {
+			t.Fatalf("round %d: %d nodes got %s (errors %v), want exactly one", round, len(won), x, res)
+		}
+		for _, n := range []*agent{a, b} {
+			if _, ok := n.l.Holder("net", x); ok != (n == won[0]) {
+				t.Fatalf("round %d: ledger holds %s: %v, winner %v", round, x, ok, n == won[0])
+			}
+		}
+		del(won[0], fmt.Sprint("race-", round))
+	}
+
+	// an owner's lease the record does not show held: its sweep records it
+	y := a.mustAlloc(t, "web-1").IPs[0].Addr()
+	if err := a.m.Keep(ctx, "net", y, "default/web/web-1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.m.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rec := blockRec(t, c.ds, blockOf(y))
+	if i := slices.IndexFunc(rec.Borrows, func(k cluster.Borrow) bool { return k.Addr == y }); i < 0 || rec.Borrows[i].Node != "node-a" {
+		t.Fatalf("after the owner's sweep: %+v, want %s held by node-a", rec.Borrows, y)
+	}
+	if _, err := b.m.Borrow(ctx, "net", y, "default/web/web-1"); !errors.Is(err, cluster.ErrBorrowed) {
+		t.Fatalf("borrowing %s from under the owner's pod: %v, want ErrBorrowed", y, err)
 	}
 }

@@ -152,7 +152,7 @@ func appendOwners(out []nodenet.Block, kv datastore.KV) []nodenet.Block {
 	}
 	out = append(out, nodenet.Block{Prefix: rec.CIDR, Owner: rec.Owner})
 	for _, b := range rec.Borrows {
-		if b.Node != "" {
+		if b.Node != "" && b.Node != rec.Owner { // the owner's own hold is the block's route
 			out = append(out, nodenet.Block{Prefix: netip.PrefixFrom(b.Addr, b.Addr.BitLen()), Owner: b.Node, Borrowed: true})
 		}
 	}
