@@ -93,9 +93,9 @@ type Borrow struct {
 	Addr netip.Addr `json:"addr"`
 	// For is the pod the address is kept for: "namespace/statefulset/pod".
 	For string `json:"for"`
-	// Node is the node that borrowed it (its pod runs there), "" while no other
-	// node holds it; Holder and Lease are that node's agent and node lease when it
-	// borrowed it.
+	// Node is the node that holds it (its pod runs there: a borrower, or the
+	// block's owner itself), "" while no pod holds it; Holder and Lease are that
+	// node's agent and node lease when it took it.
 	Node   string `json:"node,omitempty"`
 	Holder string `json:"holder,omitempty"`
 	Lease  string `json:"lease,omitempty"`

@@ -131,7 +131,9 @@ func httpGet(c net.Conn) (string, error) {
 //     both ways, `iptables -S FORWARD` shows the policy kept and the jump to
 //     ipledger's accepts.
 //   - ClusterMode: node mode uninstalled (the agents' ledgers removed, as on
-//     a fresh node), then `kubectl apply -k deploy/cluster` (checkClusterMode).
+//     a fresh node), then `kubectl apply -k deploy/cluster` (checkClusterMode),
+//     and a StatefulSet's pods keeping their addresses when their node is
+//     drained (checkStickyStatefulSet).
 //   - FlannelControl: ipledger uninstalled, flannel host-gw on the same nodes
 //     passes the connectivity check, as a control: a check that fails there as
 //     well as with ipledger is the environment's, not ipledger's.
@@ -159,6 +161,7 @@ func TestThreeNodes(t *testing.T) {
 		cl.ClusterMode = true // from here on, whatever the subtest's outcome
 		sub.Install(true)
 		sub.checkClusterMode()
+		sub.checkStickyStatefulSet()
 	})
 	t.Run("FlannelControl", func(t *testing.T) {
 		cl := cl.in(t)
@@ -370,27 +373,16 @@ func (cl *cluster) checkClusterMode() {
 			switch b.Spec.Owner {
 			case "":
 			case nd.Name:
-				want = append(want, "unreachable "+b.Spec.CIDR)
+				want = append(want, "unreachable "+b.Spec.CIDR+" ")
 			default:
-				want = append(want, b.Spec.CIDR+" via "+ipOf[b.Spec.Owner])
+				want = append(want, b.Spec.CIDR+" via "+ipOf[b.Spec.Owner]+" ")
 			}
 		}
-		var got string
-		err := kubeenv.WaitFor(30*time.Second, 200*time.Millisecond, func() (bool, error) {
-			out, err := exec.Command("ip", "-n", nd.Host.Netns, "route", "show", "proto", "201").CombinedOutput()
-			got = string(out)
-			for _, w := range want {
-				if !strings.Contains(got, w+" ") {
-					return false, fmt.Errorf("no route %q: %v", w, err)
-				}
-			}
-			return true, nil
-		})
-		t.Logf("%s (%s): ip route show proto 201:\n%s", nd.Name, nd.IP, got)
-		if err != nil {
+		if err := cl.waitProtoRoutes(nd.Host.Netns, want, nil); err != nil {
 			t.Errorf("%s: %v", nd.Name, err)
 		}
 	}
+	cl.logProtoRoutes("cluster mode")
 	// Every node's leases against each other and against the API's blocks.
 	args := []string{"cluster-audit"}
 	for _, nd := range cl.Nodes {
