@@ -33,6 +33,10 @@ var (
 	// Regression74839Ref is the Conntrack test's server that sends an
 	// out-of-window packet (its one binary, built from the release).
 	Regression74839Ref = "registry.k8s.io/e2e-test-images/regression-issue-74839:" + kubeenv.Current.Images.Regression74839
+	// DistrolessIptablesRef is the KubeProxy CLOSE_WAIT test's privileged
+	// host-network pod: it sleeps, and the test reads the node's conntrack
+	// table through sh, test, cat and grep in it.
+	DistrolessIptablesRef = "registry.k8s.io/build-image/distroless-iptables:" + kubeenv.Current.Images.DistrolessIptables
 )
 
 // agnhostTools are what the suite execs inside agnhost (its Dockerfile adds
@@ -69,7 +73,8 @@ var etcFiles = []image.File{
 // tests use, under the references the suite asks for: agnhost (built from
 // the release's source, with CoreDNS, the tools above and their shared
 // libraries),
-// glibc-dns-testing (agnhost's tree), busybox (Debian's busybox-static),
+// glibc-dns-testing and distroless-iptables (agnhost's tree), busybox
+// (Debian's busybox-static),
 // pause (agnhost's pause) and regression-issue-74839 (built from the release). It installs
 // the Debian packages it takes tools from.
 func Images(tb testing.TB, dir string) []string {
@@ -132,6 +137,10 @@ func Images(tb testing.TB, dir string) []string {
 	// entrypoint; the layer is agnhost's, so each node stores it once.
 	glibc := agn
 	glibc.Tag, glibc.Entrypoint, glibc.Cmd = GlibcDNSRef, nil, nil
+	// distroless-iptables: the same tree again, no entrypoint (the pod's
+	// command is sleep; the test's reads are shell tools the tree has).
+	iptables := glibc
+	iptables.Tag = DistrolessIptablesRef
 
 	boomBin, err := os.ReadFile(kubeenv.TestImageBinary(tb, "regression-issue-74839"))
 	if err != nil {
@@ -141,7 +150,7 @@ func Images(tb testing.TB, dir string) []string {
 		Entrypoint: []string{"/regression-issue-74839"}}
 
 	var out []string
-	for _, s := range []image.Spec{agn, glibc, bb, pause, boom} {
+	for _, s := range []image.Spec{agn, glibc, iptables, bb, pause, boom} {
 		p := filepath.Join(dir, strings.NewReplacer("/", "_", ":", "_").Replace(s.Tag)+".tar")
 		if err := image.WriteFile(s, p); err != nil {
 			tb.Fatalf("e2eenv: image %s: %v", s.Tag, err)

@@ -24,6 +24,7 @@ func TestE2EBuilds(t *testing.T) {
 		"registry.k8s.io/pause:" + im.Pause,
 		"registry.k8s.io/e2e-test-images/glibc-dns-testing:" + im.GlibcDNS,
 		"registry.k8s.io/e2e-test-images/regression-issue-74839:" + im.Regression74839,
+		"registry.k8s.io/build-image/distroless-iptables:" + im.DistrolessIptables,
 	} {
 		if !strings.Contains(string(out), ref+"\n") {
 			t.Errorf("e2e.test of %s does not list %s: fix kubeenv.Releases from its test/utils/image/manifest.go", kubeenv.Version, ref)

@@ -37,14 +37,17 @@ type Release struct {
 // E2EImages are the tags of the e2e suite's images that e2eenv builds.
 type E2EImages struct {
 	Agnhost, Busybox, Pause, GlibcDNS, Regression74839 string
+	// DistrolessIptables is the build-image registry's distroless-iptables (the
+	// KubeProxy CLOSE_WAIT test's privileged host-network pod).
+	DistrolessIptables string
 }
 
 // Releases are the Kubernetes releases the environments can run.
 var Releases = []Release{
 	{Version: "v1.36.3", Staging: "v0.36.3", Etcd: "v3.6.8", CoreDNS: "v1.14.2",
-		Images: E2EImages{Agnhost: "2.63.0", Busybox: "1.37.0-1", Pause: "3.10.2", GlibcDNS: "2.0.0", Regression74839: "1.4"}},
+		Images: E2EImages{Agnhost: "2.63.0", Busybox: "1.37.0-1", Pause: "3.10.2", GlibcDNS: "2.0.0", Regression74839: "1.4", DistrolessIptables: "v0.9.6"}},
 	{Version: "v1.37.2", Staging: "v0.37.2", Etcd: "v3.7.0", CoreDNS: "v1.14.6",
-		Images: E2EImages{Agnhost: "2.66.1", Busybox: "1.37.0-2", Pause: "3.10.2", GlibcDNS: "2.1.1", Regression74839: "1.5"}},
+		Images: E2EImages{Agnhost: "2.66.1", Busybox: "1.37.0-2", Pause: "3.10.2", GlibcDNS: "2.1.1", Regression74839: "1.5", DistrolessIptables: "v0.9.9"}},
 }
 
 // selectRelease returns the release named by value (DefaultVersion when
