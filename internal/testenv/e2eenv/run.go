@@ -146,7 +146,24 @@ func Run(tb testing.TB, o Options) Report {
 	rep.Specs = specs
 	tb.Logf("e2eenv: %d passed, %d failed, %d skipped in %v (exit: %v); log %s",
 		rep.Count("passed"), rep.Count("failed"), rep.Count("skipped"), rep.Duration.Round(time.Second), err, logPath)
+	if p := rep.problem(err); p != "" {
+		tb.Errorf("e2eenv: %s; log %s\n%s", p, logPath, tailFile(logPath, 40))
+	}
 	return rep
+}
+
+// problem says why a run whose report lists no failed test still failed, ""
+// when it did not: no selected test ran (the suite was cut short, or the
+// selection matches nothing), or the suite exited with an error its report
+// does not account for.
+func (r Report) problem(exit error) string {
+	switch {
+	case len(r.Ran()) == 0:
+		return fmt.Sprintf("no selected test ran (exit: %v)", exit)
+	case exit != nil && r.Count("failed") == 0:
+		return fmt.Sprintf("the suite exited with %v, and its report names no failed test", exit)
+	}
+	return ""
 }
 
 type junitSuites struct {
