@@ -608,8 +608,10 @@ const kubeProxyHealthz = "127.0.0.1:10256"
 // reaching the apiserver through the node's relay, and waits until it reports
 // healthy (its first sync done). Its rules live in the node's network
 // namespace and go with it; the process is stopped by PID at node cleanup.
-// It touches no conntrack sysctl (nf_conntrack_max is the host's, read-only in
-// a node's namespace): the conntrack flags are 0. podCIDR is its
+// It leaves nf_conntrack_max alone (the host's, read-only in a node's
+// namespace: --conntrack-max-per-core 0) and sets the TCP established and
+// CLOSE_WAIT timeouts to its defaults as on a real node (per network
+// namespace: the host's stay as they are). podCIDR is its
 // --cluster-cidr, the range of the pods' addresses: traffic to a ClusterIP
 // from outside it is masqueraded. Empty means the controller's ClusterCIDR
 // (the Nodes' podCIDRs); a pod network whose pods are elsewhere (ipledger's
@@ -638,7 +640,6 @@ func (n *Node) StartKubeProxy(tb testing.TB, podCIDR string) {
 		"--cluster-cidr", podCIDR, "--nodeport-addresses", "primary",
 		"--metrics-bind-address", "127.0.0.1:10249", "--healthz-bind-address", kubeProxyHealthz,
 		"--conntrack-max-per-core", "0", "--conntrack-min", "0",
-		"--conntrack-tcp-timeout-established", "0", "--conntrack-tcp-timeout-close-wait", "0",
 		"--v", "1")...); err != nil {
 		tb.Fatal(err)
 	}
