@@ -30,10 +30,12 @@ IMAGE_TAG ?= ipledger:dev
 image: build
 	$(GO) run ./tools/image --bin $(BIN) --out $(BIN)/ipledger-image.tar --tag $(IMAGE_TAG)
 
-# manifests: deploy/cluster/ipledger.yaml, the copy of deploy/ipledger.yaml that the
-# cluster-mode overlay (kubectl apply -k deploy/cluster) builds on.
+# manifests: deploy/cluster/ipledger.yaml and deploy/dualstack/ipledger.yaml, the copies
+# of deploy/ipledger.yaml that the cluster-mode and dual-stack overlays
+# (kubectl apply -k deploy/cluster, deploy/dualstack) build on.
 manifests:
 	cp deploy/ipledger.yaml deploy/cluster/ipledger.yaml
+	cp deploy/ipledger.yaml deploy/dualstack/ipledger.yaml
 
 deps:
 	./scripts/install-deps.sh
