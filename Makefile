@@ -30,10 +30,12 @@ IMAGE_TAG ?= ipledger:dev
 image: build
 	$(GO) run ./tools/image --bin $(BIN) --out $(BIN)/ipledger-image.tar --tag $(IMAGE_TAG)
 
-# manifests: deploy/cluster/ipledger.yaml, the copy of deploy/ipledger.yaml that the
-# cluster-mode overlay (kubectl apply -k deploy/cluster) builds on.
+# manifests: deploy/cluster/ipledger.yaml and deploy/dualstack/ipledger.yaml, the copies
+# of deploy/ipledger.yaml that the cluster-mode and dual-stack overlays
+# (kubectl apply -k deploy/cluster, deploy/dualstack) build on.
 manifests:
 	cp deploy/ipledger.yaml deploy/cluster/ipledger.yaml
+	cp deploy/ipledger.yaml deploy/dualstack/ipledger.yaml
 
 deps:
 	./scripts/install-deps.sh
@@ -70,7 +72,8 @@ bench: deps build
 # release) on three nodes with ipledger installed from deploy/, in node mode and then
 # in cluster mode; writes each mode's summary to docs/conformance.md. Long (see that
 # file for how long); `make test` runs a small subset of it (TestUpstreamNetworkSubset).
-# CONFORMANCE_ARGS: e.g. -conformance.modes=node, -conformance.focus='REGEXP'.
+# CONFORMANCE_ARGS: e.g. -conformance.modes=node, -conformance.focus='REGEXP';
+# '-conformance.modes=node -conformance.dualstack': the IPv4/IPv6 dual-stack run.
 CONFORMANCE_ARGS ?=
 conformance: deps build
 	$(GO) test -tags conformance -count=1 -timeout 4h -run '^TestConformance$$' -v ./test/kubenodes -args $(CONFORMANCE_ARGS)

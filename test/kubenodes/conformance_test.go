@@ -23,7 +23,28 @@ var (
 	conformanceModes = flag.String("conformance.modes", "node,cluster", "the install modes to run the suite in: node (deploy/ipledger.yaml), cluster (deploy/cluster)")
 	conformanceProcs = flag.Int("conformance.procs", 3, "ginkgo's parallel processes")
 	conformanceFocus = flag.String("conformance.focus", "", "replace the selection with this ginkgo regular expression (a rerun of some tests)")
+	conformanceDual  = flag.Bool("conformance.dualstack", false, "the dual-stack run: an IPv4/IPv6 cluster, ipledger from deploy/dualstack, the [Feature:IPv6DualStack] tests selected (node mode only)")
 )
+
+// dualStackSelection is the dual-stack run's selection: the tests upstream
+// tags [Feature:IPv6DualStack], which upstream-skip.txt's \[Feature: line
+// takes out of every other run.
+var dualStackSelection = []string{`\[Feature:IPv6DualStack\]`}
+
+// featureSkip is the line of upstream-skip.txt the dual-stack run drops.
+const featureSkip = `\[Feature:`
+
+// dualStackSkips is the skip list of the dual-stack run: skips without the
+// \[Feature: line, then the dual-stack list's own lines.
+func dualStackSkips(skips, dual []string) []string {
+	var out []string
+	for _, s := range skips {
+		if s != featureSkip {
+			out = append(out, s)
+		}
+	}
+	return append(out, dual...)
+}
 
 // conformanceFocus is issue 26's selection: every [sig-network] test tagged
 // [Conformance], the network tests of the node conformance suite, the
@@ -50,23 +71,45 @@ func TestConformance(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	focus := conformanceSelection
+	focus, skipPaths, timeout := conformanceSelection, []string{skipPath}, 3*time.Hour
+	if *conformanceDual {
+		dualPath := filepath.Join(filepath.Dir(skipPath), "upstream-skip-dualstack.txt")
+		dual, err := e2eenv.SkipList(dualPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		focus, skips, skipPaths = dualStackSelection, dualStackSkips(skips, dual), append(skipPaths, dualPath)
+		// one failure of upstream's "service endpoints using hostNetwork"
+		// sleeps 10 hours before it fails: bound the run
+		timeout = time.Hour
+	}
 	if *conformanceFocus != "" {
 		focus = []string{*conformanceFocus}
 	}
-	for _, mode := range strings.Split(*conformanceModes, ",") {
+	modes := strings.Split(*conformanceModes, ",")
+	for _, mode := range modes {
+		if *conformanceDual && mode != "node" { // refused before any cluster starts
+			t.Fatalf("-conformance.dualstack with mode %q: the dual-stack run is node mode only (deploy/dualstack; deploy/cluster's pool is IPv4): give -conformance.modes=node", mode)
+		}
+	}
+	for _, mode := range modes {
 		t.Run(mode, func(t *testing.T) {
-			dir := filepath.Join(os.TempDir(), "ipledger-conformance-"+mode)
+			name := mode
+			if *conformanceDual {
+				name += "-dualstack"
+			}
+			dir := filepath.Join(os.TempDir(), "ipledger-conformance-"+name)
 			os.RemoveAll(dir)
 			t0 := time.Now()
-			rep := nodesenv.Upstream(t, mode == "cluster", e2eenv.Options{Focus: focus, Skip: skips, Procs: *conformanceProcs, Timeout: 3 * time.Hour, Dir: dir})
+			rep := nodesenv.Upstream(t, nodesenv.Setup{ClusterMode: mode == "cluster", DualStack: *conformanceDual},
+				e2eenv.Options{Focus: focus, Skip: skips, Procs: *conformanceProcs, Timeout: timeout, Dir: dir})
 			for _, s := range rep.Ran() {
 				if s.State == "failed" {
 					t.Errorf("failed: %s\n%s", s.Name, s.Failure)
 				}
 			}
 			if *conformanceFocus == "" {
-				if err := writeSummary(mode, rep, time.Since(t0), skipPath); err != nil {
+				if err := writeSummary(mode, *conformanceDual, rep, time.Since(t0), skipPaths); err != nil {
 					t.Error(err)
 				}
 			}
@@ -74,14 +117,18 @@ func TestConformance(t *testing.T) {
 	}
 }
 
-// writeSummary replaces mode's section of docs/conformance.md.
-func writeSummary(mode string, rep e2eenv.Report, total time.Duration, skipPath string) error {
+// writeSummary replaces mode's section of docs/conformance.md (the dual-stack
+// run's has its own).
+func writeSummary(mode string, dual bool, rep e2eenv.Report, total time.Duration, skipPaths []string) error {
 	p := filepath.Join(agentenv.RepoRoot(), "docs", "conformance.md")
 	var b strings.Builder
 	// the default release keeps the mode's section; another release (kubeenv.VersionEnv) has its own
 	section, title := mode, mode+" mode"
+	if dual {
+		section, title = mode+" dual-stack", mode+" mode, dual-stack"
+	}
 	if kubeenv.Version != kubeenv.DefaultVersion {
-		section, title = mode+" "+kubeenv.Version, mode+" mode, Kubernetes "+kubeenv.Version
+		section, title = section+" "+kubeenv.Version, title+", Kubernetes "+kubeenv.Version
 	}
 	begin, end := "<!-- begin "+section+" -->", "<!-- end "+section+" -->"
 	fmt.Fprintf(&b, "%s\n### %s\n\n", begin, title)
@@ -90,7 +137,7 @@ func writeSummary(mode string, rep e2eenv.Report, total time.Duration, skipPath 
 		return err
 	}
 	fmt.Fprintf(&b, "Kubernetes %s e2e suite on containerd %s, %s; run %s; %d passed, %d failed, %d skipped by the test itself (reason in the table), %d not selected or skipped by the list; the suite took %v, the whole run (cluster, images, CoreDNS, suite) %v.\n\n",
-		kubeenv.Version, ctd, installOf(mode), time.Now().UTC().Format("2006-01-02"), rep.Count("passed"), rep.Count("failed"), rep.Count("skipped in run"), rep.Count("skipped"),
+		kubeenv.Version, ctd, installOf(mode, dual), time.Now().UTC().Format("2006-01-02"), rep.Count("passed"), rep.Count("failed"), rep.Count("skipped in run"), rep.Count("skipped"),
 		rep.Duration.Round(time.Second), total.Round(time.Second))
 	b.WriteString("| result | seconds | test |\n|---|---:|---|\n")
 	for _, s := range rep.Ran() {
@@ -100,7 +147,15 @@ func writeSummary(mode string, rep e2eenv.Report, total time.Duration, skipPath 
 		}
 		fmt.Fprintf(&b, "| %s | %.0f | %s |\n", s.State, s.Seconds, name)
 	}
-	fmt.Fprintf(&b, "\nSkip list: %s.\n%s\n", filepath.ToSlash(strings.TrimPrefix(skipPath, agentenv.RepoRoot()+"/")), end)
+	var lists []string
+	for _, sp := range skipPaths {
+		lists = append(lists, filepath.ToSlash(strings.TrimPrefix(sp, agentenv.RepoRoot()+"/")))
+	}
+	skipLine := "Skip list: " + strings.Join(lists, " and ")
+	if dual {
+		skipLine = "Selection: `" + strings.Join(dualStackSelection, "|") + "`. Skip lists: " + lists[0] + " without its `" + featureSkip + "` line, then " + strings.Join(lists[1:], ", ")
+	}
+	fmt.Fprintf(&b, "\n%s.\n%s\n", skipLine, end)
 	old, err := os.ReadFile(p)
 	if err != nil {
 		return err
@@ -115,9 +170,12 @@ func writeSummary(mode string, rep e2eenv.Report, total time.Duration, skipPath 
 	return os.WriteFile(p, []byte(doc), 0o644)
 }
 
-func installOf(mode string) string {
-	if mode == "cluster" {
+func installOf(mode string, dual bool) string {
+	switch {
+	case mode == "cluster":
 		return "ipledger installed with kubectl apply -k deploy/cluster"
+	case dual:
+		return fmt.Sprintf("an IPv4/IPv6 dual-stack cluster (pods %s, Services %s,%s, each kubelet --node-ip IPv4,IPv6), ipledger installed with kubectl apply -k deploy/dualstack", kubeenv.DefaultClusterCIDR+","+kubeenv.ClusterCIDR6, kubeenv.ServiceCIDR, kubeenv.ServiceCIDR6)
 	}
 	return "ipledger installed with kubectl apply -f deploy/ipledger.yaml"
 }

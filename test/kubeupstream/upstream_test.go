@@ -18,7 +18,7 @@ import (
 // Checks for pods and a Service with endpoints on several nodes, on three
 // nodes with deploy/ipledger.yaml applied unchanged.
 func TestUpstreamNetworkSubset(t *testing.T) {
-	rep := nodesenv.Upstream(t, false, e2eenv.Options{
+	rep := nodesenv.Upstream(t, nodesenv.Setup{}, e2eenv.Options{
 		Focus: []string{
 			`\[sig-network\] Networking Granular Checks: Pods should function for (intra|node)-pod communication: (http|udp) .*\[Conformance\]`,
 			`\[sig-network\] Services should serve a basic endpoint from pods +\[Conformance\]`,

@@ -2,8 +2,12 @@ package kubeds_test
 
 import (
 	"bytes"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -12,6 +16,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/ipledger/ipledger/internal/datastore/kubeds"
+	"github.com/ipledger/ipledger/internal/ipam"
+	"github.com/ipledger/ipledger/internal/pool"
+	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
 // TestManifestHoldsClusterModeAndKeepsTheNodeDaemonSet: deploy/ipledger.yaml
@@ -170,16 +177,141 @@ func TestClusterOverlayRBAC(t *testing.T) {
 	}
 }
 
-// TestClusterOverlayBaseIsTheManifest: the cluster-mode overlay
-// (kubectl apply -k deploy/cluster) builds on a copy of deploy/ipledger.yaml
-// (kustomize loads nothing from outside its directory); the copy must not
-// drift from the manifest.
+// TestClusterOverlayBaseIsTheManifest: the cluster-mode and dual-stack
+// overlays (kubectl apply -k deploy/cluster, deploy/dualstack) build on a
+// copy of deploy/ipledger.yaml (kustomize loads nothing from outside its
+// directory); the copies must not drift from the manifest.
 func TestClusterOverlayBaseIsTheManifest(t *testing.T) {
-	cp, err := os.ReadFile(filepath.Join(filepath.Dir(manifestPath), "cluster", "ipledger.yaml"))
+	for _, overlay := range []string{"cluster", "dualstack"} {
+		cp, err := os.ReadFile(filepath.Join(filepath.Dir(manifestPath), overlay, "ipledger.yaml"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(cp, manifest(t)) {
+			t.Errorf("deploy/%s/ipledger.yaml differs from %s: run `make manifests`", overlay, manifestPath)
+		}
+	}
+}
+
+// TestDualStackOverlay: kubectl kustomize deploy/dualstack (kubectl's own
+// kustomize, as kubectl apply -k runs it) gives deploy/ipledger.yaml's objects
+// with one change: the conflist's ranges are usePodCidr and usePodCidrIPv6.
+// That conflist passes the plugin's own config parsing, and a Node with a
+// podCIDR of each family resolves it to one range set per family; a Node with
+// an IPv4 podCIDR only is refused naming the missing family (ADD answers "try
+// again later" until the controller manager gives the IPv6 one).
+func TestDualStackOverlay(t *testing.T) {
+	kubectl := filepath.Join(kubeenv.Binaries(t), "kubectl")
+	out, err := exec.Command(kubectl, "kustomize", filepath.Join(filepath.Dir(manifestPath), "dualstack")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl kustomize deploy/dualstack: %v\n%s", err, out)
+	}
+	docs, err := kubeds.Documents(out)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(cp, manifest(t)) {
-		t.Fatalf("deploy/cluster/ipledger.yaml differs from %s: run `make manifests`", manifestPath)
+	base, err := kubeds.Documents(manifest(t))
+	if err != nil {
+		t.Fatal(err)
 	}
+	baseByName := map[string]*unstructured.Unstructured{}
+	for _, d := range base {
+		baseByName[d.GetKind()+"/"+d.GetName()] = d
+	}
+	if len(docs) != len(base) {
+		t.Fatalf("deploy/dualstack has %d objects, deploy/ipledger.yaml %d", len(docs), len(base))
+	}
+	var conflist string
+	for _, d := range docs {
+		key := d.GetKind() + "/" + d.GetName()
+		b := baseByName[key]
+		if b == nil {
+			t.Fatalf("deploy/dualstack has %s, which deploy/ipledger.yaml does not", key)
+		}
+		if key == "ConfigMap/ipledger-cni" {
+			conflist, _, _ = unstructured.NestedString(d.Object, "data", "ipledger.conflist")
+			continue
+		}
+		// kustomize's YAML reader folds the more-indented lines of a ">-"
+		// scalar (the admission policy's CEL) unlike sigs.k8s.io/yaml: equal
+		// up to runs of white space
+		if !reflect.DeepEqual(foldSpace(d.Object), foldSpace(b.Object)) {
+			t.Errorf("deploy/dualstack changes %s; only the conflist may differ:\n%v\nwant\n%v", key, d.Object, b.Object)
+		}
+	}
+	baseConflist, _, _ := unstructured.NestedString(baseByName["ConfigMap/ipledger-cni"].Object, "data", "ipledger.conflist")
+	dual, single := decodeConflist(t, conflist), decodeConflist(t, baseConflist)
+	for _, c := range []map[string]any{dual, single} {
+		ipamOf := c["plugins"].([]any)[0].(map[string]any)["ipam"].(map[string]any)
+		delete(ipamOf, "ranges")
+		delete(ipamOf, "blockSize") // cluster mode's; node mode ignores it
+	}
+	if !reflect.DeepEqual(dual, single) {
+		t.Errorf("the dual-stack conflist differs from deploy/ipledger.yaml's in more than its ranges:\n%v\nwant\n%v", dual, single)
+	}
+
+	var list struct {
+		CNIVersion string            `json:"cniVersion"`
+		Name       string            `json:"name"`
+		Plugins    []json.RawMessage `json:"plugins"`
+	}
+	if err := json.Unmarshal([]byte(conflist), &list); err != nil {
+		t.Fatal(err)
+	}
+	// The runtime gives each plugin of the list its name and cniVersion.
+	var plugin map[string]any
+	if err := json.Unmarshal(list.Plugins[0], &plugin); err != nil {
+		t.Fatal(err)
+	}
+	plugin["name"], plugin["cniVersion"] = list.Name, list.CNIVersion
+	stdin, _ := json.Marshal(plugin)
+	conf, cerr := ipam.ParseConfig(stdin, true)
+	if cerr != nil {
+		t.Fatalf("the dual-stack conflist's ipam: %v", cerr)
+	}
+	sets, err := pool.ParseRangeSets(conf.IPAM.Ranges)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v4, v6 := netip.MustParsePrefix("10.236.1.0/24"), netip.MustParsePrefix("fd00:236:0:1::/64")
+	got, err := pool.Resolve(sets, []netip.Prefix{v4, v6})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0][0].Subnet != v4 || got[1][0].Subnet != v6 {
+		t.Fatalf("a Node with podCIDRs %s,%s: ranges %v, want one set of each", v4, v6, got)
+	}
+	if _, err := pool.Resolve(sets, []netip.Prefix{v4}); !errors.Is(err, pool.ErrNoPodCIDR) || !strings.Contains(err.Error(), "usePodCidrIPv6") {
+		t.Fatalf("a Node with an IPv4 podCIDR only: %v, want %v naming usePodCidrIPv6", err, pool.ErrNoPodCIDR)
+	}
+}
+
+// foldSpace is v with every run of white space in its strings made one space.
+func foldSpace(v any) any {
+	switch x := v.(type) {
+	case string:
+		return strings.Join(strings.Fields(x), " ")
+	case map[string]any:
+		out := map[string]any{}
+		for k, e := range x {
+			out[k] = foldSpace(e)
+		}
+		return out
+	case []any:
+		out := make([]any, len(x))
+		for i, e := range x {
+			out[i] = foldSpace(e)
+		}
+		return out
+	}
+	return v
+}
+
+func decodeConflist(t *testing.T, s string) map[string]any {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal([]byte(s), &m); err != nil {
+		t.Fatalf("conflist: %v\n%s", err, s)
+	}
+	return m
 }

@@ -93,7 +93,7 @@ func (a *APIServer) start() error {
 	if a.EtcdURL, err = a.startEtcd(filepath.Join(a.Dir, "etcd")); err != nil {
 		return err
 	}
-	a.args = append(apiserverArgs(a.pki, a.EtcdURL, advertise, a.port), "--authorization-mode", "RBAC")
+	a.args = append(apiserverArgs(a.pki, a.EtcdURL, advertise, a.port, ServiceCIDR), "--authorization-mode", "RBAC")
 	a.args = append(a.args, a.opts.Args...)
 	return a.Start()
 }

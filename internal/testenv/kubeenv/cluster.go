@@ -40,9 +40,18 @@ type Options struct {
 	// MaxPods is each kubelet node's maxPods (AddNode; default 110, the
 	// kubelet's own default). A Node's podCIDR (/24) holds 254 addresses.
 	MaxPods int
+	// DualStack makes the cluster of StartControlPlane IPv4/IPv6 dual-stack,
+	// as kubeadm's podSubnet and serviceSubnet with two CIDRs do: Services
+	// from ServiceCIDR and ServiceCIDR6, each Node a podCIDR of each family
+	// (a /24 of ClusterCIDR, a /64 of ClusterCIDR6), each kubelet of AddNode
+	// its node's IPv4 and IPv6 addresses as --node-ip, and kube-proxy both
+	// pod ranges as --cluster-cidr. IPv4 stays the primary family. Start (one
+	// node on the host's own address) refuses it.
+	DualStack bool
 }
 
-// ClusterCIDR is the pod range the Nodes' podCIDRs are allocated from.
+// ClusterCIDR is the IPv4 pod range the Nodes' podCIDRs are allocated from
+// (ClusterCIDRs has both of a dual-stack cluster).
 func (c *Cluster) ClusterCIDR() string { return c.opts.ClusterCIDR }
 
 // APIPort is the kube-apiserver's port on 127.0.0.1.
@@ -97,7 +106,10 @@ func Start(tb testing.TB, opts Options) *Cluster {
 		opts.StartTimeout = 60 * time.Second
 	}
 	if opts.ClusterCIDR == "" {
-		opts.ClusterCIDR = "10.236.0.0/16"
+		opts.ClusterCIDR = DefaultClusterCIDR
+	}
+	if opts.DualStack {
+		tb.Fatal("kubeenv: Options.DualStack is for StartControlPlane and AddNode (nodes on netnodes' bridge, which has both families); Start's node is the host itself, whose addresses are not the test's to choose")
 	}
 	bin := Binaries(tb)
 	// One cluster per host at a time: kubelets share the kubepods cgroups and
@@ -173,7 +185,7 @@ func StartControlPlane(tb testing.TB, opts Options) *Cluster {
 		opts.StartTimeout = 60 * time.Second
 	}
 	if opts.ClusterCIDR == "" {
-		opts.ClusterCIDR = "10.236.0.0/16"
+		opts.ClusterCIDR = DefaultClusterCIDR
 	}
 	bin := Binaries(tb)
 	tb.Cleanup(hostLock(tb))
@@ -357,7 +369,7 @@ func (c *Cluster) startControlPlane() error {
 		return err
 	}
 	c.EtcdURL = etcdURL
-	args := apiserverArgs(p, etcdURL, c.NodeIP, apiPort)
+	args := apiserverArgs(p, etcdURL, c.NodeIP, apiPort, c.opts.serviceCIDRs())
 	if c.egress != "" {
 		// Nodes of their own: the kubernetes Service's Endpoints and
 		// EndpointSlice name this apiserver (the suite's conformance test
@@ -375,12 +387,13 @@ func (c *Cluster) startControlPlane() error {
 	if err := c.StartAPIServer(); err != nil {
 		return err
 	}
-	if err := c.spawn("kube-controller-manager", "--kubeconfig", c.Kubeconfig,
+	kcm := append([]string{"--kubeconfig", c.Kubeconfig,
 		"--authentication-kubeconfig", c.Kubeconfig, "--authorization-kubeconfig", c.Kubeconfig,
 		"--service-account-private-key-file", p.path("sa.key"), "--root-ca-file", p.path("ca.crt"),
-		"--use-service-account-credentials=false", "--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", "0",
-		"--allocate-node-cidrs", "--cluster-cidr", c.opts.ClusterCIDR, "--node-cidr-mask-size", "24",
-		"--controllers", "*,-service-lb-controller,-cloud-node-lifecycle", "--v", "1"); err != nil {
+		"--use-service-account-credentials=false", "--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", "0"},
+		c.opts.nodeCIDRArgs()...)
+	kcm = append(kcm, "--controllers", "*,-service-lb-controller,-cloud-node-lifecycle", "--v", "1")
+	if err := c.spawn("kube-controller-manager", kcm...); err != nil {
 		return err
 	}
 	return c.spawn("kube-scheduler", "--kubeconfig", c.Kubeconfig,

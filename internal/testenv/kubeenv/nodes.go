@@ -38,6 +38,9 @@ type Node struct {
 	Name string
 	// IP is the node's address (--node-ip, InternalIP).
 	IP string
+	// IP6 is the node's IPv6 address, its second --node-ip and InternalIP, in
+	// a dual-stack cluster (Options.DualStack); empty otherwise.
+	IP6 string
 	// Host is the node's network namespace.
 	Host *netnodes.Host
 	// Dir holds the node's directories (what its mount namespace shows at
@@ -90,6 +93,9 @@ const nodeSock = "/run/containerd/containerd.sock"
 func (c *Cluster) AddNode(tb testing.TB, name string, h *netnodes.Host, images ...string) *Node {
 	tb.Helper()
 	n := &Node{Name: name, IP: h.Addr4.String(), Host: h, c: c, Dir: filepath.Join(c.Dir, "nodes", name), cgroupRoot: "/ipl-" + name}
+	if c.opts.DualStack {
+		n.IP6 = h.Addr6.String()
+	}
 	tb.Cleanup(func() { n.cleanup(tb) })
 	c.nodesMu.Lock()
 	c.nodes = append(c.nodes, n)
@@ -400,7 +406,11 @@ func (n *Node) startKubelet() error {
 	if err := p.issue(client, "system:node:"+n.Name, []string{"system:nodes"}, false, nil, nil); err != nil {
 		return err
 	}
-	if err := p.issue(serving, n.Name, nil, true, []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(n.IP)}, []string{n.Name}); err != nil {
+	ips := []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP(n.IP)}
+	if n.IP6 != "" {
+		ips = append(ips, net.ParseIP(n.IP6))
+	}
+	if err := p.issue(serving, n.Name, nil, true, ips, []string{n.Name}); err != nil {
 		return err
 	}
 	kc := filepath.Join(n.Dir, "kubelet.kubeconfig")
@@ -454,7 +464,7 @@ maxPods: %[8]d
 	name := n.Name + "-kubelet"
 	if err := n.c.spawnPath(name, "nsenter", n.nsenter(filepath.Join(n.c.Bin, "kubelet"),
 		"--config", cfgPath, "--kubeconfig", kc, "--root-dir", "/var/lib/kubelet",
-		"--hostname-override", n.Name, "--node-ip", n.IP, "--v", "1")...); err != nil {
+		"--hostname-override", n.Name, "--node-ip", n.nodeIPs(), "--v", "1")...); err != nil {
 		return err
 	}
 	deadline := time.Now().Add(n.c.opts.StartTimeout)
@@ -611,14 +621,15 @@ const kubeProxyHealthz = "127.0.0.1:10256"
 // It leaves nf_conntrack_max alone (the host's, read-only in a node's
 // namespace: --conntrack-max-per-core 0) and sets the TCP established and
 // CLOSE_WAIT timeouts to its defaults as on a real node (per network
-// namespace: the host's stay as they are). podCIDR is its
-// --cluster-cidr, the range of the pods' addresses: traffic to a ClusterIP
-// from outside it is masqueraded. Empty means the controller's ClusterCIDR
-// (the Nodes' podCIDRs); a pod network whose pods are elsewhere (ipledger's
+// namespace: the host's stay as they are). podCIDR is its --cluster-cidr,
+// the range of the pods' addresses (one CIDR per family, joined with ","):
+// traffic to a ClusterIP from outside it is masqueraded. Empty means the
+// controller's ClusterCIDRs (the Nodes' podCIDRs, both families in a
+// dual-stack cluster); a pod network whose pods are elsewhere (ipledger's
 // cluster mode: its pools) must give its own, as its operators must.
 func (n *Node) StartKubeProxy(tb testing.TB, podCIDR string) {
 	if podCIDR == "" {
-		podCIDR = n.c.opts.ClusterCIDR
+		podCIDR = strings.Join(n.c.ClusterCIDRs(), ",")
 	}
 	tb.Helper()
 	bin := ExtraBinary(tb, "kube-proxy")

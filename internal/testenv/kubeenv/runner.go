@@ -184,8 +184,9 @@ func (c *runner) startEtcd(dataDir string) (string, error) {
 }
 
 // apiserverArgs are the kube-apiserver flags both environments use: etcd at
-// etcdURL, serving on 127.0.0.1:port with the certificates of p, RBAC.
-func apiserverArgs(p *pki, etcdURL, advertise string, port int) []string {
+// etcdURL, serving on 127.0.0.1:port with the certificates of p, RBAC, the
+// Services' addresses from serviceCIDRs (one CIDR, or IPv4,IPv6).
+func apiserverArgs(p *pki, etcdURL, advertise string, port int, serviceCIDRs string) []string {
 	return []string{
 		"--etcd-servers", etcdURL, "--bind-address", "127.0.0.1", "--advertise-address", advertise,
 		"--secure-port", fmt.Sprint(port),
@@ -193,7 +194,7 @@ func apiserverArgs(p *pki, etcdURL, advertise string, port int) []string {
 		"--client-ca-file", p.path("ca.crt"),
 		"--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
 		"--service-account-key-file", p.path("sa.pub"), "--service-account-signing-key-file", p.path("sa.key"),
-		"--service-cluster-ip-range", "10.96.0.0/24",
+		"--service-cluster-ip-range", serviceCIDRs,
 		"--endpoint-reconciler-type", "none",
 		"--profiling=false", "--v", "0",
 	}

@@ -45,6 +45,17 @@ type Cluster struct {
 	ClusterMode bool
 }
 
+// Setup is how Upstream builds its cluster.
+type Setup struct {
+	// ClusterMode installs ipledger from deploy/cluster (kubectl apply -k);
+	// otherwise deploy/ipledger.yaml.
+	ClusterMode bool
+	// DualStack makes the cluster IPv4/IPv6 dual-stack (kubeenv's
+	// Options.DualStack) and installs ipledger from deploy/dualstack
+	// (kubectl apply -k: usePodCidr and usePodCidrIPv6), node mode only.
+	DualStack bool
+}
+
 // Images writes the ipledger image (as `make image` builds it) and a busybox
 // image into dir.
 func Images(t testing.TB, dir string) []string {
@@ -76,7 +87,7 @@ func Images(t testing.TB, dir string) []string {
 // node is Ready with its agent Ready.
 func Start(t testing.TB, n int, clusterMode bool, extra []string) *Cluster {
 	t.Helper()
-	cl := startNodesWith(t, n, extra, 0)
+	cl := startNodesWith(t, n, extra, kubeenv.Options{})
 	cl.Install(clusterMode)
 	return cl
 }
@@ -85,22 +96,25 @@ func Start(t testing.TB, n int, clusterMode bool, extra []string) *Cluster {
 // the nodes are NotReady until one is installed.
 func StartNodes(t testing.TB, n int) *Cluster {
 	t.Helper()
-	return startNodesWith(t, n, nil, 0)
+	return startNodesWith(t, n, nil, kubeenv.Options{})
 }
 
 // StartNodesMaxPods is StartNodes with each kubelet's maxPods raised (or
 // lowered) to maxPods, as an operator sets it in the KubeletConfiguration.
 func StartNodesMaxPods(t testing.TB, n, maxPods int) *Cluster {
 	t.Helper()
-	return startNodesWith(t, n, nil, maxPods)
+	return startNodesWith(t, n, nil, kubeenv.Options{MaxPods: maxPods})
 }
 
-func startNodesWith(t testing.TB, n int, extra []string, maxPods int) *Cluster {
+// startNodesWith brings up the control plane with opts (its StartTimeout
+// 2 minutes) and n nodes with more images.
+func startNodesWith(t testing.TB, n int, extra []string, opts kubeenv.Options) *Cluster {
 	t.Helper()
 	testenv.SkipIfShort(t, "needs a Kubernetes build")
 	imgs := append(Images(t, t.TempDir()), extra...)
 	t0 := time.Now()
-	c := kubeenv.StartControlPlane(t, kubeenv.Options{StartTimeout: 2 * time.Minute, MaxPods: maxPods})
+	opts.StartTimeout = 2 * time.Minute
+	c := kubeenv.StartControlPlane(t, opts)
 	t.Logf("control plane up in %v", time.Since(t0).Round(time.Millisecond))
 	env := netnodes.New(t, n)
 	cl := &Cluster{T: t, C: c, Env: env}
@@ -120,18 +134,24 @@ func (cl *Cluster) InstallIpledger() {
 }
 
 // Install applies deploy/ipledger.yaml, or deploy/cluster with kubectl apply
-// -k when clusterMode, unchanged, and waits until every node is Ready with
-// its agent Ready.
+// -k when clusterMode (deploy/dualstack in a dual-stack cluster), unchanged,
+// and waits until every node is Ready with its agent Ready.
 func (cl *Cluster) Install(clusterMode bool) {
 	t, c := cl.T, cl.C
 	t.Helper()
 	cl.ClusterMode = clusterMode
 	t2 := time.Now()
 	what := "deploy/ipledger.yaml applied"
-	if clusterMode {
+	switch {
+	case clusterMode && c.DualStack():
+		t.Fatal("nodesenv: no dual-stack cluster-mode install: deploy/cluster's pool is IPv4 only; install node mode (deploy/dualstack)")
+	case clusterMode:
 		what = "deploy/cluster applied (kubectl apply -k)"
 		c.MustKubectl(t, "apply", "-k", filepath.Join(agentenv.RepoRoot(), "deploy", "cluster"))
-	} else {
+	case c.DualStack():
+		what = "deploy/dualstack applied (kubectl apply -k)"
+		c.MustKubectl(t, "apply", "-k", filepath.Join(agentenv.RepoRoot(), "deploy", "dualstack"))
+	default:
 		manifest, err := os.ReadFile(filepath.Join(agentenv.RepoRoot(), "deploy", "ipledger.yaml"))
 		if err != nil {
 			t.Fatal(err)
@@ -191,12 +211,13 @@ func (cl *Cluster) PodCIDR(node string) netip.Prefix {
 }
 
 // PodNetwork is the range of every pod's address: kube-proxy's
-// --cluster-cidr (the Nodes' podCIDRs, or the cluster-wide pool).
+// --cluster-cidr (the Nodes' podCIDRs, one CIDR per family joined with ",",
+// or the cluster-wide pool).
 func (cl *Cluster) PodNetwork() string {
 	if cl.ClusterMode {
 		return ClusterPool.String()
 	}
-	return cl.C.ClusterCIDR()
+	return strings.Join(cl.C.ClusterCIDRs(), ",")
 }
 
 // PodRange is where node's pods get their addresses: its podCIDR, or the
@@ -259,15 +280,16 @@ func manifest(obj any) string {
 	return string(b)
 }
 
-// Upstream brings up three nodes with ipledger installed (cluster mode when
-// clusterMode), kube-proxy on each, the e2e suite's images imported and
+// Upstream brings up three nodes as s says (cluster mode, dual-stack) with
+// ipledger installed, kube-proxy on each, the e2e suite's images imported and
 // CoreDNS deployed as kubeadm deploys it, and runs Kubernetes' e2e suite from
 // the namespace outside the cluster with the focus given.
-func Upstream(t *testing.T, clusterMode bool, o e2eenv.Options) e2eenv.Report {
+func Upstream(t *testing.T, s Setup, o e2eenv.Options) e2eenv.Report {
 	t.Helper()
 	dir := t.TempDir()
 	imgs := append(e2eenv.Images(t, dir), e2eenv.CoreDNSImage(t, dir))
-	cl := Start(t, 3, clusterMode, imgs)
+	cl := startNodesWith(t, 3, imgs, kubeenv.Options{DualStack: s.DualStack})
+	cl.Install(s.ClusterMode)
 	for _, nd := range cl.Nodes {
 		nd.StartKubeProxy(t, cl.PodNetwork())
 	}
