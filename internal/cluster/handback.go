@@ -29,6 +29,18 @@ func (m *Manager) handBack(ctx context.Context) error {
 	var errs []error
 	for _, b := range blocks {
 		key := BlockKey(b.Network, b.Prefix)
+		if b.State == ledger.BlockDraining && b.Used == 0 && b.Withheld == 0 {
+			// its range left the pool: given back as soon as it is empty
+			m.mu.Lock()
+			own, ok := m.owned[key]
+			m.mu.Unlock()
+			if ok {
+				if err := m.retire(ctx, key, b, own); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			continue
+		}
 		if b.State != ledger.BlockActive || b.Used > 0 || b.Withheld > 0 {
 			m.mu.Lock()
 			delete(m.empty, key)
