@@ -379,3 +379,88 @@ func testConflistExtendsPool(t *testing.T, newC func(*testing.T) *cl) {
 		t.Fatalf("node-b after the drain: %+v %v", ls, err)
 	}
 }
+
+// A change of a pool that cannot be served is refused and changes nothing: the
+// nodes keep serving the pool as it was (same ranges, same blocks, allocation
+// goes on), Refused names the field and the fix, and restoring the spec clears it.
+func TestPoolChangeRefused(t *testing.T) { forBackends(t, testPoolChangeRefused) }
+
+func testPoolChangeRefused(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
+	const spec = `{"ranges":[[{"subnet":"10.50.0.0/26"}]],"blockSize":28}`
+	putPool(t, c.ds, "blue", spec)
+	putPool(t, c.ds, "green", `{"ranges":[[{"subnet":"10.60.0.0/24"}]]}`)
+	putPool(t, c.ds, "wide", `{"ranges":[[{"subnet":"10.70.0.0/26"}]],"blockSize":24}`)
+	a := c.agent("node-a", nil, nil)
+	blue, err := a.m.EnsurePool(ctx, "blue", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wide, err := a.m.EnsurePool(ctx, "wide", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	watchPools(t, a)
+	if _, err := a.allocPool(blue, "b0"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := a.allocPool(wide, "w0"); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, tc := range []struct {
+		name, pool string
+		edit       func(map[string]any)
+		says       []string
+	}{
+		{"block size of a pool with blocks", "blue", func(s map[string]any) { s["blockSize"] = 27 },
+			[]string{"IPPool blue: spec.blockSize: blocks of /[27]", "restore blockSize"}},
+		{"a range set added", "blue", func(s map[string]any) {
+			s["ranges"] = append(s["ranges"].([]any), []any{map[string]any{"subnet": "fd50::/120"}})
+		}, []string{"IPPool blue: spec.ranges: 2 range sets, it has 1", "add or remove ranges inside its set"}},
+		{"a range overlapping another pool's", "blue", addRange("10.60.0.0/26"),
+			[]string{`IPPool blue: spec.ranges: range 10.60.0.0/26 (10.60.0.1-10.60.0.62) overlaps range 10.60.0.0/24`, `pool "green"`, "ranges of their own"}},
+		{"a range sharing a block with one that stays", "wide", addRange("10.70.0.64/26"),
+			[]string{"IPPool wide: spec.ranges[0]: range 10.70.0.64/26", "shares block 10.70.0.0/24 with range 10.70.0.0/26", "align its subnet"}},
+		{"a spec that does not parse", "blue", func(s map[string]any) { s["ranges"] = "10.50.0.0/26" },
+			[]string{"IPPool blue: spec:"}},
+	} {
+		before := poolRanges(a, tc.pool)
+		blocks := len(a.l.Blocks(tc.pool))
+		editPool(t, c.ds, tc.pool, tc.edit)
+		waitFollowed(t, a, tc.name+" refused", func() bool { return a.m.Refused()[tc.pool] != "" })
+		why := a.m.Refused()[tc.pool]
+		for _, s := range tc.says {
+			if !strings.Contains(why, s) {
+				t.Errorf("%s: refused with %q, want it to say %q", tc.name, why, s)
+			}
+		}
+		if got := poolRanges(a, tc.pool); got != before || len(a.l.Blocks(tc.pool)) != blocks {
+			t.Errorf("%s changed the pool: ranges %s (were %s), %d blocks (were %d)", tc.name, got, before, len(a.l.Blocks(tc.pool)), blocks)
+		}
+		p, err := a.m.EnsurePool(ctx, tc.pool, nil)
+		if err != nil {
+			t.Fatalf("%s: EnsurePool: %v, want the pool served as it was", tc.name, err)
+		}
+		n++
+		if ls, err := a.allocPool(p, fmt.Sprint("after-", n)); err != nil || !p.Ranges[0].Contains(ls.IPs[0].Addr()) {
+			t.Fatalf("%s: allocation after the refusal: %+v %v", tc.name, ls, err)
+		}
+		// the operator restores the spec
+		editPool(t, c.ds, tc.pool, func(s map[string]any) {
+			var orig map[string]any
+			js := spec
+			if tc.pool == "wide" {
+				js = `{"ranges":[[{"subnet":"10.70.0.0/26"}]],"blockSize":24}`
+			}
+			if err := json.Unmarshal([]byte(js), &orig); err != nil {
+				t.Fatal(err)
+			}
+			clear(s)
+			for k, v := range orig {
+				s[k] = v
+			}
+		})
+		waitFollowed(t, a, tc.name+" restored", func() bool { return a.m.Refused()[tc.pool] == "" })
+	}
+}
