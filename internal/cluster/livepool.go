@@ -46,15 +46,48 @@ func recordOf(name string, value []byte) (PoolRecord, error) {
 		}
 		return PoolRecord{Network: name, Ranges: p.Ranges, BlockBits: p.BlockBits}, nil
 	}
-	var rec PoolRecord
-	if err := json.Unmarshal(value, &rec); err != nil {
-		return PoolRecord{}, fmt.Errorf("%w: pool %s: %v", ErrBadPool, name, err)
+	rec, err := decodePoolRecord(value)
+	if err != nil {
+		return PoolRecord{}, fmt.Errorf("%w: the default pool of network %q (datastore record %s): %v", ErrBadPool, probe.Network, PoolKey(probe.Network), err)
 	}
-	if err := pool.Validate(rec.Ranges); err != nil {
-		return PoolRecord{}, fmt.Errorf("%w: pool %s: ranges: %v", ErrBadPool, name, err)
+	return rec, nil
+}
+
+// decodePoolRecord reads a network's default pool record, its ranges (and drained
+// ranges) written as a conflist's (an operator's edit need not give rangeStart,
+// rangeEnd or gateway: they take the conflist's defaults).
+func decodePoolRecord(value []byte) (PoolRecord, error) {
+	var raw struct {
+		Network   string          `json:"network"`
+		Ranges    json.RawMessage `json:"ranges"`
+		BlockBits []int           `json:"blockBits"`
+		Drained   json.RawMessage `json:"drained"`
+	}
+	if err := json.Unmarshal(value, &raw); err != nil {
+		return PoolRecord{}, err
+	}
+	rec := PoolRecord{Network: raw.Network, BlockBits: raw.BlockBits}
+	var err error
+	if rec.Ranges, err = pool.ParseRangeSets(raw.Ranges); err != nil {
+		return PoolRecord{}, fmt.Errorf("ranges: %v", err)
+	}
+	if pool.HasPodCIDR(rec.Ranges) {
+		return PoolRecord{}, fmt.Errorf("ranges: usePodCidr has no place in cluster mode; give the pool's subnets")
+	}
+	if len(raw.Drained) > 0 && string(raw.Drained) != "null" {
+		sets, err := pool.ParseRangeSets(append(append([]byte("["), raw.Drained...), ']'))
+		if err != nil {
+			return PoolRecord{}, fmt.Errorf("drained: %v", err)
+		}
+		rec.Drained = sets[0]
 	}
 	if len(rec.BlockBits) != len(rec.Ranges) {
-		return PoolRecord{}, fmt.Errorf("%w: pool %s: %d block sizes for %d range sets", ErrBadPool, name, len(rec.BlockBits), len(rec.Ranges))
+		return PoolRecord{}, fmt.Errorf("blockBits: %d block sizes for %d range sets; give one per range set", len(rec.BlockBits), len(rec.Ranges))
+	}
+	for i, set := range rec.Ranges {
+		if err := set.CheckBlockBits(rec.BlockBits[i], fmt.Sprintf("blockBits[%d]", i)); err != nil {
+			return PoolRecord{}, err
+		}
 	}
 	return rec, nil
 }
@@ -124,8 +157,12 @@ func checkChange(name string, named bool, have, want PoolRecord, blocks int, oth
 		}
 	}
 	if !slices.Equal(have.BlockBits, want.BlockBits) && blocks > 0 {
-		return fmt.Errorf("%w: %s: %s: blocks of /%v, the pool's %d blocks are /%v; a pool with blocks keeps its block size: restore blockSize (or remove it if it was the default), or create another IPPool with the new size",
-			ErrBadPool, what, field("blockSize"), want.BlockBits, blocks, have.BlockBits)
+		size := "spec.blockSize"
+		if !named {
+			size = "blockBits"
+		}
+		return fmt.Errorf("%w: %s: %s: blocks of /%v, the pool's %d blocks are /%v; a pool with blocks keeps its block size: restore %s (or remove it if it was the default), or create another pool with the new size",
+			ErrBadPool, what, size, want.BlockBits, blocks, have.BlockBits, size)
 	}
 	for _, d := range deltas(have.Ranges, want.Ranges) {
 		bits := want.BlockBits[d.Set]

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -414,7 +415,7 @@ func testPoolChangeRefused(t *testing.T, newC func(*testing.T) *cl) {
 		says       []string
 	}{
 		{"block size of a pool with blocks", "blue", func(s map[string]any) { s["blockSize"] = 27 },
-			[]string{"IPPool blue: spec.blockSize: blocks of /[27]", "restore blockSize"}},
+			[]string{"IPPool blue: spec.blockSize: blocks of /[27]", "restore spec.blockSize"}},
 		{"a range set added", "blue", func(s map[string]any) {
 			s["ranges"] = append(s["ranges"].([]any), []any{map[string]any{"subnet": "fd50::/120"}})
 		}, []string{"IPPool blue: spec.ranges: 2 range sets, it has 1", "add or remove ranges inside its set"}},
@@ -463,4 +464,158 @@ func testPoolChangeRefused(t *testing.T, newC func(*testing.T) *cl) {
 		})
 		waitFollowed(t, a, tc.name+" restored", func() bool { return a.m.Refused()[tc.pool] == "" })
 	}
+}
+
+// Pools change under churn: four nodes serving blue add and release addresses
+// concurrently (each sweeping now and then) while an operator adds a range, then
+// drains the first one. No address is ever held twice across the nodes, no
+// allocation a node starts after it followed the drain comes from the drained
+// range, every lease keeps its address, the drained range's blocks are all given
+// back once the last lease there is released, and every node's books balance
+// (the cluster audit and each ledger's audit run when the test ends).
+func TestPoolChangesUnderChurn(t *testing.T) { forAllBackends(t, "churn", testPoolChangesUnderChurn) }
+
+func testPoolChangesUnderChurn(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
+	putPool(t, c.ds, "blue", `{"ranges":[[{"subnet":"10.50.0.0/25"}]],"blockSize":28}`)
+	var nodes []*agent
+	pools := map[*agent]cluster.IPPool{}
+	for i := range 4 {
+		n := c.agent(fmt.Sprint("node-", i), nil, nil)
+		p, err := n.m.EnsurePool(ctx, "blue", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nodes, pools[n] = append(nodes, n), p
+	}
+	watchPools(t, nodes...)
+	var (
+		mu       sync.Mutex
+		holder   = map[netip.Addr]string{} // address -> node/container
+		problems []string
+		allocs   int
+	)
+	var drained atomic.Bool // every node has followed the drain
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w, n := range nodes {
+		wg.Go(func() {
+			var mine []string
+			leases := map[string]netip.Addr{}
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					for _, cid := range mine {
+						mu.Lock()
+						delete(holder, leases[cid])
+						mu.Unlock()
+						n.release(t, cid)
+					}
+					return
+				default:
+				}
+				if len(mine) >= 15 || len(mine) > 0 && i%3 == 0 {
+					k := (i * 7) % len(mine)
+					cid := mine[k]
+					mine = slices.Delete(mine, k, k+1)
+					mu.Lock()
+					delete(holder, leases[cid])
+					mu.Unlock()
+					n.release(t, cid)
+					continue
+				}
+				after := drained.Load()
+				cid := fmt.Sprintf("w%d-%d", w, i)
+				ls, err := n.allocPool(pools[n], cid)
+				if errors.Is(err, ledger.ErrPoolExhausted) {
+					continue
+				}
+				mu.Lock()
+				if err != nil {
+					problems = append(problems, fmt.Sprintf("%s: %s: %v", n.name, cid, err))
+					mu.Unlock()
+					return
+				}
+				a := ls.IPs[0].Addr()
+				if h, ok := holder[a]; ok {
+					problems = append(problems, fmt.Sprintf("%s given to %s/%s while %s holds it", a, n.name, cid, h))
+				}
+				if after && in("10.50.0.0/25", a) {
+					problems = append(problems, fmt.Sprintf("%s/%s got %s of the drained range after the drain", n.name, cid, a))
+				}
+				holder[a] = n.name + "/" + cid
+				allocs++
+				mu.Unlock()
+				mine, leases[cid] = append(mine, cid), a
+				if i%10 == 0 {
+					if err := n.m.Sweep(ctx); err != nil {
+						t.Errorf("%s: sweep: %v", n.name, err)
+					}
+				}
+			}
+		})
+	}
+	progress := func(more int) {
+		mu.Lock()
+		goal := allocs + more
+		mu.Unlock()
+		for {
+			mu.Lock()
+			done, bad := allocs >= goal, len(problems) > 0
+			mu.Unlock()
+			if done || bad {
+				return
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	progress(200)
+	editPool(t, c.ds, "blue", addRange("10.50.1.0/25"))
+	for _, n := range nodes {
+		waitFollowed(t, n, "blue grown", func() bool { return strings.Contains(poolRanges(n, "blue"), "10.50.1.0/25") })
+	}
+	progress(200)
+	editPool(t, c.ds, "blue", dropRange("10.50.0.0/25"))
+	for _, n := range nodes {
+		waitFollowed(t, n, "10.50.0.0/25 draining", func() bool {
+			p, err := n.m.EnsurePool(ctx, "blue", nil)
+			if err != nil || len(p.Ranges[0]) != 1 {
+				return false
+			}
+			for _, b := range n.l.Blocks("blue") {
+				if in("10.50.0.0/25", b.Prefix.Addr()) && b.State != ledger.BlockDraining {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	drained.Store(true)
+	progress(300)
+	close(stop)
+	wg.Wait()
+	if len(problems) > 0 {
+		t.Fatalf("%d problems, first: %s", len(problems), strings.Join(problems[:min(5, len(problems))], "; "))
+	}
+	for _, n := range nodes {
+		if err := n.m.Sweep(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if p, err := n.l.Pool("blue"); err != nil || p.InUse != 0 {
+			t.Fatalf("%s: pool after every release: %+v %v", n.name, p, err)
+		}
+		if got := poolRanges(n, "blue"); got != "10.50.1.0/25" {
+			t.Errorf("%s: ledger ranges %s after the drain, want 10.50.1.0/25", n.name, got)
+		}
+	}
+	bs, err := cluster.ReadBlocks(ctx, c.ds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range bs {
+		if r.Network == "blue" && in("10.50.0.0/25", r.CIDR.Addr()) {
+			t.Errorf("block %s of the drained range still recorded (owner %q) after its leases were released", r.CIDR, r.Owner)
+		}
+	}
+	t.Logf("%d allocations on %d nodes; blocks of blue now: %d", allocs, len(nodes), len(bs))
 }

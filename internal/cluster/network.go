@@ -150,12 +150,18 @@ func (m *Manager) ensurePoolRecord(ctx context.Context, conf PoolRecord) (PoolRe
 		if err != nil {
 			return PoolRecord{}, fmt.Errorf("reading the pool of %q: %w", conf.Network, err)
 		}
-		var have PoolRecord
-		if err := json.Unmarshal(kv.Value, &have); err != nil {
+		var probe struct {
+			Network string `json:"network"`
+		}
+		if err := json.Unmarshal(kv.Value, &probe); err != nil {
 			return PoolRecord{}, fmt.Errorf("datastore record %s: %v", key, err)
 		}
-		if have.Network != conf.Network {
+		if probe.Network != conf.Network {
 			return PoolRecord{}, fmt.Errorf("%w: network %q: the datastore's record %s is an IPPool, not this network's default pool; give the network or the IPPool another name", ErrPoolMismatch, conf.Network, key)
+		}
+		have, err := decodePoolRecord(kv.Value)
+		if err != nil {
+			return PoolRecord{}, fmt.Errorf("%w: network %q: datastore record %s: %v; fix the record (kubectl edit ippool %s)", ErrBadPool, conf.Network, key, err, EncodeName(conf.Network))
 		}
 		merged, err := have.extend(conf)
 		if err != nil {
