@@ -253,6 +253,17 @@ func testPoolRangeDrained(t *testing.T, newC func(*testing.T) *cl) {
 	if drained() == 0 {
 		t.Fatal("the blocks of 10.50.0.0/26 that hold leases are gone already")
 	}
+	// the draining blocks' pods stay inside the cluster's pod ranges (never
+	// masqueraded towards other pods) while the blocks exist
+	prs, err := b.m.PoolRanges(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, blk := range a.l.Blocks("blue") {
+		if blk.State == ledger.BlockDraining && !containsPrefix(prs, blk.Prefix.String()) {
+			t.Fatalf("PoolRanges %v lacks draining block %s", prs, blk.Prefix)
+		}
+	}
 	// node-a's leases go: its blocks there are given back at its next sweep
 	for cid := range old {
 		if strings.HasPrefix(cid, "node-a") {
