@@ -419,49 +419,32 @@ func (m *Manager) retire(ctx context.Context, key string, b ledger.BlockStatus, 
 		}
 		return err
 	}
+	m.mu.Lock()
+	delete(m.owned, key)
+	delete(m.empty, key)
+	m.mu.Unlock()
 	err := m.call(ctx, func(ctx context.Context) error { return m.ds.Delete(ctx, key, own.rev) })
 	m.note(err)
 	if err == nil || errors.Is(err, datastore.ErrNotFound) {
-		m.mu.Lock()
-		delete(m.owned, key)
-		delete(m.empty, key)
-		m.mu.Unlock()
 		m.cacheDelete(b.Network, key)
 		m.log.Info("drained block given back: its range left the pool", "network", b.Network, "block", b.Prefix.String())
 		m.counts.handBacks.Add(1)
 		return nil
 	}
-	var kv datastore.KV
-	gerr := m.call(ctx, func(ctx context.Context) (err error) {
-		kv, err = m.ds.Get(ctx, key)
-		return err
-	})
+	kept, gerr := m.reAdopt(ctx, key, b)
 	m.note(gerr)
-	if errors.Is(gerr, datastore.ErrNotFound) {
-		m.mu.Lock()
-		delete(m.owned, key)
-		m.mu.Unlock()
+	switch {
+	case errors.Is(gerr, datastore.ErrNotFound):
 		return nil
-	}
-	if gerr == nil {
-		if cur, derr := decodeBlock(kv); derr == nil && cur.Owner == m.opts.Node && cur.Epoch == b.Epoch {
-			if aerr := m.l.AddBlock(b.Network, b.Prefix, b.Epoch, cur.kept()...); aerr != nil {
-				return aerr
-			}
-			if derr := m.l.DrainBlock(b.Network, b.Prefix); derr != nil {
-				return derr
-			}
-			m.mu.Lock()
-			m.owned[key] = ownedBlock{rec: cur, rev: kv.Revision}
-			m.mu.Unlock()
-			return fmt.Errorf("giving back drained block %s of %q failed; kept, draining: %w", b.Prefix, b.Network, err)
+	case gerr != nil:
+		return fmt.Errorf("giving back drained block %s of %q: outcome unknown: %w", b.Prefix, b.Network, err)
+	case kept:
+		if derr := m.l.DrainBlock(b.Network, b.Prefix); derr != nil {
+			return derr
 		}
-		m.mu.Lock()
-		delete(m.owned, key)
-		m.mu.Unlock()
-		return nil
+		return fmt.Errorf("giving back drained block %s of %q failed; kept, draining: %w", b.Prefix, b.Network, err)
 	}
-	return fmt.Errorf("giving back drained block %s of %q: outcome unknown: %w", b.Prefix, b.Network, err)
+	return nil
 }
 
 // shrinkLedgers takes out of the ledger's pools the removed ranges whose last

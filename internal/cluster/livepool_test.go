@@ -79,6 +79,22 @@ func watchPools(t *testing.T, agents ...*agent) {
 	}
 }
 
+// servePool sets IPPool name up on every agent and runs their pool watches; it
+// returns the pool as each serves it.
+func servePool(t *testing.T, name string, agents ...*agent) map[*agent]cluster.IPPool {
+	t.Helper()
+	pools := map[*agent]cluster.IPPool{}
+	for _, n := range agents {
+		p, err := n.m.EnsurePool(ctx, name, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pools[n] = p
+	}
+	watchPools(t, agents...)
+	return pools
+}
+
 // waitFollowed waits until cond holds for a, re-checking each time a's pool watch
 // applied a record. The bound only stops a hung watch; it is not a speed test.
 func waitFollowed(t *testing.T, a *agent, what string, cond func() bool) {
@@ -126,15 +142,7 @@ func testPoolRangeAdded(t *testing.T, newC func(*testing.T) *cl) {
 	c := newC(t)
 	putPool(t, c.ds, "blue", `{"ranges":[[{"subnet":"10.50.0.0/26"}]],"blockSize":28}`)
 	a, b := c.agent("node-a", nil, nil), c.agent("node-b", nil, nil)
-	pools := map[*agent]cluster.IPPool{}
-	for _, n := range []*agent{a, b} {
-		p, err := n.m.EnsurePool(ctx, "blue", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pools[n] = p
-	}
-	watchPools(t, a, b)
+	pools := servePool(t, "blue", a, b)
 	held := 0
 	for _, n := range []*agent{a, b} {
 		for i := 0; ; i++ {
@@ -180,15 +188,7 @@ func testPoolRangeDrained(t *testing.T, newC func(*testing.T) *cl) {
 	c := newC(t)
 	putPool(t, c.ds, "blue", `{"ranges":[[{"subnet":"10.50.0.0/26"},{"subnet":"10.50.1.0/26"}]],"blockSize":28}`)
 	a, b := c.agent("node-a", nil, nil), c.agent("node-b", nil, nil)
-	pools := map[*agent]cluster.IPPool{}
-	for _, n := range []*agent{a, b} {
-		p, err := n.m.EnsurePool(ctx, "blue", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pools[n] = p
-	}
-	watchPools(t, a, b)
+	pools := servePool(t, "blue", a, b)
 	old := map[string]netip.Addr{} // the leases in 10.50.0.0/26, by container
 	for _, n := range []*agent{a, b} {
 		for i := range 20 {
@@ -490,16 +490,10 @@ func testPoolChangesUnderChurn(t *testing.T, newC func(*testing.T) *cl) {
 	c := newC(t)
 	putPool(t, c.ds, "blue", `{"ranges":[[{"subnet":"10.50.0.0/25"}]],"blockSize":28}`)
 	var nodes []*agent
-	pools := map[*agent]cluster.IPPool{}
 	for i := range 4 {
-		n := c.agent(fmt.Sprint("node-", i), nil, nil)
-		p, err := n.m.EnsurePool(ctx, "blue", nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		nodes, pools[n] = append(nodes, n), p
+		nodes = append(nodes, c.agent(fmt.Sprint("node-", i), nil, nil))
 	}
-	watchPools(t, nodes...)
+	pools := servePool(t, "blue", nodes...)
 	var (
 		mu       sync.Mutex
 		holder   = map[netip.Addr]string{} // address -> node/container

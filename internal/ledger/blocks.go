@@ -457,8 +457,9 @@ func (l *Ledger) DrainBlock(network string, prefix netip.Prefix) error {
 		c.touchBlock(b)
 		b.rec.State = BlockDraining
 		c.forgetFrees(ps.sets[i], b)
+		held := b.held // read under the ledger's lock: the log line is written after it
 		c.onCommit(func(at time.Time) {
-			l.logAt(at, slog.LevelInfo, "block draining: its range left the pool", "network", network, "block", prefix.String(), "leases", b.held)
+			l.logAt(at, slog.LevelInfo, "block draining: its range left the pool", "network", network, "block", prefix.String(), "leases", held)
 		})
 		return nil
 	})
