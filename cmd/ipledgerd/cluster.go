@@ -50,6 +50,8 @@ func startCluster(ctx context.Context, c *clusterconf.Config, addrs []netip.Addr
 	if err := m.Start(ctx); err != nil {
 		log.Warn("cluster mode: the datastore did not answer at start; allocation waits for the node lease", "datastore", c.Datastore, "err", err)
 	}
+	// the pools' records are followed: a range added or removed applies at once
+	go m.WatchPools(ctx)
 	log.Info("cluster mode", "node", c.NodeName, "addrs", addrs, "holder", m.Holder(), "datastore", c.Datastore, "leaseTTL", c.LeaseTTL, "quarantine", c.Quarantine, "blockGrace", c.BlockGrace)
 	stop := func() {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)

@@ -35,6 +35,8 @@ import (
 //   - Counts are the manager's figures, for metrics.
 //   - Health is the datastore's and the node lease's state, for doctor; it makes no
 //     datastore call.
+//   - Refused names, by pool, why its record is not served as it stands (bad
+//     input: the node serves the pool as it was); no datastore call.
 type Cluster interface {
 	Node() string
 	EnsureNetwork(ctx context.Context, network string, ranges []pool.RangeSet, blockBits []int) error
@@ -45,6 +47,7 @@ type Cluster interface {
 	Blocks(ctx context.Context) ([]cluster.BlockView, error)
 	Counts() cluster.Counts
 	Health() cluster.Health
+	Refused() map[string]string
 }
 
 var _ Cluster = (*cluster.Manager)(nil)

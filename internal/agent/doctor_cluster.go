@@ -62,18 +62,30 @@ func (s *Server) clusterChecks(pools []api.PoolUse) []api.Check {
 		setUp[n] = true
 	}
 	var lost []string
+	refused := c.Refused()
 	for _, n := range names {
 		owned, free := 0, 0
-		var lostBlocks []netip.Prefix
+		var lostBlocks, draining []netip.Prefix
 		for _, b := range s.cfg.Ledger.Blocks(n) {
-			if b.State == ledger.BlockLost {
+			switch b.State {
+			case ledger.BlockLost:
 				lostBlocks = append(lostBlocks, b.Prefix)
+				continue
+			case ledger.BlockDraining:
+				draining = append(draining, b.Prefix)
 				continue
 			}
 			owned++
 			free += max(int(b.Usable)-b.Used, 0)
 		}
-		lost = append(lost, s.leasesIn(n, lostBlocks)...)
+		lost = append(lost, s.leasesIn(n, lostBlocks, "lost block")...)
+		if why := refused[n]; why != "" {
+			add(api.CheckWarn, "pool %s: its record is not served as it stands; the node serves the pool as it was: %s; fix: correct the record as the message says (kubectl edit ippool %s)", n, why, n)
+		}
+		if len(draining) > 0 {
+			held := s.leasesIn(n, draining, "draining block")
+			add(api.CheckWarn, "pool %s: %d blocks draining (their range left the pool), held by %d leases: %s; each block is given back when its last lease is released; fix: nothing is needed, or delete (or move) those pods to finish the drain now", n, len(draining), len(held), strings.Join(held, ", "))
+		}
 		st := c.Status(n)
 		switch {
 		case !setUp[n]:
@@ -100,13 +112,17 @@ func (s *Server) clusterChecks(pools []api.PoolUse) []api.Check {
 	return out
 }
 
-// leasesIn names the network's leases with an address in one of blocks.
-func (s *Server) leasesIn(network string, blocks []netip.Prefix) []string {
+// leasesIn names the leases of pool network (a network's own, or a named pool's)
+// with an address in one of blocks, a kind of block.
+func (s *Server) leasesIn(network string, blocks []netip.Prefix, kind string) []string {
 	if len(blocks) == 0 {
 		return nil
 	}
 	var out []string
-	for _, ls := range s.cfg.Ledger.Leases(network) {
+	for _, ls := range s.cfg.Ledger.Leases("") {
+		if ls.PoolNetwork() != network {
+			continue
+		}
 		for _, ip := range ls.IPs {
 			var in netip.Prefix
 			for _, b := range blocks {
@@ -124,7 +140,7 @@ func (s *Server) leasesIn(network string, blocks []netip.Prefix) []string {
 			if ls.Pod.Name != "" {
 				who = ls.Pod.Namespace + "/" + ls.Pod.Name
 			}
-			out = append(out, fmt.Sprintf("pod %s (%s, %s in lost block %s)", who, network, ip.Addr(), in))
+			out = append(out, fmt.Sprintf("pod %s (%s, %s in %s %s)", who, network, ip.Addr(), kind, in))
 			break
 		}
 	}

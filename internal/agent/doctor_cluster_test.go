@@ -9,7 +9,9 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/clock/clocktest"
+	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/datastore/memds"
+	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 )
 
@@ -162,4 +164,60 @@ func TestDoctorClusterMode(t *testing.T) {
 	}
 	cs = clusterDoctor(t, a)
 	want(t, cs, "no lease in a block", api.CheckOK)
+}
+
+// Doctor names what still holds a drained range and a pool change refused: after
+// an operator takes 10.60.0.0/27 out of the network's default pool (its record:
+// out of ranges, into drained), the node's block there is draining and doctor
+// WARNs naming the pod whose lease holds it, with the fix; a block size change of
+// the pool with live blocks is refused and doctor WARNs with the field and the fix.
+func TestDoctorDrainingAndRefused(t *testing.T) {
+	clk := clocktest.New()
+	ds := memds.New(clk)
+	rec := `{"network":"pods","ranges":[[{"subnet":"10.60.0.0/27"},{"subnet":"10.60.1.0/27"}]],"blockBits":[29]}`
+	if _, err := ds.Create(context.Background(), cluster.PoolKey("pods"), []byte(rec)); err != nil {
+		t.Fatal(err)
+	}
+	a := newClusterNode(t, ds, clk, "node-a")
+	wctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { a.m.WatchPools(wctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	<-a.m.PoolsFollowed() // listed
+	r := a.s.Handle(context.Background(), api.Request{Version: api.Version, Op: api.OpAdd, Network: "pods", ContainerID: "web0", IfName: "eth0",
+		Pod: api.Pod{Namespace: "default", Name: "web-0", UID: "u0"}, Ranges: ledgertest.Ranges(t, `[[{"subnet":"10.60.0.0/27"}]]`), BlockSize: 29})
+	if r.Error != nil || !strings.HasPrefix(r.Lease.IPs[0], "10.60.0.") {
+		t.Fatalf("ADD: %+v %+v", r.Error, r.Lease)
+	}
+	edit := func(value string) {
+		t.Helper()
+		kv, err := ds.Get(context.Background(), cluster.PoolKey("pods"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ds.Update(context.Background(), kv.Key, []byte(value), kv.Revision); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wait := func(what string, cond func() bool) {
+		t.Helper()
+		for !cond() {
+			select {
+			case <-a.m.PoolsFollowed():
+			case <-time.After(time.Minute):
+				t.Fatalf("%s: never seen", what)
+			}
+		}
+	}
+	edit(`{"network":"pods","ranges":[[{"subnet":"10.60.1.0/27"}]],"blockBits":[29],"drained":[{"subnet":"10.60.0.0/27","rangeStart":"10.60.0.1","rangeEnd":"10.60.0.30","gateway":"10.60.0.1"}]}`)
+	wait("drain", func() bool {
+		bs := a.l.Blocks("pods")
+		return len(bs) == 1 && bs[0].State == ledger.BlockDraining
+	})
+	checks := clusterDoctor(t, a)
+	want(t, checks, "pool pods: 1 blocks draining", api.CheckWarn, "held by 1 leases", "pod default/web-0 (pods, 10.60.0.2 in draining block 10.60.0.0/29)", "fix:")
+	edit(`{"network":"pods","ranges":[[{"subnet":"10.60.1.0/27"}]],"blockBits":[28],"drained":[{"subnet":"10.60.0.0/27","rangeStart":"10.60.0.1","rangeEnd":"10.60.0.30","gateway":"10.60.0.1"}]}`)
+	wait("refusal", func() bool { return a.m.Refused()["pods"] != "" })
+	checks = clusterDoctor(t, a)
+	want(t, checks, "pool pods: its record is not served", api.CheckWarn, "blockBits: blocks of /[28]", "restore blockBits", "fix:")
 }

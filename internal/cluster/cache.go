@@ -150,6 +150,16 @@ func (m *Manager) cacheWrite(network, key string, val []byte, rev int64) {
 	m.blocksChanged()
 }
 
+// cacheDelete records the manager's own deletion of one of network's blocks.
+func (m *Manager) cacheDelete(network, key string) {
+	m.cacheMu.Lock()
+	if c := m.caches[network]; c != nil && c.live {
+		delete(c.kvs, key)
+	}
+	m.cacheMu.Unlock()
+	m.blocksChanged()
+}
+
 func (m *Manager) blocksChanged() {
 	select {
 	case m.changed <- struct{}{}:

@@ -29,6 +29,10 @@ func (m *Manager) Allocate(ctx context.Context, req ledger.AllocateRequest) (led
 	if !ok {
 		return ledger.Lease{}, false, fmt.Errorf("%w: %q (EnsureNetwork or EnsurePool first)", ErrUnknownNetwork, network)
 	}
+	// The pool exists (EnsureNetwork, EnsurePool) and its ranges follow its record,
+	// not the request's config: a lease's idempotent ADD and a new allocation both
+	// use the pool as it is.
+	req.Ranges = nil
 	if _, held := m.l.Lease(req.Key); !held && len(req.Want) > 0 && !req.Sticky {
 		// a pod's own address outside the node's blocks: its block first
 		m.claimMu.Lock()
@@ -124,7 +128,8 @@ func (m *Manager) claimFrom(ctx context.Context, network string, set int, cfg Po
 			continue
 		}
 		existing[rec.CIDR] = true
-		if rec.Owner == "" && rec.Set == set {
+		// a free block of a range removed from the pool is never claimed again
+		if rec.Owner == "" && rec.Set == set && cfg.Ranges[set].Clip(rec.CIDR).Usable() > 0 {
 			free = append(free, kv)
 			freeRecs = append(freeRecs, rec)
 		}
@@ -246,5 +251,22 @@ func (m *Manager) took(rec BlockRecord, rev int64) error {
 		m.cacheWrite(rec.Network, BlockKey(rec.Network, rec.CIDR), val, rev)
 	}
 	m.log.Info("block claimed", "network", rec.Network, "block", rec.CIDR.String(), "epoch", rec.Epoch)
+	m.drainRemoved(rec.Network, rec.CIDR)
 	return nil
+}
+
+// drainRemoved drains the ledger's block p of network when the pool's record no
+// longer holds its range (a block re-adopted or re-taken after its range left).
+func (m *Manager) drainRemoved(network string, p netip.Prefix) {
+	m.mu.Lock()
+	cfg, ok := m.nets[network]
+	m.mu.Unlock()
+	if !ok {
+		return
+	}
+	for _, b := range m.l.Blocks(network) {
+		if b.Prefix == p {
+			m.drainOutside(cfg, b)
+		}
+	}
 }

@@ -29,6 +29,18 @@ func (m *Manager) handBack(ctx context.Context) error {
 	var errs []error
 	for _, b := range blocks {
 		key := BlockKey(b.Network, b.Prefix)
+		if b.State == ledger.BlockDraining && b.Used == 0 && b.Withheld == 0 {
+			// its range left the pool: given back as soon as it is empty
+			m.mu.Lock()
+			own, ok := m.owned[key]
+			m.mu.Unlock()
+			if ok {
+				if err := m.retire(ctx, key, b, own); err != nil {
+					errs = append(errs, err)
+				}
+			}
+			continue
+		}
 		if b.State != ledger.BlockActive || b.Used > 0 || b.Withheld > 0 {
 			m.mu.Lock()
 			delete(m.empty, key)
@@ -93,19 +105,9 @@ func (m *Manager) giveBack(ctx context.Context, key string, b ledger.BlockStatus
 	}
 	// Still ours (the write failed) or changed meanwhile: re-adopt it when the
 	// datastore says it is the node's at the same epoch; otherwise it is gone.
-	var kv datastore.KV
-	gerr := m.call(ctx, func(ctx context.Context) (err error) {
-		kv, err = m.ds.Get(ctx, key)
-		return err
-	})
+	kept, gerr := m.reAdopt(ctx, key, b)
 	if gerr == nil {
-		if cur, derr := decodeBlock(kv); derr == nil && cur.Owner == m.opts.Node && cur.Epoch == b.Epoch {
-			if aerr := m.l.AddBlock(b.Network, b.Prefix, b.Epoch, cur.kept()...); aerr != nil {
-				return aerr
-			}
-			m.mu.Lock()
-			m.owned[key] = ownedBlock{rec: cur, rev: kv.Revision}
-			m.mu.Unlock()
+		if kept {
 			return fmt.Errorf("giving back block %s of %q failed; kept: %w", b.Prefix, b.Network, err)
 		}
 		return nil
@@ -113,4 +115,30 @@ func (m *Manager) giveBack(ctx context.Context, key string, b ledger.BlockStatus
 	// Unknown: keep it out of the ledger; the sweep re-adopts it if the datastore
 	// still gives it to the node.
 	return fmt.Errorf("giving back block %s of %q: outcome unknown: %w", b.Prefix, b.Network, err)
+}
+
+// reAdopt reads block key after a give-back whose write failed and puts it back
+// in the ledger (and the node's books) when the datastore still gives it to the
+// node at b's epoch: kept. Not kept, with no error: the record says another owner
+// or epoch. An error: it could not be read (ErrNotFound: the record is gone).
+func (m *Manager) reAdopt(ctx context.Context, key string, b ledger.BlockStatus) (kept bool, err error) {
+	var kv datastore.KV
+	err = m.call(ctx, func(ctx context.Context) (err error) {
+		kv, err = m.ds.Get(ctx, key)
+		return err
+	})
+	if err != nil {
+		return false, err
+	}
+	cur, derr := decodeBlock(kv)
+	if derr != nil || cur.Owner != m.opts.Node || cur.Epoch != b.Epoch {
+		return false, nil
+	}
+	if err := m.l.AddBlock(b.Network, b.Prefix, b.Epoch, cur.kept()...); err != nil {
+		return false, err
+	}
+	m.mu.Lock()
+	m.owned[key] = ownedBlock{rec: cur, rev: kv.Revision}
+	m.mu.Unlock()
+	return true, nil
 }

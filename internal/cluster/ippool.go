@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"maps"
-	"net/netip"
 	"slices"
 	"strings"
 
@@ -125,12 +124,20 @@ func (m *Manager) EnsurePool(ctx context.Context, name string, labels NodeLabels
 	if err := checkPoolName(name); err != nil {
 		return IPPool{}, err
 	}
-	var kv datastore.KV
-	err := m.call(ctx, func(ctx context.Context) (err error) {
-		kv, err = m.ds.Get(ctx, PoolKey(name))
-		return err
-	})
-	m.note(err)
+	// the watched copy when it has listed since the start and its watch runs,
+	// else one GET: a pool created, changed or deleted a moment ago counts
+	kv, found, live := m.poolCopy.get(PoolKey(name))
+	var err error
+	switch {
+	case live && !found:
+		err = datastore.ErrNotFound
+	case !live:
+		err = m.call(ctx, func(ctx context.Context) (err error) {
+			kv, err = m.ds.Get(ctx, PoolKey(name))
+			return err
+		})
+		m.note(err)
+	}
 	var p IPPool
 	switch {
 	case errors.Is(err, datastore.ErrNotFound):
@@ -148,7 +155,15 @@ func (m *Manager) EnsurePool(ctx context.Context, name string, labels NodeLabels
 		return IPPool{}, fmt.Errorf("reading IPPool %s: %w", name, err)
 	default:
 		if p, err = ParseIPPool(name, kv.Value); err != nil {
-			return IPPool{}, err
+			m.mu.Lock()
+			have, ok := m.pools[name]
+			m.mu.Unlock()
+			if !ok {
+				return IPPool{}, err
+			}
+			// a spec that no longer parses changes nothing: served as it was
+			m.setRefused(name, err)
+			p = have
 		}
 	}
 	if len(p.NodeSelector) > 0 {
@@ -163,42 +178,62 @@ func (m *Manager) EnsurePool(ctx context.Context, name string, labels NodeLabels
 			return IPPool{}, fmt.Errorf("%w: IPPool %s selects nodes labelled %s; node %s is not one (its labels: %s); schedule the pod on a selected node, or widen the pool's nodeSelector", ErrPoolNotForNode, name, labelString(p.NodeSelector), m.opts.Node, labelString(got))
 		}
 	}
-	if err := m.ensureNamed(ctx, p); err != nil {
+	served, err := m.ensureNamed(ctx, p)
+	if err != nil {
 		return IPPool{}, err
 	}
+	return served, nil
+}
+
+// ensureNamed sets p up as a network of its own (the ledger pool and the node's
+// books, never the record: the operator's), or, when the node serves it already
+// with other ranges, follows the change (followRecord); it returns the pool as the
+// node serves it: a change refused as bad input leaves it as it was.
+func (m *Manager) ensureNamed(ctx context.Context, p IPPool) (IPPool, error) {
+	want := PoolRecord{Network: p.Name, Ranges: p.Ranges, BlockBits: p.BlockBits}
 	m.mu.Lock()
-	m.pools[name] = p
+	_, ok := m.nets[p.Name]
 	m.mu.Unlock()
+	if ok {
+		if err := m.followRecord(ctx, p.Name, want, &p); err != nil && !errors.Is(err, ErrBadPool) {
+			return IPPool{}, err
+		}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.pools[p.Name], nil
+	}
+	if err := m.firstSetUp(ctx, p, want); err != nil {
+		return IPPool{}, fmt.Errorf("IPPool %s: %w", p.Name, err)
+	}
 	return p, nil
 }
 
-// ensureNamed sets p up as a network of its own: the ledger pool and the node's
-// books, never the record (the operator's).
-func (m *Manager) ensureNamed(ctx context.Context, p IPPool) error {
-	want := PoolRecord{Network: p.Name, Ranges: p.Ranges, BlockBits: p.BlockBits}
-	m.mu.Lock()
-	have, ok := m.nets[p.Name]
-	m.mu.Unlock()
-	if ok {
-		if !have.equal(want) {
-			return fmt.Errorf("%w: IPPool %s: this node serves it with ranges %v and blocks /%v, its spec now has ranges %v and blocks /%v; changing a pool's ranges or blockSize under a running agent is not supported yet: restore the spec, or create a new IPPool", ErrPoolMismatch, p.Name, pool.SetsString(have.Ranges), have.BlockBits, pool.SetsString(want.Ranges), want.BlockBits)
+// firstSetUp refuses a named pool whose block records have another size than its
+// spec (the spec's blockSize changed under blocks), then sets it up.
+func (m *Manager) firstSetUp(ctx context.Context, p IPPool, want PoolRecord) error {
+	blocks, cached := m.cachedBlocks(p.Name)
+	if !cached {
+		m.claimMu.Lock()
+		var err error
+		blocks, err = m.relist(ctx, p.Name)
+		m.claimMu.Unlock()
+		if err != nil {
+			return err
 		}
-		return nil
 	}
-	if err := m.l.DeclareCluster(p.Name, p.Ranges, p.BlockBits); err != nil {
-		return fmt.Errorf("IPPool %s: %w", p.Name, err)
+	for _, b := range blocks {
+		if b.err == nil && b.rec.Set < len(want.BlockBits) && b.rec.CIDR.Bits() != want.BlockBits[b.rec.Set] {
+			return fmt.Errorf("%w: IPPool %s: spec.blockSize: blocks of /%v, the pool's blocks are /%d (block %s); a pool with blocks keeps its block size: restore blockSize, or create another IPPool with the new size",
+				ErrBadPool, p.Name, want.BlockBits, b.rec.CIDR.Bits(), b.rec.CIDR)
+		}
+	}
+	if err := m.setUp(ctx, p.Name, want); err != nil {
+		return err
 	}
 	m.mu.Lock()
-	m.nets[p.Name] = want
+	m.pools[p.Name] = p
 	m.mu.Unlock()
-	if !m.Provable() {
-		return nil // adopted at the re-verification that follows the next renewal
-	}
-	held := map[netip.Prefix]bool{}
-	for _, b := range m.l.Blocks(p.Name) {
-		held[b.Prefix] = true
-	}
-	return m.adopt(ctx, p.Name, func(pf netip.Prefix) bool { return held[pf] })
+	return nil
 }
 
 func labelString(l map[string]string) string {

@@ -24,6 +24,16 @@ import (
 // deploy/ipledger.yaml, each cluster its own Lease namespace and network; the
 // block records' borrows go through the IPBlock schema and come back.
 func TestStickyKube(t *testing.T) {
+	newC := kubeClusters(t, "sticky")
+	t.Run("BorrowRace", func(t *testing.T) { testBorrowRace(t, newC) })
+	t.Run("DeadBorrowerReturned", func(t *testing.T) { testDeadBorrowerReturned(t, newC) })
+}
+
+// kubeClusters starts a real kube-apiserver (kubeenv's apiserver-only mode, no
+// host lock) with the CRDs of deploy/ipledger.yaml and returns a maker of test
+// clusters on it: each empties every record and gets a Lease namespace of its own
+// (prefix-N).
+func kubeClusters(t *testing.T, prefix string) func(*testing.T) *cl {
 	api := kubeenv.StartAPIServer(t, kubeenv.APIServerOptions{})
 	cfg := api.Config()
 	cfg.QPS, cfg.Burst = 1000, 2000
@@ -41,7 +51,7 @@ func TestStickyKube(t *testing.T) {
 		t.Fatal(err)
 	}
 	n := 0
-	newC := func(t *testing.T) *cl {
+	return func(t *testing.T) *cl {
 		n++
 		// every block record is cluster-wide: empty them, and give the Leases a
 		// namespace of their own
@@ -51,7 +61,7 @@ func TestStickyKube(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		ns := fmt.Sprintf("sticky-%d", n)
+		ns := fmt.Sprintf("%s-%d", prefix, n)
 		nsObj := &unstructured.Unstructured{Object: map[string]any{"apiVersion": "v1", "kind": "Namespace", "metadata": map[string]any{"name": ns}}}
 		if _, err := client.Resource(schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}).Create(ctx, nsObj, metav1.CreateOptions{}); err != nil {
 			t.Fatal(err)
@@ -66,6 +76,4 @@ func TestStickyKube(t *testing.T) {
 		}
 		return newCluster(t, clocktest.New(), open(), open)
 	}
-	t.Run("BorrowRace", func(t *testing.T) { testBorrowRace(t, newC) })
-	t.Run("DeadBorrowerReturned", func(t *testing.T) { testDeadBorrowerReturned(t, newC) })
 }

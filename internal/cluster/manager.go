@@ -160,6 +160,12 @@ type Manager struct {
 	changed chan struct{}
 	// owners: every block of the cluster, as WatchOwners watches them (Owners)
 	owners ownersCopy
+	// poolCopy: every pool record, as WatchPools watches them; poolsFollowed
+	// receives a value (coalesced) after WatchPools applied a record
+	poolCopy      ownersCopy
+	poolsFollowed chan struct{}
+	// refused: by pool, why its record is not served as it stands (livepool.go)
+	refused map[string]string
 }
 
 // fencing is the state the allocation guard decides on; Manager.mu guards it. It
@@ -239,7 +245,7 @@ func New(ds datastore.Store, l *ledger.Ledger, opts Options) (*Manager, error) {
 	m := &Manager{ds: ds, l: l, opts: opts, log: log.With("node", opts.Node),
 		nets: map[string]PoolRecord{}, pools: map[string]IPPool{}, owned: map[string]ownedBlock{}, empty: map[string]emptyObs{},
 		obs: map[string]*leaseObs{}, gone: map[string]bool{}, fencing: fencing{lapsed: true},
-		caches: map[string]*blockCache{}, changed: make(chan struct{}, 1)}
+		caches: map[string]*blockCache{}, changed: make(chan struct{}, 1), poolsFollowed: make(chan struct{}, 1), refused: map[string]string{}}
 	l.SetAllocationGuard(m.guard)
 	return m, nil
 }

@@ -556,17 +556,19 @@ func testSweepReadsWatchedBlocks(t *testing.T, newC func(*testing.T) *cl) {
 	c.allowOutside = true
 }
 
-// A second node configured with other ranges or another block size for the same
-// network is refused with an error naming both configs.
+// A second node configured with another block size, or other range sets
+// (families), for the same network is refused with an error naming both configs;
+// one whose conflist has another range of the same family is not (it extends the
+// pool: TestConflistExtendsPool).
 func TestPoolConfigConflict(t *testing.T) { forBackends(t, testPoolConfigConflict) }
 
 func testPoolConfigConflict(t *testing.T, newC func(*testing.T) *cl) {
 	c := newC(t)
 	c.agent("node-a", ranges(t, v4), []int{26})
 	b := c.agent("node-b", nil, nil)
-	err := b.m.EnsureNetwork(ctx, "net", ranges(t, `[[{"subnet":"10.21.0.0/24"}]]`), []int{26})
-	if !errors.Is(err, cluster.ErrPoolMismatch) || !strings.Contains(err.Error(), "10.20.0.0/24") || !strings.Contains(err.Error(), "10.21.0.0/24") {
-		t.Fatalf("other ranges: %v", err)
+	err := b.m.EnsureNetwork(ctx, "net", ranges(t, `[[{"subnet":"10.20.0.0/24"}],[{"subnet":"fd00:21::/120"}]]`), []int{26, 122})
+	if !errors.Is(err, cluster.ErrPoolMismatch) || !strings.Contains(err.Error(), "10.20.0.0/24") || !strings.Contains(err.Error(), "fd00:21::/120") {
+		t.Fatalf("another range set: %v", err)
 	}
 	err = b.m.EnsureNetwork(ctx, "net", ranges(t, v4), []int{27})
 	if !errors.Is(err, cluster.ErrPoolMismatch) || !strings.Contains(err.Error(), "blockSize") {

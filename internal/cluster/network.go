@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 
 	"github.com/ipledger/ipledger/internal/datastore"
 	"github.com/ipledger/ipledger/internal/pool"
@@ -34,26 +35,30 @@ func (m *Manager) adopt(ctx context.Context, network string, skip func(netip.Pre
 		m.owned[kv.Key] = ownedBlock{rec: rec, rev: kv.Revision}
 		m.mu.Unlock()
 		m.log.Info("block adopted from the datastore", "network", network, "block", rec.CIDR.String(), "epoch", rec.Epoch)
+		m.drainRemoved(network, rec.CIDR)
 	}
 	return nil
 }
 
-// EnsureNetwork sets network up for cluster mode: its pool record in the datastore
-// is created (once, by compare-and-swap) or checked against ranges and blockBits
-// (ErrPoolMismatch when another node configured it otherwise), the ledger's pool is
-// declared cluster-scoped, and blocks the datastore gives the node are adopted.
-// Repeated calls with the same config return at once. When the datastore cannot be
-// reached, a network the ledger already holds with the same config is accepted (the
-// node keeps serving from its blocks).
+// EnsureNetwork sets network up for cluster mode from its conflist's ranges and
+// blockBits. The datastore's record of the network's default pool is the truth:
+// it is created (once, by compare-and-swap) from the first node's conflist; a
+// conflist that adds a range extends it (by compare-and-swap, so two nodes' ranges
+// cannot lose one another), unless the range is in the record's drained list; a
+// conflist that lacks a range of the record changes nothing (draining is an
+// operator's edit of the record). A block size, or a number or family of range
+// sets, other than the record's is refused (ErrPoolMismatch). The node serves the
+// record's ranges: its ledger pool is declared cluster-scoped (or given the
+// record's ranges in place), and blocks the datastore gives the node are adopted.
+// Repeated calls with a config the served record covers return at once. When the
+// datastore cannot be reached, a network the ledger already holds with blocks and
+// ranges covering the config is served as it is.
 func (m *Manager) EnsureNetwork(ctx context.Context, network string, ranges []pool.RangeSet, blockBits []int) error {
-	want := PoolRecord{Network: network, Ranges: ranges, BlockBits: blockBits}
+	conf := PoolRecord{Network: network, Ranges: ranges, BlockBits: blockBits}
 	m.mu.Lock()
 	have, ok := m.nets[network]
 	m.mu.Unlock()
-	if ok {
-		if !have.equal(want) {
-			return fmt.Errorf("%w: network %q is set up with ranges %v and blocks /%v; this config has ranges %v and blocks /%v", ErrPoolMismatch, network, have.Ranges, have.BlockBits, ranges, blockBits)
-		}
+	if ok && have.covers(conf) {
 		return nil
 	}
 	if err := pool.Validate(ranges); err != nil {
@@ -67,17 +72,18 @@ func (m *Manager) EnsureNetwork(ctx context.Context, network string, ranges []po
 			return err
 		}
 	}
-	err := m.ensurePoolRecord(ctx, want)
+	rec, err := m.ensurePoolRecord(ctx, conf)
 	if errors.Is(err, datastore.ErrUnavailable) || errors.Is(err, context.DeadlineExceeded) {
-		if p, perr := m.l.Pool(network); perr == nil && pool.Equal(p.Ranges, ranges) && len(m.l.Blocks(network)) > 0 {
+		if ok {
+			m.log.Warn("datastore unreachable; serving the network with the ranges it has", "network", network, "err", err)
+			return nil
+		}
+		if p, perr := m.l.Pool(network); perr == nil && slices.Equal(p.BlockBits, blockBits) && (PoolRecord{Network: network, Ranges: p.Ranges, BlockBits: p.BlockBits}).covers(conf) && len(m.l.Blocks(network)) > 0 {
 			m.log.Warn("datastore unreachable; serving the network from the blocks the ledger holds", "network", network, "err", err)
-			if err := m.l.DeclareCluster(network, ranges, blockBits); err != nil {
-				return err
-			}
 			// The ledger's blocks of every network are verified at every renewal
 			// after a lapse, this one's included: nothing more to do here.
 			m.mu.Lock()
-			m.nets[network] = want
+			m.nets[network] = PoolRecord{Network: network, Ranges: p.Ranges, BlockBits: p.BlockBits}
 			m.mu.Unlock()
 			return nil
 		}
@@ -85,11 +91,21 @@ func (m *Manager) EnsureNetwork(ctx context.Context, network string, ranges []po
 	if err != nil {
 		return err
 	}
-	if err := m.l.DeclareCluster(network, ranges, blockBits); err != nil {
+	if ok {
+		return m.followRecord(ctx, network, rec, nil)
+	}
+	return m.setUp(ctx, network, rec)
+}
+
+// setUp serves pool record rec on this node for the first time since the start:
+// the ledger's pool fitted to it, then the blocks the datastore gives the node
+// adopted.
+func (m *Manager) setUp(ctx context.Context, network string, rec PoolRecord) error {
+	if err := m.fitLedger(network, rec); err != nil {
 		return err
 	}
 	m.mu.Lock()
-	m.nets[network] = want
+	m.nets[network] = rec
 	m.mu.Unlock()
 	if !m.Provable() {
 		return nil // adopted at the re-verification that follows the next renewal
@@ -101,13 +117,16 @@ func (m *Manager) EnsureNetwork(ctx context.Context, network string, ranges []po
 	return m.adopt(ctx, network, func(p netip.Prefix) bool { return held[p] })
 }
 
-func (m *Manager) ensurePoolRecord(ctx context.Context, want PoolRecord) error {
-	val, err := json.Marshal(want)
+// ensurePoolRecord returns the datastore's record of network's default pool,
+// created from conf when there is none, extended by conf's ranges it lacks (not
+// those it lists drained) by compare-and-swap.
+func (m *Manager) ensurePoolRecord(ctx context.Context, conf PoolRecord) (PoolRecord, error) {
+	val, err := json.Marshal(conf)
 	if err != nil {
-		return err
+		return PoolRecord{}, err
 	}
-	key := PoolKey(want.Network)
-	for range 3 {
+	key := PoolKey(conf.Network)
+	for range 8 {
 		var kv datastore.KV
 		err := m.call(ctx, func(ctx context.Context) (err error) {
 			kv, err = m.ds.Get(ctx, key)
@@ -124,22 +143,64 @@ func (m *Manager) ensurePoolRecord(ctx context.Context, want PoolRecord) error {
 				continue // another node was first: compare with its record
 			}
 			if err == nil {
-				m.log.Info("cluster pool created", "network", want.Network)
+				m.log.Info("cluster pool created", "network", conf.Network)
 			}
-			return err
+			return conf, err
 		}
 		if err != nil {
-			return fmt.Errorf("reading the pool of %q: %w", want.Network, err)
+			return PoolRecord{}, fmt.Errorf("reading the pool of %q: %w", conf.Network, err)
 		}
-		var have PoolRecord
-		if err := json.Unmarshal(kv.Value, &have); err != nil {
-			return fmt.Errorf("datastore record %s: %v", key, err)
+		var probe struct {
+			Network string `json:"network"`
 		}
-		if !have.equal(want) {
-			return fmt.Errorf("%w: network %q: the cluster's pool has ranges %v with blocks /%v, this node's config has ranges %v with blocks /%v; every node must use the same ranges and blockSize for a network name (fix this node's config, or use another network name)",
-				ErrPoolMismatch, want.Network, pool.SetsString(have.Ranges), have.BlockBits, pool.SetsString(want.Ranges), want.BlockBits)
+		if err := json.Unmarshal(kv.Value, &probe); err != nil {
+			return PoolRecord{}, fmt.Errorf("datastore record %s: %v", key, err)
 		}
-		return nil
+		if probe.Network != conf.Network {
+			return PoolRecord{}, fmt.Errorf("%w: network %q: the datastore's record %s is an IPPool, not this network's default pool; give the network or the IPPool another name", ErrPoolMismatch, conf.Network, key)
+		}
+		have, err := decodePoolRecord(kv.Value)
+		if err != nil {
+			return PoolRecord{}, fmt.Errorf("%w: network %q: datastore record %s: %v; fix the record (kubectl edit ippool %s)", ErrBadPool, conf.Network, key, err, EncodeName(conf.Network))
+		}
+		merged, err := have.extend(conf)
+		if err != nil {
+			return PoolRecord{}, err
+		}
+		if merged.equal(have) {
+			return have, nil
+		}
+		others, err := m.otherPools(ctx, conf.Network)
+		if err != nil {
+			return PoolRecord{}, err
+		}
+		blocks, err := m.blockCount(ctx, conf.Network)
+		if err != nil {
+			return PoolRecord{}, err
+		}
+		if err := checkChange(conf.Network, false, have, merged, blocks, others); err != nil {
+			// the conflist's range cannot join the pool: the node serves the record
+			m.setRefused(conf.Network, fmt.Errorf("this node's conflist adds ranges the pool cannot take: %w", err))
+			m.log.Warn("the conflist's ranges not added to the pool; serving the datastore's", "network", conf.Network, "err", err)
+			return have, nil
+		}
+		mval, err := json.Marshal(merged)
+		if err != nil {
+			return PoolRecord{}, err
+		}
+		err = m.call(ctx, func(ctx context.Context) (err error) {
+			_, err = m.ds.Update(ctx, key, mval, kv.Revision)
+			return err
+		})
+		m.note(err)
+		if errors.Is(err, datastore.ErrConflict) || errors.Is(err, datastore.ErrNotFound) {
+			continue // another writer was first: extend its record
+		}
+		if err != nil {
+			return PoolRecord{}, fmt.Errorf("extending the pool of %q: %w", conf.Network, err)
+		}
+		m.log.Info("cluster pool extended by this node's conflist", "network", conf.Network, "ranges", pool.SetsString(merged.Ranges))
+		return merged, nil
 	}
-	return fmt.Errorf("pool record %s keeps changing", key)
+	return PoolRecord{}, fmt.Errorf("pool record %s keeps changing", key)
 }

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
+	"slices"
 )
 
 // PoolRanges is the subnet of every range of every network's pool record, those
-// of networks this node has not set up included: the cluster's pod ranges, claimed
-// or not. The node network masquerades nothing inside them, so a pod in a block
+// of networks this node has not set up included, and every block record outside
+// them (a block of a range removed from its pool, draining): the cluster's pod
+// ranges, claimed or not. The node network masquerades nothing inside them, so a pod in a block
 // claimed a moment ago (by a node whose claim this node has not yet seen) keeps
 // its address towards every other pod. An error means "unknown", never "none".
 func (m *Manager) PoolRanges(ctx context.Context) ([]netip.Prefix, error) {
@@ -37,6 +39,23 @@ func (m *Manager) PoolRanges(ctx context.Context) ([]netip.Prefix, error) {
 	m.note(err)
 	if err != nil {
 		return nil, fmt.Errorf("listing the pools: %w", err)
+	}
+	// a block of a range taken out of its pool still holds pods until it is
+	// given back: its prefix stays a pod range
+	blocks, ok := m.owners.records()
+	if !ok {
+		if blocks, _, err = m.listBlocks(ctx, BlocksPrefix("")); err != nil {
+			return nil, fmt.Errorf("listing the blocks: %w", err)
+		}
+	}
+	for _, kv := range blocks {
+		rec, err := decodeBlock(kv)
+		if err != nil {
+			continue
+		}
+		if !slices.ContainsFunc(out, func(p netip.Prefix) bool { return p.Bits() <= rec.CIDR.Bits() && p.Contains(rec.CIDR.Addr()) }) {
+			out = append(out, rec.CIDR)
+		}
 	}
 	return out, nil
 }

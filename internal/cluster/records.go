@@ -60,10 +60,55 @@ type PoolRecord struct {
 	Network   string          `json:"network"`
 	Ranges    []pool.RangeSet `json:"ranges"`
 	BlockBits []int           `json:"blockBits"`
+	// Drained are ranges an operator took out of a network's default pool: a
+	// node's conflist that still lists one does not add it back (extend).
+	Drained []pool.Range `json:"drained,omitempty"`
 }
 
 func (p PoolRecord) equal(o PoolRecord) bool {
-	return p.Network == o.Network && pool.Equal(p.Ranges, o.Ranges) && slices.Equal(p.BlockBits, o.BlockBits)
+	return p.Network == o.Network && pool.Equal(p.Ranges, o.Ranges) && slices.Equal(p.BlockBits, o.BlockBits) && slices.Equal(p.Drained, o.Drained)
+}
+
+// covers: every range of conf is in p's range set of the same index (or drained),
+// with the same block sizes: a node with conflist conf serves p unchanged.
+func (p PoolRecord) covers(conf PoolRecord) bool {
+	if !slices.Equal(p.BlockBits, conf.BlockBits) || len(p.Ranges) != len(conf.Ranges) {
+		return false
+	}
+	for i, set := range conf.Ranges {
+		for _, r := range set {
+			if !slices.Contains(p.Ranges[i], r) && !slices.Contains(p.Drained, r) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// extend returns p with conf's ranges it lacks added to their range sets (those
+// p lists drained left out). A conflist of other block sizes, or another number
+// or family of range sets, is refused (ErrPoolMismatch): every node must agree.
+func (p PoolRecord) extend(conf PoolRecord) (PoolRecord, error) {
+	mismatch := func() error {
+		return fmt.Errorf("%w: network %q: the cluster's pool has ranges %v with blocks /%v, this node's config has ranges %v with blocks /%v; every node must use the same blockSize and the same range sets (families) for a network name, and may add ranges to a set (fix this node's config, or use another network name)",
+			ErrPoolMismatch, p.Network, pool.SetsString(p.Ranges), p.BlockBits, pool.SetsString(conf.Ranges), conf.BlockBits)
+	}
+	if !slices.Equal(p.BlockBits, conf.BlockBits) || len(p.Ranges) != len(conf.Ranges) {
+		return PoolRecord{}, mismatch()
+	}
+	out := PoolRecord{Network: p.Network, BlockBits: p.BlockBits, Drained: p.Drained, Ranges: make([]pool.RangeSet, len(p.Ranges))}
+	for i, set := range p.Ranges {
+		if set[0].Subnet.Addr().BitLen() != conf.Ranges[i][0].Subnet.Addr().BitLen() {
+			return PoolRecord{}, mismatch()
+		}
+		out.Ranges[i] = slices.Clone(set)
+		for _, r := range conf.Ranges[i] {
+			if !slices.Contains(set, r) && !slices.Contains(p.Drained, r) {
+				out.Ranges[i] = append(out.Ranges[i], r)
+			}
+		}
+	}
+	return out, nil
 }
 
 // BlockRecord is the datastore record "blocks/<network>/<block>": who owns a block

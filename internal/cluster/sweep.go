@@ -7,7 +7,8 @@ import (
 
 // Sweep runs the periodic duties: suspends the blocks when the lease is no longer
 // provable; gives back blocks that stayed empty past the grace (keeping the last one
-// per range set); reclaims the blocks of nodes whose lease stayed expired past the
+// per range set), and at once the emptied blocks of ranges removed from their pool;
+// reclaims the blocks of nodes whose lease stayed expired past the
 // quarantine.
 func (m *Manager) Sweep(ctx context.Context) error {
 	m.stepMu.Lock()
@@ -16,6 +17,7 @@ func (m *Manager) Sweep(ctx context.Context) error {
 	var errs []error
 	if m.Provable() {
 		errs = append(errs, m.handBack(ctx))
+		m.shrinkLedgers()
 	}
 	errs = append(errs, m.reclaim(ctx))
 	return errors.Join(errs...)

@@ -218,6 +218,18 @@ func (o *ownersCopy) blocks() ([]nodenet.Block, bool) {
 	return out, true
 }
 
+// get returns the copy's record of key (ok false when it has none), and whether
+// the copy is live.
+func (o *ownersCopy) get(key string) (kv datastore.KV, ok, live bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.live {
+		return datastore.KV{}, false, false
+	}
+	kv, ok = o.kvs[key]
+	return kv, ok, true
+}
+
 // records returns the copy's records, and whether it is live.
 func (o *ownersCopy) records() ([]datastore.KV, bool) {
 	o.mu.Lock()

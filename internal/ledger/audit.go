@@ -267,6 +267,8 @@ func (l *Ledger) auditScan(tx ReadTx, rep *AuditReport, bad func(string, ...any)
 					bad("free %s/%s is outside the node's blocks", f.Network, f.IP)
 				case b.rec.State == BlockLost:
 					bad("free %s/%s is in block %s, lost to another node", f.Network, f.IP, b.rec.Prefix)
+				case b.rec.State == BlockDraining:
+					bad("free %s/%s is in block %s, draining (its range left the pool)", f.Network, f.IP, b.rec.Prefix)
 				default:
 					if off, ok := b.clip.Offset(f.IP); ok {
 						b.offsets = append(b.offsets, off)
@@ -374,6 +376,9 @@ func auditCheck(rep *AuditReport, bad func(string, ...any), mem memIndex, holder
 				bad("block %s of %q is lost and holds no lease, yet is still recorded", bk.prefix, bk.network)
 			}
 			continue
+		}
+		if b.rec.State == BlockDraining {
+			continue // its released addresses left the pool; it waits to be given back
 		}
 		// the cursor as Open derives it: the stored one, raised past every held or
 		// free address

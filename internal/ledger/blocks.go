@@ -405,6 +405,9 @@ func (l *Ledger) ResumeBlock(network string, prefix netip.Prefix, epoch uint64) 
 		if b.rec.State == BlockLost || b.rec.Epoch != epoch {
 			return fmt.Errorf("%w: block %s of %q is %s at epoch %d; not resumed at epoch %d", ErrBlockEpoch, prefix, network, b.rec.State, b.rec.Epoch, epoch)
 		}
+		if b.rec.State == BlockDraining {
+			return nil // still the node's, and still draining
+		}
 		c.setBlockState(ps.sets[i], b, BlockActive)
 		return nil
 	})
@@ -432,6 +435,31 @@ func (l *Ledger) LoseBlock(network string, prefix netip.Prefix) error {
 		}
 		c.onCommit(func(at time.Time) {
 			l.logAt(at, slog.LevelWarn, "block lost to another node", "network", network, "block", prefix.String())
+		})
+		return nil
+	})
+}
+
+// DrainBlock makes a block the ledger holds draining (BlockDraining): its range
+// left the pool. Nothing is handed out from it again and its free addresses are
+// forgotten (their history stays); its leases keep their addresses, and a release
+// there keeps nothing free. The block stays until RemoveBlock takes it out once it
+// holds no lease. Draining a draining or lost block does nothing.
+func (l *Ledger) DrainBlock(network string, prefix netip.Prefix) error {
+	return l.do(func(c *change) error {
+		ps, i, b, err := l.heldClusterBlock(network, prefix)
+		if err != nil {
+			return err
+		}
+		if b.rec.State == BlockDraining || b.rec.State == BlockLost {
+			return nil
+		}
+		c.touchBlock(b)
+		b.rec.State = BlockDraining
+		c.forgetFrees(ps.sets[i], b)
+		held := b.held // read under the ledger's lock: the log line is written after it
+		c.onCommit(func(at time.Time) {
+			l.logAt(at, slog.LevelInfo, "block draining: its range left the pool", "network", network, "block", prefix.String(), "leases", held)
 		})
 		return nil
 	})

@@ -50,7 +50,8 @@ func (c *change) release(k Key, reason Reason, detail string, now time.Time, mon
 		// here (history, counters) but the address is not kept free.
 		// A withheld address (lent to another node, kept for a pod) is not free either.
 		// A borrowed address goes back to the lender's block, not to this node's.
-		keepFree := !borrowed && (b == nil || b.rec.State != BlockLost && !b.withheld[a])
+		// An address of a draining block leaves the pool with it.
+		keepFree := !borrowed && (b == nil || b.rec.State != BlockLost && b.rec.State != BlockDraining && !b.withheld[a])
 		if keepFree {
 			s.addFree(f, mono)
 			// Undo by address, not by the item added here: a later step of the same

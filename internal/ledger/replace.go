@@ -250,3 +250,86 @@ func replaceReason(from, to []int, sameRanges bool) string {
 		return "no live lease; block size changed"
 	}
 }
+
+// SetClusterRanges gives network's cluster-scoped pool the range sets ranges in
+// place: as many sets as it has, each of the same family and block size. A range
+// added can have blocks added in it (AddBlock) from then on; a range left out must
+// hold no block of the node any more (the block manager drains such blocks first:
+// DrainBlock, RemoveBlock) nor any address the pool holds or keeps free, and every
+// block the node holds must keep its addresses (no range added or removed may
+// share a block with one that stays). Anything else is refused with
+// ErrPoolConflict and nothing changes. Leases, blocks, free addresses and their
+// history are kept; PoolRecord.RangeChanges counts the change.
+func (l *Ledger) SetClusterRanges(network string, ranges []pool.RangeSet) error {
+	if err := pool.Validate(ranges); err != nil {
+		return err
+	}
+	return l.do(func(c *change) error {
+		ps := l.pools[network]
+		if ps == nil {
+			return fmt.Errorf("%w: %q", ErrUnknownNetwork, network)
+		}
+		if ps.rec.BlockBits == nil {
+			return fmt.Errorf("%w: network %q is a node-mode pool; its ranges change with AllocateRequest.ReplaceRanges", ErrPoolConflict, network)
+		}
+		if pool.Equal(ps.rec.Ranges, ranges) {
+			return nil
+		}
+		if len(ranges) != len(ps.sets) {
+			return fmt.Errorf("%w: network %q has %d range sets; new ranges %v have %d (a range set cannot be added or removed in place)", ErrPoolConflict, network, len(ps.sets), pool.SetsString(ranges), len(ranges))
+		}
+		for i, s := range ps.sets {
+			set := ranges[i]
+			if set[0].Subnet.Addr().BitLen() != s.set[0].Subnet.Addr().BitLen() {
+				return fmt.Errorf("%w: network %q range set %d is %s; %s is of the other family", ErrPoolConflict, network, i, s.set.String(), set.String())
+			}
+			if err := set.CheckBlockBits(s.bits, fmt.Sprintf("blockSize (range set %d)", i)); err != nil {
+				return err
+			}
+			for _, b := range s.order {
+				if !pool.Equal([]pool.RangeSet{set.Clip(b.rec.Prefix)}, []pool.RangeSet{b.clip}) {
+					return fmt.Errorf("%w: network %q: block %s (%s) would hold other addresses under ranges %s; a range added or removed must not share a block with one that stays",
+						ErrPoolConflict, network, b.rec.Prefix, b.rec.State, set.String())
+				}
+			}
+			for a := range s.index {
+				if !set.Contains(a) {
+					return fmt.Errorf("%w: network %q: free address %s lies outside new ranges %s", ErrPoolConflict, network, a, set.String())
+				}
+			}
+		}
+		for a, ls := range ps.held {
+			if i := ps.setOf(a); i >= 0 && !ranges[i].Contains(a) && !slices.Contains(ls.Borrowed, a) {
+				return fmt.Errorf("%w: network %q: %s, held by %s, lies outside new ranges %s; drain its block first", ErrPoolConflict, network, a, ls.Key, pool.SetsString(ranges))
+			}
+		}
+		if err := l.checkDisjoint(network, ranges); err != nil {
+			return err
+		}
+		c.touchPool(ps)
+		oldRanges, oldChanges := ps.rec.Ranges, ps.rec.RangeChanges
+		type saved struct {
+			set          pool.RangeSet
+			size, usable uint64
+		}
+		olds := make([]saved, len(ps.sets))
+		for i, s := range ps.sets {
+			olds[i] = saved{s.set, s.size, s.usable}
+			fresh := newSetState(ranges[i])
+			s.set, s.size, s.usable = fresh.set, fresh.size, fresh.usable
+		}
+		c.onUndo(func() {
+			ps.rec.Ranges, ps.rec.RangeChanges = oldRanges, oldChanges
+			for i, s := range ps.sets {
+				s.set, s.size, s.usable = olds[i].set, olds[i].size, olds[i].usable
+			}
+		})
+		ps.rec.Ranges = ranges
+		ps.rec.RangeChanges++
+		from, to := pool.SetsString(oldRanges), pool.SetsString(ranges)
+		c.onCommit(func(at time.Time) {
+			l.logAt(at, slog.LevelInfo, "cluster pool ranges changed", "network", network, "from", from, "to", to)
+		})
+		return nil
+	})
+}

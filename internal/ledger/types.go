@@ -265,11 +265,16 @@ const (
 	// leases still in it are released locally only (their addresses are not kept as
 	// free here), and the block record goes with its last lease.
 	BlockLost BlockState = "lost"
+	// BlockDraining: the block's range left the pool (an operator removed it): the
+	// node still owns it, hands nothing more out from it, and keeps no released
+	// address of it free; its live leases keep their addresses, and the block
+	// manager gives it back once it holds none (RemoveBlock).
+	BlockDraining BlockState = "draining"
 )
 
 // Valid reports whether s is one of the block states.
 func (s BlockState) Valid() bool {
-	return s == BlockActive || s == BlockSuspended || s == BlockLost
+	return s == BlockActive || s == BlockSuspended || s == BlockLost || s == BlockDraining
 }
 
 // BlockRecord is one block of a cluster-scoped pool as this node holds it.

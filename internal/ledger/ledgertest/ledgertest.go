@@ -119,6 +119,7 @@ func Run(t *testing.T, newStore Factory) {
 		{"BlocksFailedCommits", testBlocksFailedCommits},
 		{"BlocksWithheld", testBlocksWithheld},
 		{"BlocksWant", testBlocksWant},
+		{"ClusterRangesLive", testClusterRangesLive},
 		{"ReuseDelayAcrossRestart", testReuseDelayAcrossRestart},
 		{"CreationBootReading", testCreationBootReading},
 		{"LogLater", testLogLater},
