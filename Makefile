@@ -122,6 +122,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzConfigVersion$$' -fuzztime $(FUZZTIME) ./internal/cniplugin
 	$(GO) test -run '^$$' -fuzz '^FuzzVersionsMatchLibrary$$' -fuzztime $(FUZZTIME) ./internal/cniplugin
 	$(GO) test -run '^$$' -fuzz '^FuzzValidatorsMatchLibrary$$' -fuzztime $(FUZZTIME) ./internal/cniplugin
+	$(GO) test -run '^$$' -fuzz '^FuzzParseReservation$$' -fuzztime $(FUZZTIME) ./internal/cluster
 
 clean:
 	rm -rf $(BIN) test-artifacts

@@ -34,19 +34,24 @@ func nodeIPs(o *options, log *slog.Logger) []netip.Addr {
 	return addrs
 }
 
-// startCluster opens the datastore and starts the block manager. A datastore that
-// does not answer yet does not stop the agent: it serves DELs and the blocks it can
-// prove, and the manager keeps trying. stop ends the manager and closes the store.
-func startCluster(ctx context.Context, c *clusterconf.Config, addrs []netip.Addr, l *ledger.Ledger, log *slog.Logger) (*cluster.Manager, func(), error) {
+// startCluster opens the datastore and starts the block manager and the watched
+// copy of the IPReservations. A datastore that does not answer yet does not stop
+// the agent: it serves DELs and the blocks it can prove, and the manager and the
+// copy keep trying. stop ends them and closes the store.
+func startCluster(ctx context.Context, c *clusterconf.Config, addrs []netip.Addr, l *ledger.Ledger, log *slog.Logger) (*cluster.Manager, *cluster.Reservations, func(), error) {
 	ds, err := c.Open(ctx)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	m, err := cluster.New(ds, l, cluster.Options{Node: c.NodeName, Addrs: addrs, LeaseTTL: c.LeaseTTL, Grace: c.BlockGrace, Quarantine: c.Quarantine, Logger: log})
 	if err != nil {
 		ds.Close()
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
+	rs := cluster.NewReservations(ds, log)
+	rctx, rcancel := context.WithCancel(ctx)
+	rdone := make(chan struct{})
+	go func() { defer close(rdone); rs.Run(rctx) }()
 	if err := m.Start(ctx); err != nil {
 		log.Warn("cluster mode: the datastore did not answer at start; allocation waits for the node lease", "datastore", c.Datastore, "err", err)
 	}
@@ -54,6 +59,8 @@ func startCluster(ctx context.Context, c *clusterconf.Config, addrs []netip.Addr
 	go m.WatchPools(ctx)
 	log.Info("cluster mode", "node", c.NodeName, "addrs", addrs, "holder", m.Holder(), "datastore", c.Datastore, "leaseTTL", c.LeaseTTL, "quarantine", c.Quarantine, "blockGrace", c.BlockGrace)
 	stop := func() {
+		rcancel()
+		<-rdone
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		if err := m.Stop(sctx); err != nil {
@@ -61,5 +68,5 @@ func startCluster(ctx context.Context, c *clusterconf.Config, addrs []netip.Addr
 		}
 		ds.Close()
 	}
-	return m, stop, nil
+	return m, rs, stop, nil
 }

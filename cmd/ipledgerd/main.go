@@ -187,13 +187,13 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 	removeRoutesIfOff(o, log)
 	cfg := agent.Config{Ledger: l, Socket: o.socket, SpoolDir: o.spoolDir, Logger: log}
 	if o.cluster.Cluster() {
-		m, stop, err := startCluster(ctx, &o.cluster, nodeIPs(o, log), l, log)
+		m, rs, stop, err := startCluster(ctx, &o.cluster, nodeIPs(o, log), l, log)
 		if err != nil {
 			return err
 		}
 		// after Serve has drained (defers run last-in first-out): the ledger closes after
 		defer stop()
-		cfg.Cluster, cfg.Datastore = m, o.cluster.Datastore
+		cfg.Cluster, cfg.Datastore, cfg.Reservations = m, o.cluster.Datastore, rs
 		if o.cluster.LeaseNodes() {
 			nc, err := startLeaseNetwork(ctx, o, m, log)
 			if err != nil {

@@ -75,7 +75,10 @@ type Config struct {
 	// names its datastore (kubernetes, etcd) for the operator.
 	Cluster   Cluster
 	Datastore string
-	Logger    *slog.Logger
+	// Reservations is cluster mode's watched copy of the IPReservations, asked at
+	// every cluster-mode allocation; nil: none are read (node mode).
+	Reservations Reservations
+	Logger       *slog.Logger
 	// Clock gives the monotonic time for how-long-ago decisions; default the system's.
 	Clock clock.Clock
 	// DrainTimeout is how long shutdown waits for requests in flight before it warns

@@ -218,7 +218,7 @@ func (s *Server) doctor(ctx context.Context) *api.Response {
 		}
 	}
 	if s.cfg.Cluster != nil {
-		d.ClusterChecks = s.clusterChecks(d.Pools)
+		d.ClusterChecks = append(s.clusterChecks(d.Pools), s.reservationChecks()...)
 	}
 	if s.cfg.NodeNetwork != nil {
 		d.NetworkChecks = s.cfg.NodeNetwork.Checks()

@@ -197,6 +197,9 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 		if sticky, aerr = s.stickyOf(ctx, req.Pod, chosen); aerr != nil {
 			return errResp(aerr)
 		}
+		if aerr = s.reserve(&areq, chosen, req.Pod); aerr != nil {
+			return errResp(aerr)
+		}
 	}
 	var supersededLeases []ledger.Lease // the holders judged, for their Events
 	if req.Pod.UID != "" && s.cfg.Guard != nil {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/pool"
 )
@@ -24,7 +25,7 @@ import (
 const MaxCells = 1024
 
 // Cell states, most severe first.
-var cellStates = []string{"leaked", "stranded", "suspect", "live", "cooling", "free", "gateway"}
+var cellStates = []string{"leaked", "stranded", "suspect", "live", "cooling", "free", "reserved", "gateway"}
 
 func severity(state string) int {
 	for i, s := range cellStates {
@@ -48,6 +49,14 @@ type pageData struct {
 	Networks   []netView
 	Detail     *cellDetail
 	Error      string
+	// Reserved: cluster mode's IPReservations (ReservedErr: why they are unknown)
+	Reserved    []reservedView
+	ReservedErr string
+	Cluster     bool
+}
+
+type reservedView struct {
+	Name, Addresses, Reason string
 }
 
 type netView struct {
@@ -127,7 +136,22 @@ func (s *Server) netState(network string, now time.Time) netState {
 func (s *Server) poolPage(w http.ResponseWriter, r *http.Request) {
 	now := time.Now()
 	q := r.URL.Query()
-	d := pageData{Now: now.Format(time.RFC3339), Refresh: 10, ReuseDelay: s.cfg.Ledger.ReuseDelay(), States: cellStates[:len(cellStates)-1]}
+	d := pageData{Now: now.Format(time.RFC3339), Refresh: 10, ReuseDelay: s.cfg.Ledger.ReuseDelay(), States: cellStates[:len(cellStates)-2]}
+	var reserved []cluster.Reservation
+	if s.cfg.Reservations != nil {
+		d.Cluster = true
+		var err error
+		if reserved, err = s.cfg.Reservations.Current(); err != nil {
+			d.ReservedErr = err.Error()
+		}
+		for _, r := range reserved {
+			var as []string
+			for _, p := range r.Prefixes {
+				as = append(as, p.String())
+			}
+			d.Reserved = append(d.Reserved, reservedView{Name: r.Name, Addresses: strings.Join(as, ", "), Reason: r.Reason})
+		}
+	}
 	onlyNet, onlySet := q.Get("network"), -1
 	var from, span uint64
 	if v := q.Get("set"); v != "" {
@@ -168,7 +192,7 @@ func (s *Server) poolPage(w http.ResponseWriter, r *http.Request) {
 			if onlySet >= 0 && span > 0 && from < size {
 				f, sp = from, min(span, size-from)
 			}
-			sv := s.drawSet(p.Network, i, set, ns, f, sp)
+			sv := s.drawSet(p.Network, i, set, ns, f, sp, reserved)
 			if onlySet >= 0 {
 				sv.ZoomOut = "?" + url.Values{"network": {p.Network}}.Encode()
 			}
@@ -202,7 +226,7 @@ func inPool(sets []pool.RangeSet, a netip.Addr) bool {
 }
 
 // drawSet draws the addresses [from, from+span) of a range set.
-func (s *Server) drawSet(network string, idx int, set pool.RangeSet, ns netState, from, span uint64) setView {
+func (s *Server) drawSet(network string, idx int, set pool.RangeSet, ns netState, from, span uint64, reserved []cluster.Reservation) setView {
 	sv := setView{Index: idx, Ranges: set.String(), BlockSize: 1}
 	if span == 0 {
 		return sv
@@ -229,6 +253,17 @@ func (s *Server) drawSet(network string, idx int, set pool.RangeSet, ns netState
 				c.Title = s.cellTitle(network, a, ai)
 			default:
 				c.Title = a.String() + ": free, never used"
+			}
+			if r, in := cluster.Covering(reserved, a); in {
+				note := "IPReservation " + r.Name
+				if r.Reason != "" {
+					note += " (" + r.Reason + ")"
+				}
+				if c.State == "free" || c.State == "cooling" {
+					c.State, c.Title = "reserved", a.String()+": reserved by "+note+", handed out to no pod"
+				} else {
+					c.Title += "\ninside " + note + ": kept until its pod goes"
+				}
 			}
 			sv.Cells = append(sv.Cells, c)
 		}

@@ -1,16 +1,23 @@
 package agent_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"net/netip"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/cluster"
+	"github.com/ipledger/ipledger/internal/datastore/etcdds"
 	"github.com/ipledger/ipledger/internal/pool"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/chromium"
+	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 	"github.com/ipledger/ipledger/internal/testenv/netenv"
 )
 
@@ -104,7 +111,79 @@ func TestPoolPageInChromium(t *testing.T) {
 		t.Errorf("detail of 10.96.0.2 lacks its state or its DEL history:\n%s", detail)
 	}
 
+	clusterPage(t)
+
 	shot := filepath.Join(t.ArtifactDir(), "pool-page.png")
 	chromium.Screenshot(t, url, shot)
 	t.Logf("screenshot: %s", shot)
+}
+
+// clusterPage: a real agent in cluster mode on embedded etcd, a pod holding an
+// address, then an IPReservation covering that address and a /28: the page lists
+// the reservation with its addresses and reason, draws the /28's addresses
+// reserved (naming the reservation), and the covered pod's address live, its
+// hover text saying it is inside the reservation until its pod goes.
+func clusterPage(t *testing.T) {
+	e := etcdenv.StartEmbedded(t)
+	addr := netenv.FreeAddr(t)
+	a := agentenv.Start(t, agentenv.Options{Args: []string{"--metrics-addr", addr, "--node-name", "n0", "--datastore", "etcd",
+		"--etcd-endpoints", strings.Join(e.Endpoints(), ","), "--routes=false", "--masquerade=false"}})
+	rs, _ := pool.ParseRangeSets([]byte(`[[{"subnet":"10.98.0.0/26"}]]`))
+	add := func(cid string) netip.Addr {
+		t.Helper()
+		for {
+			r, err := a.Call(api.Request{Op: api.OpAdd, Network: "cl", ContainerID: cid, IfName: "eth0", Ranges: rs, BlockSize: 26, Pod: api.Pod{Namespace: "lab", Name: cid, UID: "u-" + cid}})
+			var ae *api.Error
+			if errors.As(err, &ae) && ae.Code == api.CodeUnavailable {
+				continue // the agent's copy of the reservations has not listed yet
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			return netip.MustParsePrefix(r.Lease.IPs[0]).Addr()
+		}
+	}
+	held := add("router-0")
+	ds, err := etcdds.New(etcdds.Config{Endpoints: e.Endpoints()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ds.Close()
+	v, _ := cluster.MarshalReservation(cluster.Reservation{Name: "lab", Reason: "lab routers", Prefixes: []netip.Prefix{netip.PrefixFrom(held, 32), netip.MustParsePrefix("10.98.0.32/28")}})
+	if _, err := ds.Create(context.Background(), cluster.ReservationKey("lab"), v); err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + addr + "/"
+	var dom string
+	for i := 0; ; i++ {
+		dom = chromium.DumpDOM(t, url)
+		if strings.Contains(dom, `<tr class="reservation" data-name="lab">`) {
+			break
+		}
+		if i == 60 {
+			t.Fatalf("the page never listed IPReservation lab:\n%s", dom)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if want := fmt.Sprintf("<td>lab</td><td>%s/32, 10.98.0.32/28</td><td>lab routers</td>", held); !strings.Contains(dom, want) {
+		t.Errorf("the reserved section lacks %q:\n%s", want, dom)
+	}
+	for _, c := range chromium.PoolCells(dom)["cl"] {
+		ip := netip.MustParseAddr(c.IP)
+		switch {
+		case ip == held:
+			if c.State != "live" || !strings.Contains(c.Title, "inside IPReservation lab (lab routers): kept until its pod goes") {
+				t.Errorf("the covered pod's cell %+v, want live, inside lab", c)
+			}
+		case netip.MustParsePrefix("10.98.0.32/28").Contains(ip):
+			if c.State != "reserved" || !strings.Contains(c.Title, "reserved by IPReservation lab (lab routers)") {
+				t.Errorf("cell %+v, want reserved by lab", c)
+			}
+		case c.State == "reserved":
+			t.Errorf("cell %+v is reserved, outside IPReservation lab", c)
+		}
+	}
+	if _, err := a.Call(api.Request{Op: api.OpDel, Network: "cl", ContainerID: "router-0", IfName: "eth0"}); err != nil {
+		t.Fatal(err)
+	}
 }

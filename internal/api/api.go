@@ -382,17 +382,4 @@ const MaxExclude = 256
 
 // ParseExclude reads one entry of ipam.exclude: an address (10.0.0.5, fd00::5) or a
 // CIDR without host bits (10.0.0.16/28). The error says what to write instead.
-func ParseExclude(s string) (netip.Prefix, error) {
-	if a, err := netip.ParseAddr(s); err == nil && a.Zone() == "" {
-		a = a.Unmap()
-		return netip.PrefixFrom(a, a.BitLen()), nil
-	}
-	p, err := netip.ParsePrefix(s)
-	if err != nil {
-		return netip.Prefix{}, fmt.Errorf("%q is not an address or a CIDR; give e.g. \"10.0.0.5\" or \"10.0.0.16/28\"", s)
-	}
-	if p.Masked() != p {
-		return netip.Prefix{}, fmt.Errorf("%q has host bits set; give %q (or the address alone)", s, p.Masked().String())
-	}
-	return p, nil
-}
+func ParseExclude(s string) (netip.Prefix, error) { return pool.ParseAddrOrCIDR(s) }

@@ -44,3 +44,27 @@ func TestAuditAddressAcrossNetworksAndLostBlocks(t *testing.T) {
 		t.Fatalf("outside %+v, want node c's lease marked lost in block %s owned by a", o, p)
 	}
 }
+
+// A block's address lent to a node whose books hold no lease of it is a stale
+// borrow, named with its block, owner, pod and borrower; a borrow the borrower
+// holds, one lent to a node not audited (its books unknown) and one kept but not
+// lent are not; none of them makes the audit fail.
+func TestAuditStaleBorrows(t *testing.T) {
+	p := netip.MustParsePrefix("10.0.0.0/26")
+	a5, a6, a7, a8 := netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("10.0.0.6"), netip.MustParseAddr("10.0.0.7"), netip.MustParseAddr("10.0.0.8")
+	blocks := []cluster.BlockRecord{{Network: "net", CIDR: p, Owner: "a", Epoch: 1, Borrows: []cluster.Borrow{
+		{Addr: a5, For: "default/web/web-0", Node: "b"}, // held by b
+		{Addr: a6, For: "default/web/web-1", Node: "b"}, // b holds no lease of it
+		{Addr: a7, For: "default/web/web-2", Node: "z"}, // z not audited
+		{Addr: a8, For: "default/web/web-3"},            // kept, not lent
+	}}}
+	books := []cluster.NodeBooks{
+		{Node: "a", Blocks: []ledger.BlockStatus{{BlockRecord: ledger.BlockRecord{Network: "net", Prefix: p, Epoch: 1, State: ledger.BlockActive}}}},
+		{Node: "b", Leases: []ledger.Lease{{Key: ledger.Key{Network: "net", ContainerID: "w0", IfName: "eth0"}, IPs: []netip.Prefix{netip.PrefixFrom(a5, 26)}, Borrowed: []netip.Addr{a5}}}},
+	}
+	rep := cluster.Audit(blocks, books)
+	want := cluster.StaleBorrow{Network: "net", Block: p, Owner: "a", IP: a6, For: "default/web/web-1", Node: "b"}
+	if !rep.OK || len(rep.StaleBorrows) != 1 || rep.StaleBorrows[0] != want {
+		t.Fatalf("audit %+v, want OK with the one stale borrow %+v", rep, want)
+	}
+}

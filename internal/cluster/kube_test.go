@@ -19,7 +19,7 @@ import (
 	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
-// The sticky-address tests on the Kubernetes datastore: a real kube-apiserver
+// The sticky-address and reservation tests on the Kubernetes datastore: a real kube-apiserver
 // (kubeenv's apiserver-only mode, no host lock) with the CRDs of
 // deploy/ipledger.yaml, each cluster its own Lease namespace and network; the
 // block records' borrows go through the IPBlock schema and come back.
@@ -27,6 +27,7 @@ func TestStickyKube(t *testing.T) {
 	newC := kubeClusters(t, "sticky")
 	t.Run("BorrowRace", func(t *testing.T) { testBorrowRace(t, newC) })
 	t.Run("DeadBorrowerReturned", func(t *testing.T) { testDeadBorrowerReturned(t, newC) })
+	t.Run("ReservationsCopy", func(t *testing.T) { testReservationsCopy(t, newC) })
 }
 
 // kubeClusters starts a real kube-apiserver (kubeenv's apiserver-only mode, no
@@ -55,7 +56,7 @@ func kubeClusters(t *testing.T, prefix string) func(*testing.T) *cl {
 		n++
 		// every block record is cluster-wide: empty them, and give the Leases a
 		// namespace of their own
-		for _, r := range []string{"ipblocks", "ippools", "iprecords"} {
+		for _, r := range []string{"ipblocks", "ippools", "ipreservations", "iprecords"} {
 			gvr := schema.GroupVersionResource{Group: kubeds.Group, Version: kubeds.Version, Resource: r}
 			if err := client.Resource(gvr).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 				t.Fatal(err)

@@ -74,6 +74,13 @@ var (
 	// ErrBadPool: an IPPool's name or spec cannot be used (the message names the
 	// field and the fix).
 	ErrBadPool = errors.New("invalid IPPool")
+	// ErrBadReservation: an IPReservation's name or spec cannot be used (the
+	// message names the field and the fix).
+	ErrBadReservation = errors.New("invalid IPReservation")
+	// ErrReservationsUnknown: the watched copy of the IPReservations has not
+	// listed since the agent started, or its watch broke since: which addresses
+	// are reserved is unknown (the message says why and since when).
+	ErrReservationsUnknown = errors.New("IPReservations not known")
 )
 
 // Defaults.

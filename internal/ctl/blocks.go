@@ -137,6 +137,9 @@ func clusterAudit(env *Env, socket string, args []string) int {
 		for _, p := range rep.Problems {
 			fmt.Fprintf(env.Stdout, "  %s\n", p)
 		}
+		for _, p := range rep.StaleBorrows {
+			fmt.Fprintf(env.Stdout, "  stale borrow: %s\n", p)
+		}
 	}
 	if !rep.OK {
 		return ExitUnbalanced

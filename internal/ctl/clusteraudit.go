@@ -46,6 +46,9 @@ type ClusterAudit struct {
 	// (released locally only; the new owner's leases are untouched).
 	Lost     int      `json:"lost"`
 	Problems []string `json:"problems"`
+	// StaleBorrows: addresses a block lends to an audited node that holds no
+	// lease of them (cluster.AuditReport.StaleBorrows); they leave OK as it is.
+	StaleBorrows []string `json:"staleBorrows,omitempty"`
 }
 
 // AuditCluster checks every node's leases against each other and against the
@@ -71,7 +74,13 @@ func AuditCluster(nodes []NodeLeases, blocks []api.BlockView) ClusterAudit {
 			bad("block %q of network %s: not a CIDR", b.Block, b.Network)
 			continue
 		}
-		recs = append(recs, cluster.BlockRecord{Network: b.Network, CIDR: p.Masked(), Owner: b.Owner, Epoch: uint64(b.Epoch)})
+		rec := cluster.BlockRecord{Network: b.Network, CIDR: p.Masked(), Owner: b.Owner, Epoch: uint64(b.Epoch)}
+		for _, x := range b.Borrows {
+			if a, err := netip.ParseAddr(x.Addr); err == nil {
+				rec.Borrows = append(rec.Borrows, cluster.Borrow{Addr: a, For: x.For, Node: x.Node})
+			}
+		}
+		recs = append(recs, rec)
 	}
 	containing := func(network string, a netip.Addr) (cluster.BlockRecord, bool) {
 		for _, r := range recs {
@@ -156,6 +165,9 @@ func AuditCluster(nodes []NodeLeases, blocks []api.BlockView) ClusterAudit {
 		}
 		rep.Doubles = append(rep.Doubles, cd)
 		bad("%s is held %d times: %s", d.IP, len(d.Holders), strings.Join(who, ", "))
+	}
+	for _, x := range audit.StaleBorrows {
+		rep.StaleBorrows = append(rep.StaleBorrows, fmt.Sprintf("%s of block %s (owner %s), kept for %s, is lent to node %s, which holds no lease of it; it returns when that node's sweep gives it back (if it stays, read that agent's log)", x.IP, x.Block, x.Owner, x.For, x.Node))
 	}
 	rep.DoubleAssigned = len(audit.DoubleHeld)
 	rep.OK = len(rep.Problems) == 0

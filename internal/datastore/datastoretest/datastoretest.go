@@ -93,6 +93,7 @@ func Run(t *testing.T, open func(t *testing.T) datastore.Store, opts Options) {
 	}{
 		{"CreateGet", s.testCreateGet},
 		{"NamedPoolSpec", s.testNamedPoolSpec},
+		{"ReservationSpec", s.testReservationSpec},
 		{"UpdateCAS", s.testUpdateCAS},
 		{"DeleteCAS", s.testDeleteCAS},
 		{"RacingUpdatesOneWinner", s.testRacingUpdates},
@@ -276,6 +277,67 @@ func (s *suite) testNamedPoolSpec(t *testing.T) {
 		}
 	}
 	t.Fatalf("List(pools/) lacks %s: %v", key, kvs)
+}
+
+// testReservationSpec: an IPReservation's spec (addresses and CIDRs of both
+// families, a reason) is stored under "reservations/<name>", read back with its
+// meaning by Get and List of "reservations/", its changes seen by a Watch of that
+// prefix, and its Delete too.
+func (s *suite) testReservationSpec(t *testing.T) {
+	st, seg := s.store(t)
+	ctx := ctxT(t)
+	key := "reservations/" + seg
+	_, from, err := st.List(ctx, "reservations/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := st.Watch(ctx, "reservations/", from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := []byte(`{"addresses":["10.244.1.2","10.244.1.240/28","fd00:10:244::/120"],"reason":"routers of rack 4"}`)
+	rev := mustCreate(t, st, key, v)
+	wantGet(t, st, key, v, rev)
+	kvs, _, err := st.List(ctx, "reservations/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i := indexKey(kvs, key); i < 0 || kvs[i].Revision != rev || !sameJSON(kvs[i].Value, v) {
+		t.Fatalf("List(reservations/) = %v, want %s at rev %d holding %s", kvs, key, rev, v)
+	}
+	v2 := []byte(`{"addresses":["10.244.1.2"]}`)
+	rev2, err := st.Update(ctx, key, v2, rev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Delete(ctx, key, rev2); err != nil {
+		t.Fatal(err)
+	}
+	values := map[int64][]byte{rev: v, rev2: v2}
+	var got []string
+	for _, ev := range collect(t, w, 3) {
+		switch {
+		case ev.KV.Key != key:
+			got = append(got, "other key "+ev.KV.Key)
+		case ev.Type == datastore.Put:
+			got = append(got, fmt.Sprintf("put %d, value as written: %v", ev.KV.Revision, sameJSON(ev.KV.Value, values[ev.KV.Revision])))
+		default:
+			got = append(got, "deleted")
+		}
+	}
+	want := []string{fmt.Sprintf("put %d, value as written: true", rev), fmt.Sprintf("put %d, value as written: true", rev2), "deleted"}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("watch of reservations/: %q, want %q", got, want)
+	}
+}
+
+func indexKey(kvs []datastore.KV, key string) int {
+	for i, kv := range kvs {
+		if kv.Key == key {
+			return i
+		}
+	}
+	return -1
 }
 
 func (s *suite) testCreateGet(t *testing.T) {

@@ -35,6 +35,7 @@ var (
 	ipblocks = schema.GroupVersionResource{Group: kubeds.Group, Version: kubeds.Version, Resource: "ipblocks"}
 	ippools  = schema.GroupVersionResource{Group: kubeds.Group, Version: kubeds.Version, Resource: "ippools"}
 	records  = schema.GroupVersionResource{Group: kubeds.Group, Version: kubeds.Version, Resource: "iprecords"}
+	ipresvs  = schema.GroupVersionResource{Group: kubeds.Group, Version: kubeds.Version, Resource: "ipreservations"}
 	nsGVR    = schema.GroupVersionResource{Version: "v1", Resource: "namespaces"}
 )
 
@@ -76,7 +77,7 @@ func startEnv(tb testing.TB, opts kubeenv.APIServerOptions) *env {
 func (e *env) store(tb testing.TB) *kubeds.Store {
 	tb.Helper()
 	ctx := context.Background()
-	for _, r := range []schema.GroupVersionResource{ipblocks, ippools, records} {
+	for _, r := range []schema.GroupVersionResource{ipblocks, ippools, ipresvs, records} {
 		if err := e.client.Resource(r).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{}); err != nil {
 			tb.Fatalf("empty %s: %v", r.Resource, err)
 		}
@@ -103,7 +104,7 @@ func (e *env) auditObjects(tb testing.TB) {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	for _, r := range []schema.GroupVersionResource{ipblocks, ippools, records} {
+	for _, r := range []schema.GroupVersionResource{ipblocks, ippools, ipresvs, records} {
 		l, err := e.client.Resource(r).List(ctx, metav1.ListOptions{})
 		if err != nil {
 			tb.Errorf("audit: list %s: %v", r.Resource, err)
@@ -111,8 +112,8 @@ func (e *env) auditObjects(tb testing.TB) {
 		}
 		for _, o := range l.Items {
 			key, ok := o.GetAnnotations()[kubeds.AnnotationKey]
-			if !ok && r == ippools {
-				continue // an operator's named pool (kubectl apply)
+			if !ok && (r == ippools || r == ipresvs) {
+				continue // an operator's named pool or reservation (kubectl apply)
 			}
 			if !ok {
 				tb.Errorf("audit: %s %s has no key annotation", r.Resource, o.GetName())

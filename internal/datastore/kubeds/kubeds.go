@@ -3,8 +3,10 @@
 // per node.
 //
 // Records: "pools/<network>" is a cluster-scoped IPPool (ippools.ipledger.io) named
-// <network>; "blocks/<network>/<block>" a cluster-scoped IPBlock (ipblocks.ipledger.io)
-// named "<network>.<block>"; keys of any other kind are IPRecords
+// <network>; "reservations/<name>" a cluster-scoped IPReservation
+// (ipreservations.ipledger.io) named <name>; "blocks/<network>/<block>" a
+// cluster-scoped IPBlock (ipblocks.ipledger.io) named "<network>.<block>"; keys of
+// any other kind are IPRecords
 // (iprecords.ipledger.io) labelled with their kind. Keys whose readable name is no
 // valid object name get a hashed one (see parseKey). The record's JSON object is the
 // object's spec, so the value comes back re-encoded by the server (keys sorted, no
@@ -270,21 +272,24 @@ func newObject(ref objRef, key string, value []byte, replaces int64) (*unstructu
 }
 
 // objKey is the datastore key an object holds: its annotation ipledger.io/key. An
-// IPPool without it is an operator's named pool (kubectl apply): its key is
-// "pools/<name>", the key parseKey maps to that name. false: no key (an object
-// not written by ipledger).
+// IPPool or IPReservation without it is an operator's (kubectl apply): its key is
+// "pools/<name>" or "reservations/<name>", the key parseKey maps to that name.
+// false: no key (an object not written by ipledger).
 func objKey(obj *unstructured.Unstructured) (string, bool) {
 	if key, ok := obj.GetAnnotations()[AnnotationKey]; ok {
 		return key, true
 	}
-	if obj.GetKind() != poolKind.objKind {
-		return "", false
+	for _, k := range []*kind{poolKind, reservationKind} {
+		if obj.GetKind() != k.objKind {
+			continue
+		}
+		key := k.name + "/" + obj.GetName()
+		if r, err := parseKey(key); err != nil || r.kind != k || r.name != obj.GetName() {
+			return "", false
+		}
+		return key, true
 	}
-	key := poolKind.name + "/" + obj.GetName()
-	if r, err := parseKey(key); err != nil || r.kind != poolKind || r.name != obj.GetName() {
-		return "", false
-	}
-	return key, true
+	return "", false
 }
 
 // toKV reads a record back from its object.

@@ -45,7 +45,8 @@ func TestManifestHoldsClusterModeAndKeepsTheNodeDaemonSet(t *testing.T) {
 	}
 	want := []string{
 		"Namespace/ipledger",
-		"CustomResourceDefinition/ipblocks.ipledger.io", "CustomResourceDefinition/ippools.ipledger.io", "CustomResourceDefinition/iprecords.ipledger.io",
+		"CustomResourceDefinition/ipblocks.ipledger.io", "CustomResourceDefinition/ippools.ipledger.io",
+		"CustomResourceDefinition/ipreservations.ipledger.io", "CustomResourceDefinition/iprecords.ipledger.io",
 		"ServiceAccount/ipledgerd", "ClusterRole/ipledgerd", "ClusterRoleBinding/ipledgerd",
 		"ValidatingAdmissionPolicy/ipledgerd-own-node-status", "ValidatingAdmissionPolicyBinding/ipledgerd-own-node-status",
 		"ConfigMap/ipledger-cni", "DaemonSet/ipledgerd",
@@ -55,7 +56,8 @@ func TestManifestHoldsClusterModeAndKeepsTheNodeDaemonSet(t *testing.T) {
 	}
 	for _, c := range []struct {
 		crd, plural, kind string
-	}{{"ipblocks.ipledger.io", "ipblocks", "IPBlock"}, {"ippools.ipledger.io", "ippools", "IPPool"}, {"iprecords.ipledger.io", "iprecords", "IPRecord"}} {
+	}{{"ipblocks.ipledger.io", "ipblocks", "IPBlock"}, {"ippools.ipledger.io", "ippools", "IPPool"},
+		{"ipreservations.ipledger.io", "ipreservations", "IPReservation"}, {"iprecords.ipledger.io", "iprecords", "IPRecord"}} {
 		o := byKind["CustomResourceDefinition/"+c.crd].Object
 		if g, _, _ := unstructured.NestedString(o, "spec", "group"); g != kubeds.Group {
 			t.Errorf("%s: group %q", c.crd, g)
@@ -164,6 +166,11 @@ func TestClusterOverlayRBAC(t *testing.T) {
 	}
 	if r := fmt.Sprint(rules["ClusterRole"]); !strings.Contains(r, "[ipledger.io]") || !strings.Contains(r, "ipblocks ippools iprecords") {
 		t.Errorf("cluster ClusterRole rules %s", r)
+	}
+	// the IPReservations are the operator's: the agents read them (a list and
+	// a watch), never write them
+	if r := fmt.Sprint(rules["ClusterRole"]); !strings.Contains(r, "resources:[ipreservations] verbs:[list watch]") {
+		t.Errorf("cluster ClusterRole rules %s: want ipreservations [list watch] and nothing more", r)
 	}
 	if r := fmt.Sprint(rules["Role"]); !strings.Contains(r, "[coordination.k8s.io]") || !strings.Contains(r, "[leases]") {
 		t.Errorf("leases Role rules %s", r)

@@ -37,17 +37,23 @@ const (
 	AnnotationAddrs = "ipledger.io/addresses"
 )
 
-// kind is where records of one datastore kind are stored: pools/ and blocks/ have
-// their own resources, every other kind shares IPRecord, told apart by a label.
+// kind is where records of one datastore kind are stored: pools/, blocks/ and
+// reservations/ have their own resources, every other kind shares IPRecord, told
+// apart by a label.
 type kind struct {
-	name    string // "pools", "blocks"; "" for the shared IPRecord resource
+	name    string // "pools", "blocks", "reservations"; "" for the shared IPRecord resource
 	gvr     schema.GroupVersionResource
 	objKind string // "IPPool"
+	// operator: an operator writes objects of this kind (kubectl apply): one
+	// without the key annotation is the record "<name>/<object name>"
+	operator bool
 }
 
 var (
-	poolKind = &kind{name: "pools", objKind: "IPPool",
+	poolKind = &kind{name: "pools", objKind: "IPPool", operator: true,
 		gvr: schema.GroupVersionResource{Group: Group, Version: Version, Resource: "ippools"}}
+	reservationKind = &kind{name: "reservations", objKind: "IPReservation", operator: true,
+		gvr: schema.GroupVersionResource{Group: Group, Version: Version, Resource: "ipreservations"}}
 	blockKind = &kind{name: "blocks", objKind: "IPBlock",
 		gvr: schema.GroupVersionResource{Group: Group, Version: Version, Resource: "ipblocks"}}
 	recordKind = &kind{objKind: "IPRecord",
@@ -65,6 +71,8 @@ func kindOf(name string) *kind {
 		return poolKind
 	case blockKind.name:
 		return blockKind
+	case reservationKind.name:
+		return reservationKind
 	}
 	return recordKind
 }
@@ -88,7 +96,8 @@ func (r objRef) labels() map[string]string {
 }
 
 // parseKey maps a datastore key (checked by datastore.CheckKey) to its object.
-// Names: "pools/N" is the IPPool N; "blocks/N/B" is the IPBlock "N.B". Any other
+// Names: "pools/N" is the IPPool N; "reservations/N" the IPReservation N;
+// "blocks/N/B" is the IPBlock "N.B". Any other
 // key, and any of those whose readable name is not a valid object name (N holds a
 // dot, so the split would be ambiguous; not a DNS subdomain; other segment counts),
 // is named "k" and 40 hex digits of the key's SHA-256: such names hold no dot, the
@@ -102,7 +111,7 @@ func parseKey(key string) (objRef, error) {
 	segs := strings.Split(name, "/")
 	r := objRef{kind: kindOf(kindArg), kindArg: kindArg, network: segs[0]}
 	switch {
-	case r.kind == poolKind && len(segs) == 1:
+	case r.kind.operator && len(segs) == 1:
 		r.name = segs[0]
 	case r.kind == blockKind && len(segs) == 2 && !strings.Contains(segs[0], "."):
 		r.name = segs[0] + "." + segs[1]
