@@ -218,23 +218,7 @@ func (m *Manager) Borrow(ctx context.Context, network string, addr netip.Addr, f
 		if rec.Owner == m.opts.Node {
 			return fmt.Errorf("%w: %s is in block %s of this node", ErrOwnBlock, addr, rec.CIDR)
 		}
-		i := rec.borrowIndex(addr)
-		if i < 0 || rec.Borrows[i].For != forName {
-			kept := "nobody"
-			if i >= 0 {
-				kept = rec.Borrows[i].For
-			}
-			return fmt.Errorf("%w: %s in block %s (owner %q) is kept for %s, not %s", ErrNotKept, addr, rec.CIDR, rec.Owner, kept, forName)
-		}
-		b := &rec.Borrows[i]
-		switch {
-		case b.Node == m.opts.Node && b.Holder == m.opts.Holder && b.Lease == lid:
-			return errNoChange
-		case b.Node != "" && b.Node != m.opts.Node:
-			return fmt.Errorf("%w: %s (kept for %s) is borrowed by node %s", ErrBorrowed, addr, forName, b.Node)
-		}
-		b.Node, b.Holder, b.Lease = m.opts.Node, m.opts.Holder, lid
-		return nil
+		return m.take(rec, addr, forName, lid)
 	})
 	if err != nil {
 		return rec.Owner, err
@@ -260,25 +244,33 @@ func (m *Manager) hold(ctx context.Context, network string, addr netip.Addr, for
 		if rec.Owner != m.opts.Node {
 			return fmt.Errorf("%w: block %s of %q is owned by %q, not by this node (%s)", ErrNotOwner, rec.CIDR, network, rec.Owner, m.opts.Node)
 		}
-		i := rec.borrowIndex(addr)
-		if i < 0 || rec.Borrows[i].For != forName {
-			kept := "nobody"
-			if i >= 0 {
-				kept = rec.Borrows[i].For
-			}
-			return fmt.Errorf("%w: %s in block %s is kept for %s, not %s", ErrNotKept, addr, rec.CIDR, kept, forName)
-		}
-		b := &rec.Borrows[i]
-		switch {
-		case b.Node == m.opts.Node && b.Holder == m.opts.Holder && b.Lease == lid:
-			return errNoChange
-		case b.Node != "" && b.Node != m.opts.Node:
-			return fmt.Errorf("%w: %s (kept for %s) is borrowed by node %s", ErrBorrowed, addr, forName, b.Node)
-		}
-		b.Node, b.Holder, b.Lease = m.opts.Node, m.opts.Holder, lid
-		return nil
+		return m.take(rec, addr, forName, lid)
 	})
 	return err
+}
+
+// take sets this node as the holder of addr, kept for forName, in the block
+// record rec (Borrow's and hold's edit): errNoChange when it holds it already
+// under lease lid, ErrNotKept when the address is not kept for forName,
+// ErrBorrowed naming the node that holds it.
+func (m *Manager) take(rec *BlockRecord, addr netip.Addr, forName, lid string) error {
+	i := rec.borrowIndex(addr)
+	if i < 0 || rec.Borrows[i].For != forName {
+		kept := "nobody"
+		if i >= 0 {
+			kept = rec.Borrows[i].For
+		}
+		return fmt.Errorf("%w: %s in block %s (owner %q) is kept for %s, not %s", ErrNotKept, addr, rec.CIDR, rec.Owner, kept, forName)
+	}
+	b := &rec.Borrows[i]
+	switch {
+	case b.Node == m.opts.Node && b.Holder == m.opts.Holder && b.Lease == lid:
+		return errNoChange
+	case b.Node != "" && b.Node != m.opts.Node:
+		return fmt.Errorf("%w: %s (kept for %s) is borrowed by node %s", ErrBorrowed, addr, forName, b.Node)
+	}
+	b.Node, b.Holder, b.Lease = m.opts.Node, m.opts.Holder, lid
+	return nil
 }
 
 // Return gives back to its block an address this node borrowed or held (the pod
