@@ -197,7 +197,7 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 		if sticky, aerr = s.stickyOf(ctx, req.Pod, chosen); aerr != nil {
 			return errResp(aerr)
 		}
-		if aerr = s.reserve(&areq, chosen, req.Pod); aerr != nil {
+		if aerr = s.reserve(ctx, &areq, chosen, req.Pod); aerr != nil {
 			return errResp(aerr)
 		}
 	}

@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/choice"
@@ -16,10 +18,16 @@ import (
 // saying why) while the copy cannot vouch for them: it has not listed since the
 // agent started, or its watch broke since. Invalid returns the parse error of
 // each reservation whose spec did not parse (its other entries are in Current).
+// Listed is closed once the copy has listed for the first time.
 type Reservations interface {
 	Current() ([]cluster.Reservation, error)
 	Invalid() []error
+	Listed() <-chan struct{}
 }
+
+// reservationsFirstList bounds how long an ADD waits for the copy's first list
+// (the agent just started: the list is one round trip away) before it fails.
+const reservationsFirstList = 5 * time.Second
 
 var _ Reservations = (*cluster.Reservations)(nil)
 
@@ -27,13 +35,25 @@ var _ Reservations = (*cluster.Reservations)(nil)
 // reservations that overlap its ranges join areq.Exclude. An address the pod asks
 // for by ipledger.io/ip inside a reservation is refused naming the reservation,
 // before anything is allocated or claimed. While the reservations are unknown,
-// nothing is allocated: a retryable error names the cause. Node mode (no
+// nothing is allocated: a retryable error names the cause. An ADD that comes
+// before the copy's first list waits for it (at most reservationsFirstList, and
+// ctx) instead: an agent's first ADDs follow its start. Node mode (no
 // Reservations) is unchanged: its reservations are the conflist's exclude.
-func (s *Server) reserve(areq *ledger.AllocateRequest, chosen *choiceMade, pod api.Pod) *api.Error {
+func (s *Server) reserve(ctx context.Context, areq *ledger.AllocateRequest, chosen *choiceMade, pod api.Pod) *api.Error {
 	if s.cfg.Cluster == nil || s.cfg.Reservations == nil {
 		return nil
 	}
 	rs, err := s.cfg.Reservations.Current()
+	if err != nil {
+		t := time.NewTimer(reservationsFirstList)
+		select {
+		case <-s.cfg.Reservations.Listed():
+			rs, err = s.cfg.Reservations.Current()
+		case <-t.C:
+		case <-ctx.Done():
+		}
+		t.Stop()
+	}
 	if err != nil {
 		return &api.Error{Code: api.CodeUnavailable, Msg: fmt.Sprintf("no address is handed out while the reserved ones are unknown: %v; the runtime retries (check the datastore, and that the agent may list and watch ipreservations.ipledger.io)", err)}
 	}

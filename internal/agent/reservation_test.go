@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/ipledger/ipledger/internal/agent"
 	"github.com/ipledger/ipledger/internal/api"
@@ -45,19 +46,31 @@ func TestReservationsThroughTheAgent(t *testing.T) {
 	ev := &recordedEvents{}
 	choices := ipChoices{"default/ldap": {"ipledger.io/ip": "10.60.0.9"}}
 	n := newClusterNode(t, ds, clk, "node-a", func(c *agent.Config) { c.Reservations, c.Choices, c.Events = rs, choices, ev })
-	add := func(cid string) *api.Response {
-		return n.s.Handle(context.Background(), api.Request{Version: api.Version, Op: api.OpAdd, Network: "pods", ContainerID: cid, IfName: "eth0",
+	addCtx := func(ctx context.Context, cid string) *api.Response {
+		return n.s.Handle(ctx, api.Request{Version: api.Version, Op: api.OpAdd, Network: "pods", ContainerID: cid, IfName: "eth0",
 			Ranges: ledgertest.Ranges(t, `[[{"subnet":"10.60.0.0/27"}]]`), BlockSize: 28, Pod: api.Pod{Namespace: "default", Name: cid, UID: "u-" + cid}})
 	}
-	r := add("early")
+	add := func(cid string) *api.Response { return addCtx(context.Background(), cid) }
+	// an ADD before the first list waits for it, within its own deadline
+	short, cancelShort := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	r := addCtx(short, "early")
+	cancelShort()
 	if r.Error == nil || r.Error.Code != api.CodeUnavailable || !strings.Contains(r.Error.Msg, "not listed yet") || len(n.l.Leases("")) != 0 {
 		t.Fatalf("ADD before the reservations were listed: %+v, leases %v; want unavailable naming why, nothing allocated", r.Error, n.l.Leases(""))
 	}
+	waited := make(chan *api.Response, 1)
+	go func() { waited <- add("waits") }()
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { rs.Run(ctx) })
 	defer wg.Wait()
 	defer cancel()
+	if r := <-waited; r.Error != nil || r.Lease == nil {
+		t.Fatalf("ADD waiting for the first list: %+v, want an address once listed", r)
+	}
+	if r := n.s.Handle(context.Background(), api.Request{Version: api.Version, Op: api.OpDel, Network: "pods", ContainerID: "waits", IfName: "eth0"}); r.Error != nil {
+		t.Fatal(r.Error)
+	}
 	for {
 		if _, err := rs.Current(); err == nil {
 			break

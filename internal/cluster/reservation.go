@@ -178,6 +178,9 @@ type Reservations struct {
 	since  time.Time
 	byKey  map[string]parsedReservation
 	notify chan struct{}
+	// listed is closed at the first List (Listed)
+	listed     chan struct{}
+	listedOnce sync.Once
 }
 
 type parsedReservation struct {
@@ -191,7 +194,7 @@ func NewReservations(ds datastore.Store, log *slog.Logger) *Reservations {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Reservations{ds: ds, log: log, cause: errors.New("not listed yet since the agent started"), since: time.Now(), notify: make(chan struct{}, 1)}
+	return &Reservations{ds: ds, log: log, cause: errors.New("not listed yet since the agent started"), since: time.Now(), notify: make(chan struct{}, 1), listed: make(chan struct{})}
 }
 
 // Run keeps the copy until ctx ends: it lists the reservations and watches them
@@ -238,6 +241,7 @@ func (rs *Reservations) runOnce(ctx context.Context) error {
 	}
 	rs.live, rs.cause, rs.since = true, nil, time.Now()
 	rs.mu.Unlock()
+	rs.listedOnce.Do(func() { close(rs.listed) })
 	rs.changed()
 	for ev := range w.Events() {
 		rs.mu.Lock()
@@ -277,6 +281,10 @@ func (rs *Reservations) changed() {
 	default:
 	}
 }
+
+// Listed is closed once the copy has listed the reservations for the first time
+// (an agent's first ADDs wait for it rather than fail).
+func (rs *Reservations) Listed() <-chan struct{} { return rs.listed }
 
 // Changed receives a value (coalesced) after the copy changed.
 func (rs *Reservations) Changed() <-chan struct{} { return rs.notify }
