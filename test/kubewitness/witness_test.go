@@ -344,6 +344,21 @@ func (w *witness) lease(pod string) (api.LeaseView, bool) {
 
 func (w *witness) forget(pod string) { w.mu.Lock(); delete(w.seen, pod); w.mu.Unlock() }
 
+// waitRunning waits until the pod runs (its sandbox and container are
+// recorded by the runtime).
+func (w *witness) waitRunning(pod string) {
+	w.t.Helper()
+	if err := kubeenv.WaitFor(3*time.Minute, 200*time.Millisecond, func() (bool, error) {
+		var p kubeenv.Pod
+		if err := w.cl.C.GetJSON(&p, "pod", pod, "-n", "default"); err != nil {
+			return false, err
+		}
+		return p.Status.Phase == "Running", fmt.Errorf("pod %s phase %q", pod, p.Status.Phase)
+	}); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
 // waitLease waits until the pod's lease has been seen.
 func (w *witness) waitLease(pod string) seenLease {
 	w.t.Helper()
@@ -506,6 +521,10 @@ func (w *witness) incidents(sfx string) incident {
 	del := "leak-deleted-" + sfx
 	w.sleeper(del, node2.Name)
 	w.waitLease(del)
+	// Running, not only leased: the lease comes with the ADD, before containerd
+	// has recorded the sandbox; stopped in between, the runtime forgets the
+	// sandbox and the agent rightly releases it (containerd#10744's form).
+	w.waitRunning(del)
 	node2.StopContainerd()
 	w.cl.C.MustKubectl(w.t, "delete", "pod", del, "--grace-period=0", "--force", "--wait=false")
 	time.Sleep(2 * time.Second)
