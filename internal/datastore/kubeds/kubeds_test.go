@@ -552,9 +552,13 @@ func TestKubernetesAPI(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i := 0; i < 2; i++ {
-			for name, m := range map[string][]byte{"deploy/ipledger.yaml": manifest(t), "deploy/cluster/rbac.yaml": clusterRBAC} {
-				if out, err := e.api.KubectlIn(m, "apply", "-f", "-"); err != nil {
-					t.Fatalf("kubectl apply %s: %v\n%s", name, err, out)
+			// in this order: the manifest creates the namespace rbac.yaml's objects live in
+			for _, f := range []struct {
+				name string
+				m    []byte
+			}{{"deploy/ipledger.yaml", manifest(t)}, {"deploy/cluster/rbac.yaml", clusterRBAC}} {
+				if out, err := e.api.KubectlIn(f.m, "apply", "-f", "-"); err != nil {
+					t.Fatalf("kubectl apply %s: %v\n%s", f.name, err, out)
 				}
 			}
 		}
