@@ -66,6 +66,9 @@ var conformanceSelection = []string{
 // mode and in cluster mode, each its own cluster. It writes each mode's
 // summary into docs/conformance.md and fails when any selected test fails.
 func TestConformance(t *testing.T) {
+	if err := conformanceArgsError(flag.Args()); err != nil {
+		t.Fatal(err)
+	}
 	skipPath := filepath.Join(agentenv.RepoRoot(), "test", "kubenodes", "testdata", "upstream-skip.txt")
 	skips, err := e2eenv.SkipList(skipPath)
 	if err != nil {
