@@ -392,13 +392,37 @@ func (c *Cluster) startControlPlane() error {
 		"--service-account-private-key-file", p.path("sa.key"), "--root-ca-file", p.path("ca.crt"),
 		"--use-service-account-credentials=false", "--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", "0"},
 		c.opts.nodeCIDRArgs()...)
-	kcm = append(kcm, "--controllers", "*,-service-lb-controller,-cloud-node-lifecycle", "--v", "1")
+	kcm = append(kcm, "--controllers", Current.controllersFlag(), "--v", "1")
 	if err := c.spawn("kube-controller-manager", kcm...); err != nil {
 		return err
 	}
-	return c.spawn("kube-scheduler", "--kubeconfig", c.Kubeconfig,
+	if err := c.spawn("kube-scheduler", "--kubeconfig", c.Kubeconfig,
 		"--authentication-kubeconfig", c.Kubeconfig, "--authorization-kubeconfig", c.Kubeconfig,
-		"--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", "0", "--v", "1")
+		"--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", "0", "--v", "1"); err != nil {
+		return err
+	}
+	return c.waitControllerManager()
+}
+
+// waitControllerManager waits until kube-controller-manager has published the
+// cluster's CA to the default namespace (its root-ca-certificate-publisher
+// controller: the first thing it does once its controllers run), failing at
+// once with its log if it exits. It serves no health port here
+// (--secure-port 0), and a controller manager that refused its flags would
+// otherwise show only as a DaemonSet that never gets pods, minutes later.
+func (c *Cluster) waitControllerManager() error {
+	deadline := time.Now().Add(c.opts.StartTimeout)
+	for {
+		if err := c.procErr("kube-controller-manager"); err != nil {
+			return err
+		}
+		if _, err := c.Kubectl("get", "configmap", "-n", "default", "kube-root-ca.crt", "-o", "name"); err == nil {
+			return nil
+		} else if time.Now().After(deadline) {
+			return fmt.Errorf("kubeenv: kube-controller-manager runs but published no kube-root-ca.crt in %v: %v\n%s", c.opts.StartTimeout, err, c.Log("kube-controller-manager", 30))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 func (c *Cluster) startKubelet() error {

@@ -32,6 +32,11 @@ type Release struct {
 	// Images are the tags of the e2e images the suite asks for
 	// (test/utils/image/manifest.go).
 	Images E2EImages
+	// CloudControllers are the cloud-provider controllers this release's
+	// kube-controller-manager still has, which a cluster without a cloud
+	// provider turns off (v1.37 has none left, and refuses to start when told
+	// to turn off a controller it does not know).
+	CloudControllers []string
 }
 
 // E2EImages are the tags of the e2e suite's images that e2eenv builds.
@@ -45,7 +50,8 @@ type E2EImages struct {
 // Releases are the Kubernetes releases the environments can run.
 var Releases = []Release{
 	{Version: "v1.36.3", Staging: "v0.36.3", Etcd: "v3.6.8", CoreDNS: "v1.14.2",
-		Images: E2EImages{Agnhost: "2.63.0", Busybox: "1.37.0-1", Pause: "3.10.2", GlibcDNS: "2.0.0", Regression74839: "1.4", DistrolessIptables: "v0.9.6"}},
+		Images:           E2EImages{Agnhost: "2.63.0", Busybox: "1.37.0-1", Pause: "3.10.2", GlibcDNS: "2.0.0", Regression74839: "1.4", DistrolessIptables: "v0.9.6"},
+		CloudControllers: []string{"service-lb-controller", "cloud-node-lifecycle-controller"}},
 	{Version: "v1.37.2", Staging: "v0.37.2", Etcd: "v3.7.0", CoreDNS: "v1.14.6",
 		Images: E2EImages{Agnhost: "2.66.1", Busybox: "1.37.0-2", Pause: "3.10.2", GlibcDNS: "2.1.1", Regression74839: "1.5", DistrolessIptables: "v0.9.9"}},
 }
@@ -92,3 +98,13 @@ var (
 	StagingVersion    = Current.Staging
 	EtcdModuleVersion = Current.Etcd
 )
+
+// controllersFlag is kube-controller-manager's --controllers for r: every
+// on-by-default controller but the cloud provider's.
+func (r Release) controllersFlag() string {
+	f := "*"
+	for _, c := range r.CloudControllers {
+		f += ",-" + c
+	}
+	return f
+}
