@@ -401,17 +401,25 @@ func changeLive(t *testing.T, ds datastore.Store, nodes []*node, p livePool) {
 	r.delAll()
 }
 
-// TestLivePoolsOnEtcd: three real ipledgerd agents on etcd serve a network's
-// default pool while the operator adds a range to its record and drains one
-// (changeLive).
-func TestLivePoolsOnEtcd(t *testing.T) {
+// etcdAgents starts embedded etcd and three agents on it, and returns them with
+// a client of the datastore (closed when the test ends).
+func etcdAgents(t *testing.T) ([]*node, datastore.Store) {
+	t.Helper()
 	e := etcdenv.StartEmbedded(t)
 	nodes := startNodes(t, 3, []string{"--datastore", "etcd", "--etcd-endpoints", strings.Join(e.Endpoints(), ",")})
 	ds, err := etcdds.New(etcdds.Config{Endpoints: e.Endpoints()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ds.Close()
+	t.Cleanup(func() { ds.Close() })
+	return nodes, ds
+}
+
+// TestLivePoolsOnEtcd: three real ipledgerd agents on etcd serve a network's
+// default pool while the operator adds a range to its record and drains one
+// (changeLive).
+func TestLivePoolsOnEtcd(t *testing.T) {
+	nodes, ds := etcdAgents(t)
 	changeLive(t, ds, nodes, livePool{name: liveNet, a: liveA, b: liveB, prefix: "d"})
 }
 
@@ -458,13 +466,7 @@ func TestLivePoolsOnKubernetes(t *testing.T) {
 //     pool's at once, and once they are given back their addresses are
 //     handed out again.
 func TestDrainEdgesOnEtcd(t *testing.T) {
-	e := etcdenv.StartEmbedded(t)
-	nodes := startNodes(t, 3, []string{"--datastore", "etcd", "--etcd-endpoints", strings.Join(e.Endpoints(), ",")})
-	ds, err := etcdds.New(etcdds.Config{Endpoints: e.Endpoints()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ds.Close()
+	nodes, ds := etcdAgents(t)
 	p := livePool{name: liveNet, a: liveA, b: liveB, prefix: "e"}
 	r := newLiveRun(t, ds, nodes, p)
 	r.fillAll(p.a)
