@@ -21,15 +21,16 @@ import (
 	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 )
 
-// The live pools' network: its conflist names range A only. Each range is 29
-// addresses (its .0, gateway .1 and broadcast left out) in four /29 blocks, so
-// that three agents fill it in a few dozen ADDs.
+// The live pools' network: its conflist names range A only. A is 29 addresses
+// (its .0, gateway .1 and broadcast left out) in four /29 blocks, so that three
+// agents fill it in a few dozen ADDs; B, added later, is 61 in eight, room for
+// every pod of A to move there whichever node it lands on.
 const (
 	liveNet   = "live"
 	liveA     = "10.78.0.0/27"
-	liveB     = "10.78.0.32/27"
+	liveB     = "10.78.0.64/26"
 	blueA     = "10.79.0.0/27"
-	blueB     = "10.79.0.32/27"
+	blueB     = "10.79.0.64/26"
 	liveBlock = 29
 )
 
