@@ -178,6 +178,9 @@ type LeaseView struct {
 	// web-0, borrowed from node node2". Empty for a lease made before the agent
 	// recorded it.
 	Why string `json:"why,omitempty"`
+	// Pool is the IPPool the addresses came from (Lease.Pool: a named pool of
+	// cluster mode, whose blocks are that pool's); empty for the network's own.
+	Pool string `json:"pool,omitempty"`
 	// Reconciler's view, when a runtime is configured.
 	Sandbox string `json:"sandbox,omitempty"` // READY, NOTREADY, GONE, UNKNOWN
 	Suspect string `json:"suspect,omitempty"` // why the lease is suspected, if it is

@@ -198,6 +198,7 @@ func appendResponse(b []byte, r *Response) ([]byte, bool) {
 		e.Time(v.Created)
 		e.StrField(&f, "state", v.State, false)
 		e.StrField(&f, "why", v.Why, true)
+		e.StrField(&f, "pool", v.Pool, true)
 		e.StrField(&f, "sandbox", v.Sandbox, true)
 		e.StrField(&f, "suspect", v.Suspect, true)
 		e.StrField(&f, "verdict", v.Verdict, true)
@@ -424,6 +425,8 @@ func decodeResponse(d *jsonlite.Decoder, r *Response) bool {
 					ok = d.SetStr(&v.State)
 				case "why":
 					ok = d.SetStr(&v.Why)
+				case "pool":
+					ok = d.SetStr(&v.Pool)
 				case "sandbox":
 					ok = d.SetStr(&v.Sandbox)
 				case "suspect":

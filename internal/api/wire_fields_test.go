@@ -127,5 +127,5 @@ func TestWireFieldNames(t *testing.T) {
 }
 
 const leaseJSON = `{"network":"x","containerID":"x","ifname":"x","ips":["x"],"gateways":["x"],"namespace":"x","name":"x","uid":"x",` +
-	`"infraContainerID":"x","netns":"x","netnsID":"x","created":"2026-11-23T10:00:00Z","state":"x","why":"x","sandbox":"x","suspect":"x",` +
-	`"verdict":"x","block":"x","lost":true,"podPhase":"x","podInAPI":"x"}`
+	`"infraContainerID":"x","netns":"x","netnsID":"x","created":"2026-11-23T10:00:00Z","state":"x","why":"x","pool":"x","sandbox":"x",` +
+	`"suspect":"x","verdict":"x","block":"x","lost":true,"podPhase":"x","podInAPI":"x"}`

@@ -74,7 +74,14 @@ func decodePoolRecord(value []byte) (PoolRecord, error) {
 	if pool.HasPodCIDR(rec.Ranges) {
 		return PoolRecord{}, fmt.Errorf("ranges: usePodCidr has no place in cluster mode; give the pool's subnets")
 	}
-	if len(raw.Drained) > 0 && string(raw.Drained) != "null" {
+	var drained []json.RawMessage
+	if len(raw.Drained) > 0 {
+		if err := json.Unmarshal(raw.Drained, &drained); err != nil {
+			return PoolRecord{}, fmt.Errorf("drained: %v; give a list of ranges, or [] for none", err)
+		}
+	}
+	// an empty list (the last drained range moved back to ranges) drains nothing
+	if len(drained) > 0 {
 		sets, err := pool.ParseRangeSets(append(append([]byte("["), raw.Drained...), ']'))
 		if err != nil {
 			return PoolRecord{}, fmt.Errorf("drained: %v", err)

@@ -312,7 +312,8 @@ func testPoolRangeDrained(t *testing.T, newC func(*testing.T) *cl) {
 // record (by compare-and-swap: two nodes adding different ranges at once both
 // land), every node serving the network follows it, a conflist that lacks a
 // range changes nothing, and a range the operator moved to the record's drained
-// list is not added back by a conflist that still names it.
+// list is not added back by a conflist that still names it; moved back (the
+// drained list left empty), it is the pool's again.
 func TestConflistExtendsPool(t *testing.T) { forAllBackends(t, "conflist", testConflistExtendsPool) }
 
 func testConflistExtendsPool(t *testing.T, newC func(*testing.T) *cl) {
@@ -389,6 +390,18 @@ func testConflistExtendsPool(t *testing.T, newC func(*testing.T) *cl) {
 	}
 	if ls, err := nodes[0].alloc(t, "b0"); err != nil || in("10.21.0.0/26", ls.IPs[0].Addr()) {
 		t.Fatalf("node-b after the drain: %+v %v", ls, err)
+	}
+	// the operator re-adds it: back into ranges, the drained list left empty
+	editPool(t, c.ds, "net", func(spec map[string]any) {
+		sets := spec["ranges"].([]any)
+		sets[0] = append(sets[0].([]any), spec["drained"].([]any)[0])
+		spec["drained"] = []any{}
+	})
+	waitFollowed(t, nodes[0], "10.21.0.0/26 back, or the record refused", func() bool {
+		return strings.Contains(poolRanges(nodes[0], "net"), "10.21.") || len(nodes[0].m.Refused()) > 0
+	})
+	if r := nodes[0].m.Refused(); len(r) > 0 {
+		t.Fatalf("the record with the range re-added and drained [] refused: %v", r)
 	}
 }
 

@@ -120,7 +120,11 @@ func (m *Manager) reclaim(ctx context.Context) error {
 	errs = append(errs, m.returnDead(ctx, kvs, due), m.returnOrphans(ctx, kvs))
 	for _, kv := range kvs {
 		rec, err := decodeBlock(kv)
-		if err != nil || rec.Owner == "" {
+		if err != nil {
+			continue
+		}
+		if rec.Owner == "" {
+			errs = append(errs, m.dropDrainedFree(ctx, kv, rec))
 			continue
 		}
 		if rec.Owner == m.opts.Node {
@@ -220,4 +224,31 @@ func (m *Manager) knownBlocks(ctx context.Context) ([]datastore.KV, error) {
 		}
 	}
 	return kvs, nil
+}
+
+// dropDrainedFree deletes, by compare-and-swap, free block record rec when the
+// pool this node serves no longer holds any of its addresses (its range was
+// drained) and it keeps no address for a pod: a dead node's draining block, once
+// reclaimed, or a block given back before its range was removed. Nothing can be
+// claimed there any more (claimFrom skips it), so the record goes as a drained
+// block's record goes when its owner gives it back. A record that changed since it
+// was read, or a pool this node does not serve, is left as it is.
+func (m *Manager) dropDrainedFree(ctx context.Context, kv datastore.KV, rec BlockRecord) error {
+	m.mu.Lock()
+	cfg, serves := m.nets[rec.Network]
+	m.mu.Unlock()
+	if !serves || rec.Set >= len(cfg.Ranges) || cfg.Ranges[rec.Set].Clip(rec.CIDR).Usable() > 0 || len(rec.Borrows) > 0 {
+		return nil
+	}
+	err := m.call(ctx, func(ctx context.Context) error { return m.ds.Delete(ctx, kv.Key, kv.Revision) })
+	m.note(err)
+	switch {
+	case err == nil:
+		m.cacheDelete(rec.Network, kv.Key)
+		m.log.Info("free block of a drained range deleted: its range left the pool", "network", rec.Network, "block", rec.CIDR.String(), "epoch", rec.Epoch)
+		return nil
+	case errors.Is(err, datastore.ErrConflict), errors.Is(err, datastore.ErrNotFound):
+		return nil // claimed, changed or deleted since it was read
+	}
+	return fmt.Errorf("deleting free block %s of drained range of %q: %w", rec.CIDR, rec.Network, err)
 }

@@ -107,7 +107,7 @@ func AuditCluster(nodes []NodeLeases, blocks []api.BlockView) ClusterAudit {
 		for _, l := range n.Leases {
 			rep.Leases++
 			k := ledger.Key{Network: l.Network, ContainerID: l.ContainerID, IfName: l.IfName}
-			ls := ledger.Lease{Key: k}
+			ls := ledger.Lease{Key: k, Pool: l.Pool}
 			if l.Lost {
 				rep.Lost++
 				lost[nodeKey{n.Node, k}] = true
@@ -119,7 +119,7 @@ func AuditCluster(nodes []NodeLeases, blocks []api.BlockView) ClusterAudit {
 					continue
 				}
 				ls.IPs = append(ls.IPs, p)
-				if b, ok := containing(l.Network, p.Addr()); ok && l.Lost {
+				if b, ok := containing(ls.PoolNetwork(), p.Addr()); ok && l.Lost {
 					nb.Blocks = append(nb.Blocks, ledger.BlockStatus{BlockRecord: ledger.BlockRecord{Network: b.Network, Prefix: b.CIDR, Epoch: b.Epoch, State: ledger.BlockLost}})
 				}
 			}
@@ -138,7 +138,7 @@ func AuditCluster(nodes []NodeLeases, blocks []api.BlockView) ClusterAudit {
 		l := o.Key
 		switch {
 		case !o.Block.IsValid():
-			bad("node %s, lease %s/%s/%s: %s lies in no block of network %s", o.Node, l.Network, l.ContainerID, l.IfName, o.IP, l.Network)
+			bad("node %s, lease %s/%s/%s: %s lies in no block of pool %s", o.Node, l.Network, l.ContainerID, l.IfName, o.IP, o.Network)
 		case o.Owner != o.Node && !lost[nodeKey{o.Node, l}]:
 			owner := o.Owner
 			if owner == "" {

@@ -22,6 +22,13 @@ func TestAuditCluster(t *testing.T) {
 		{Network: "pods", Block: "10.0.0.128/26", Owner: "", Epoch: 2},
 		// node a's ledger copy of a block it lost: not the datastore's record
 		{Network: "pods", Block: "10.0.0.64/26", Owner: "a", Epoch: 2, State: api.BlockLost},
+		// a block of IPPool blue, whose leases keep the network's name
+		{Network: "blue", Block: "10.1.0.0/26", Owner: "a", Epoch: 1},
+	}
+	blue := func(cid, ip string) api.LeaseView {
+		l := lease(cid, false, ip)
+		l.Pool = "blue"
+		return l
 	}
 	for _, c := range []struct {
 		name     string
@@ -51,7 +58,13 @@ func TestAuditCluster(t *testing.T) {
 		}, false, 0, 0, []string{"owned by nobody"}},
 		{"outside every block", []ctl.NodeLeases{
 			{Node: "a", Leases: []api.LeaseView{lease("c1", false, "10.9.0.1/24")}},
-		}, false, 0, 0, []string{"10.9.0.1 lies in no block of network pods"}},
+		}, false, 0, 0, []string{"10.9.0.1 lies in no block of pool pods"}},
+		{"a named pool's lease in its pool's block", []ctl.NodeLeases{
+			{Node: "a", Leases: []api.LeaseView{blue("c1", "10.1.0.5/26"), lease("c2", false, "10.0.0.1/24")}},
+		}, true, 0, 0, nil},
+		{"a named pool's lease outside its pool's blocks", []ctl.NodeLeases{
+			{Node: "a", Leases: []api.LeaseView{blue("c1", "10.0.0.5/24")}},
+		}, false, 0, 0, []string{"10.0.0.5 lies in no block of pool blue"}},
 		{"same address twice on one node", []ctl.NodeLeases{
 			{Node: "a", Leases: []api.LeaseView{lease("c1", false, "10.0.0.1/24"), lease("c2", false, "10.0.0.1/24")}},
 		}, false, 1, 0, []string{"10.0.0.1 is held 2 times"}},
@@ -61,8 +74,8 @@ func TestAuditCluster(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rep := ctl.AuditCluster(c.nodes, blocks)
-			if rep.OK != c.ok || rep.DoubleAssigned != c.doubles || rep.Lost != c.lost || rep.Blocks != 3 {
-				t.Errorf("ok %v doubles %d lost %d blocks %d, want %v %d %d 3: %v", rep.OK, rep.DoubleAssigned, rep.Lost, rep.Blocks, c.ok, c.doubles, c.lost, rep.Problems)
+			if rep.OK != c.ok || rep.DoubleAssigned != c.doubles || rep.Lost != c.lost || rep.Blocks != 4 {
+				t.Errorf("ok %v doubles %d lost %d blocks %d, want %v %d %d 4: %v", rep.OK, rep.DoubleAssigned, rep.Lost, rep.Blocks, c.ok, c.doubles, c.lost, rep.Problems)
 			}
 			for _, want := range c.problems {
 				if !strings.Contains(strings.Join(rep.Problems, "\n"), want) {

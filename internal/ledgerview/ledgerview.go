@@ -16,7 +16,7 @@ import (
 func Lease(ls ledger.Lease, ranges []pool.RangeSet) api.LeaseView {
 	v := api.LeaseView{Network: ls.Key.Network, ContainerID: ls.Key.ContainerID, IfName: ls.Key.IfName,
 		Namespace: ls.Pod.Namespace, Name: ls.Pod.Name, UID: ls.Pod.UID, Infra: ls.Pod.InfraContainerID, NetNS: ls.NetNS.Path,
-		Created: ls.Created, State: ls.State, Why: ls.Why, IPs: []string{}}
+		Created: ls.Created, State: ls.State, Why: ls.Why, Pool: ls.Pool, IPs: []string{}}
 	if ls.NetNS.Ino != 0 {
 		v.NetNSID = fmt.Sprintf("%d:%d", ls.NetNS.Dev, ls.NetNS.Ino)
 	}
