@@ -40,13 +40,26 @@ manifests:
 deps:
 	./scripts/install-deps.sh
 
-# Installs what the tests need (Debian packages, Go modules) and runs every test.
+# KUBELET_PKGS: the packages whose tests start a kubelet cluster (kubeenv.Start,
+# StartControlPlane, directly or through nodesenv, onenode or e2eenv). Every such
+# cluster holds the host-wide lock /var/cache/ipledger/kube/.cluster.lock until its
+# test process exits, so they run one after the other. internal/testenv's
+# TestKubeletLaneIsComplete fails when a package starts a cluster and is not here.
+KUBELET_PKGS = ./internal/testenv/kubeenv ./test/kube ./test/kubenodes ./test/kubeupstream \
+	./test/kubewitness
+export KUBELET_PKGS
+
+# Installs what the tests need (Debian packages, Go modules) and runs every test in
+# two lanes at the same time (scripts/test-lanes.sh): KUBELET_PKGS one at a time, and
+# every other package one at a time beside them. Both stream to the terminal, prefixed
+# "kubelet| " and "other| ", and to test-artifacts/lane-*.log; the run ends with each
+# lane's verdict and the packages that failed, and fails if either lane failed.
 # Test artifacts (the pool page's screenshots from headless chromium) are kept under
 # test-artifacts/_artifacts/<one directory per test>/ (the test logs the path).
 test: deps build
 	$(GO) vet ./...
 	@mkdir -p test-artifacts
-	$(GO) test $(TESTFLAGS) -artifacts -outputdir $(CURDIR)/test-artifacts -p 1 ./...
+	GO=$(GO) ./scripts/test-lanes.sh $(CURDIR)/test-artifacts $(TESTFLAGS) -artifacts -outputdir $(CURDIR)/test-artifacts
 
 bench: deps build
 	$(GO) run ./test/benchcmd -v --bin $(BIN) --out bench-results.md

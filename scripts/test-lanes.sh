@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# test-lanes.sh: `make test`'s two lanes, run at the same time.
+#
+#   scripts/test-lanes.sh LOGDIR [go test flags...]
+#
+# The kubelet lane is the packages in KUBELET_PKGS (the Makefile's list: those
+# whose tests start a kubelet cluster). Each cluster holds the host-wide lock
+# /var/cache/ipledger/kube/.cluster.lock until its test process exits, so these
+# packages run one after the other whatever -p says; they run here with -p 1.
+# The other lane is every other package of the module, -p 1 as well, beside
+# the first: none of them starts a kubelet or touches what a kubelet cluster
+# changes on the host (internal/testenv/README.md says what was checked).
+#
+# Both lanes stream to the terminal with a prefix (kubelet| , other| ) and to
+# LOGDIR/lane-kubelet.log and LOGDIR/lane-other.log. The script ends with each
+# lane's verdict and the packages that failed, and exits 1 if either lane
+# failed.
+set -u
+if [ $# -lt 1 ]; then
+	echo "usage: $0 LOGDIR [go test flags...]" >&2
+	exit 2
+fi
+logdir=$1
+shift
+GO=${GO:-go}
+: "${KUBELET_PKGS:?KUBELET_PKGS, the packages of the kubelet lane, is not set: run make test}"
+mkdir -p "$logdir"
+
+# Import paths of the kubelet lane, then every other package of the module.
+kube=$($GO list $KUBELET_PKGS) || exit 1
+others=$($GO list ./... | grep -vxF -f <(printf '%s\n' $kube)) || exit 1
+
+lane() {
+	local name=$1
+	shift
+	local log=$logdir/lane-$name.log
+	{
+		"$GO" test "$@" 2>&1
+		echo $? >"$logdir/lane-$name.rc"
+	} | tee "$log" | sed -u "s/^/$name| /"
+}
+
+start=$(date +%s)
+lane kubelet -p 1 "$@" $kube &
+kpid=$!
+lane other -p 1 "$@" $others &
+opid=$!
+wait $kpid $opid
+
+status=0
+t=$(( $(date +%s) - start ))
+echo "== make test: $((t / 60)) min $((t % 60)) s wall"
+for name in kubelet other; do
+	rc=$(cat "$logdir/lane-$name.rc" 2>/dev/null || echo 1)
+	if [ "$rc" = 0 ]; then
+		echo "== $name lane: ok (log: $logdir/lane-$name.log)"
+	else
+		status=1
+		echo "== $name lane: FAIL (exit $rc; log: $logdir/lane-$name.log)"
+		grep -E '^(FAIL|panic:)' "$logdir/lane-$name.log" | grep -vx FAIL | sed 's/^/   /'
+	fi
+done
+exit $status
