@@ -13,6 +13,7 @@ import (
 	"github.com/ipledger/ipledger/internal/cri"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/store/memstore"
+	"github.com/ipledger/ipledger/internal/testenv"
 )
 
 // TestPropertyNeverReleaseReady drives random interleavings of ADD (some
@@ -24,10 +25,7 @@ import (
 // released by the reconciler, supersession or GC while its sandbox was READY, and
 // that the books balance.
 func TestPropertyNeverReleaseReady(t *testing.T) {
-	seeds := 120
-	if testing.Short() {
-		seeds = 50
-	}
+	seeds := testenv.Size(120, 20)
 	nsStates := []NSState{NSGone, NSAddrAbsent, NSAddrPresent, NSUnknown}
 	var releasedByRec, rounds int
 	for seed := 0; seed < seeds; seed++ {
