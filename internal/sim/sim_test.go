@@ -41,7 +41,7 @@ var crashPool = [3]string{"10.32.0.0/24", "10.32.0.10", "10.32.0.41"}
 
 // Each fault knob, on host-local, leaks exactly what its incident describes (that is
 // how we know the model is faithful); the same knob on ipledger ends balanced.
-// Under -short each case runs fewer pods (002: a shorter crash loop), every knob
+// Under -short each case runs fewer pods (002: a 20-minute crash loop), every knob
 // still meeting its fault (the case fails if it met none), the cases side by side.
 func TestKnobs(t *testing.T) {
 	needHostLocal(t)
@@ -58,9 +58,9 @@ func TestKnobs(t *testing.T) {
 		{"001 chained plugin fails ADD and DEL, teardown error swallowed", knobs{chainFail: 1}, testenv.Size(30, 10), [3]string{},
 			func(f Faults) int { return f.ChainFailures }},
 		{"002 crash-looping pods re-created with the old DEL skipped", knobs{crashloopers: 4,
-			duration: time.Duration(testenv.Size(120, 40)) * time.Minute, fixedPods: 20}, 20, crashPool,
+			duration: time.Duration(testenv.Size(120, 20)) * time.Minute, fixedPods: 20}, 20, crashPool,
 			func(f Faults) int { return f.Crashes }},
-		{"003 reboot, DEL with a stale /proc/PID/ns/net path", knobs{reboot: 5 * time.Minute}, testenv.Size(100, 40), [3]string{},
+		{"003 reboot, DEL with a stale /proc/PID/ns/net path", knobs{reboot: 5 * time.Minute}, testenv.Size(100, 30), [3]string{},
 			func(f Faults) int { return f.StaleNetnsDELs }},
 		{"004 runtime restarts, NOTREADY sandbox nobody collects", knobs{runtimeRestart: 2 * time.Minute}, testenv.Size(100, 40), [3]string{},
 			func(f Faults) int { return f.StuckNotReady }},
