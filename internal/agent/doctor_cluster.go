@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/ledger"
 )
 
@@ -108,6 +109,71 @@ func (s *Server) clusterChecks(pools []api.PoolUse) []api.Check {
 		add(api.CheckWarn, "%d leases in blocks this node lost: %s; another node may hand out these addresses while the pods still use them; fix: drain this node (kubectl drain) or delete those pods so they restart with addresses from the node's own blocks (their DEL releases them here only)", len(lost), strings.Join(lost, ", "))
 	} else {
 		add(api.CheckOK, "no lease in a block this node lost")
+	}
+	return out
+}
+
+// PoolAuditor is the cluster's pool and block records as doctor judges them
+// (cluster.Manager). Contract: AuditPools reads the manager's watched copies
+// only (no datastore call) and changes nothing; while a copy does not run it
+// says so (Known false) and judges nothing.
+type PoolAuditor interface {
+	AuditPools() cluster.PoolAudit
+}
+
+var _ PoolAuditor = (*cluster.Manager)(nil)
+
+// poolRecordChecks are doctor's lines on the pool records of the cluster: FAIL
+// for each one whose spec does not parse (the pool, the field, the fix); WARN
+// for each block of a pool whose record is gone (the block, its owner, the
+// leases this node knows in it and the nodes holding its kept addresses), and
+// for a block record that does not decode; WARN when the watched copies do not
+// run (nothing is judged then); else OK. Nothing is acted on: unknown means
+// report.
+func (s *Server) poolRecordChecks() []api.Check {
+	pa, ok := s.cfg.Cluster.(PoolAuditor)
+	if !ok {
+		return nil
+	}
+	a := pa.AuditPools()
+	if !a.Known {
+		return []api.Check{{Level: api.CheckWarn, Text: fmt.Sprintf("pool records not checked: %s (the agent just started, or the datastore is away); fix: wait for the watch to list, and see the datastore line", a.Cause)}}
+	}
+	var out []api.Check
+	for _, b := range a.Bad {
+		out = append(out, api.Check{Level: api.CheckFail, Text: fmt.Sprintf("pool record %s does not parse: %v; no pod gets an address from it (ADDs choosing it fail, nodes serving it keep it as it was); fix: correct it as the message says (kubectl edit ippool %s)", b.Name, b.Err, b.Name)})
+	}
+	for _, rec := range a.Orphans {
+		owner := rec.Owner
+		if owner == "" {
+			owner = "no node (free)"
+		}
+		var holds []string
+		switch {
+		case rec.Owner == s.cfg.Cluster.Node():
+			holds = s.leasesIn(rec.Network, []netip.Prefix{rec.CIDR}, "block")
+			if len(holds) == 0 {
+				holds = []string{"no lease of this node"}
+			}
+		case rec.Owner != "":
+			holds = []string{fmt.Sprintf("the leases of node %s (ipledgerctl doctor there names them)", rec.Owner)}
+		}
+		for _, b := range rec.Borrows {
+			if b.Node != "" {
+				holds = append(holds, fmt.Sprintf("%s kept for %s, held by node %s", b.Addr, b.For, b.Node))
+			}
+		}
+		held := "held by nothing"
+		if len(holds) > 0 {
+			held = "held by " + strings.Join(holds, ", ")
+		}
+		out = append(out, api.Check{Level: api.CheckWarn, Text: fmt.Sprintf("block %s of pool %s, owner %s: its pool's record (%s) is gone, the IPPool deleted; %s; fix: re-create IPPool %s with a range holding the block, or delete the pods holding it and then the block record (kubectl delete ipblock, or etcdctl del) once nothing holds it", rec.CIDR, rec.Network, owner, cluster.PoolKey(rec.Network), held, rec.Network)})
+	}
+	for _, k := range a.Unreadable {
+		out = append(out, api.Check{Level: api.CheckWarn, Text: fmt.Sprintf("block record %s does not decode; nothing is done with it; fix: inspect it (kubectl get ipblocks -o yaml, or etcdctl get) and correct or delete it", k)})
+	}
+	if len(out) == 0 {
+		out = append(out, api.Check{Level: api.CheckOK, Text: "pool records parse, and every block belongs to a pool"})
 	}
 	return out
 }
