@@ -3,6 +3,7 @@ package agent
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -199,18 +200,63 @@ func (s *Server) leasesIn(network string, blocks []netip.Prefix, kind string) []
 			if !in.IsValid() {
 				continue
 			}
-			who := ls.Key.ContainerID
-			if len(who) > 12 {
-				who = who[:12]
-			}
-			if ls.Pod.Name != "" {
-				who = ls.Pod.Namespace + "/" + ls.Pod.Name
-			}
-			out = append(out, fmt.Sprintf("pod %s (%s, %s in %s %s)", who, network, ip.Addr(), kind, in))
+			out = append(out, fmt.Sprintf("pod %s (%s, %s in %s %s)", leaseHolder(ls), network, ip.Addr(), kind, in))
 			break
 		}
 	}
 	return out
+}
+
+// leaseHolder names a lease's holder: its pod "namespace/name", else its
+// container ID's first 12 characters.
+func leaseHolder(ls ledger.Lease) string {
+	if ls.Pod.Name != "" {
+		return ls.Pod.Namespace + "/" + ls.Pod.Name
+	}
+	who := ls.Key.ContainerID
+	if len(who) > 12 {
+		who = who[:12]
+	}
+	return who
+}
+
+// Drains tells the ranges of a pool that drain on this node (cluster.Manager).
+// Contract: DrainedRanges reads memory only; nil when the node does not serve
+// the pool.
+type Drains interface {
+	DrainedRanges(network string) []netip.Prefix
+}
+
+var _ Drains = (*cluster.Manager)(nil)
+
+// fillDraining adds to the pools of an audit (cluster mode) the ranges that
+// drain on this node and each draining block of the node with the leases that
+// still hold it. It reads memory only.
+func (s *Server) fillDraining(ps []api.PoolAudit) {
+	d, ok := s.cfg.Cluster.(Drains)
+	if !ok {
+		return
+	}
+	for i := range ps {
+		p := &ps[i]
+		for _, r := range d.DrainedRanges(p.Network) {
+			p.Drained = append(p.Drained, r.String())
+		}
+		for _, b := range s.cfg.Ledger.Blocks(p.Network) {
+			if b.State != ledger.BlockDraining {
+				continue
+			}
+			db := api.DrainingBlock{Block: b.Prefix.String(), Pods: []string{}}
+			for _, ls := range s.cfg.Ledger.Leases("") {
+				if ls.PoolNetwork() == p.Network && slices.ContainsFunc(ls.IPs, func(ip netip.Prefix) bool { return b.Prefix.Contains(ip.Addr()) }) {
+					db.Leases++
+					db.Pods = append(db.Pods, leaseHolder(ls))
+				}
+			}
+			sort.Strings(db.Pods)
+			p.Draining = append(p.Draining, db)
+		}
+	}
 }
 
 // age prints a duration to the millisecond below one second, to the tenth of a

@@ -3,6 +3,7 @@ package agent_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -238,6 +239,15 @@ func TestDoctorDrainingAndRefused(t *testing.T) {
 	})
 	checks := clusterDoctor(t, a)
 	want(t, checks, "pool pods: 1 blocks draining", api.CheckWarn, "held by 1 leases", "pod default/web-0 (pods, 10.60.0.2 in draining block 10.60.0.0/29)", "fix:")
+	// the audit (ipledgerctl pools) shows the drained range and what holds the block
+	au := a.s.Handle(context.Background(), api.Request{Version: api.Version, Op: api.OpAudit})
+	if au.Error != nil || au.Audit == nil || len(au.Audit.Pools) != 1 {
+		t.Fatalf("audit: %+v", au)
+	}
+	if p := au.Audit.Pools[0]; p.Network != "pods" || !slices.Equal(p.Drained, []string{"10.60.0.0/27"}) || len(p.Draining) != 1 ||
+		p.Draining[0].Block != "10.60.0.0/29" || p.Draining[0].Leases != 1 || !slices.Equal(p.Draining[0].Pods, []string{"default/web-0"}) {
+		t.Fatalf("audit's pool: %+v, want 10.60.0.0/27 drained and block 10.60.0.0/29 held by default/web-0", p)
+	}
 	edit(`{"network":"pods","ranges":[[{"subnet":"10.60.1.0/27"}]],"blockBits":[28],"drained":[{"subnet":"10.60.0.0/27","rangeStart":"10.60.0.1","rangeEnd":"10.60.0.30","gateway":"10.60.0.1"}]}`)
 	wait("refusal", func() bool { return a.m.Refused()["pods"] != "" })
 	checks = clusterDoctor(t, a)

@@ -422,6 +422,9 @@ func (s *Server) audit() *api.Response {
 	}
 	a := &api.Audit{Live: rep.Live, DoubleAssigned: len(rep.DoubleAssigned), Doubles: ledgerview.Doubles(rep.DoubleAssigned), Problems: rep.Problems, Pools: ledgerview.Pools(rep.Pools), Runtime: "none"}
 	s.summarize(a)
+	if s.cfg.Cluster != nil {
+		s.fillDraining(a.Pools)
+	}
 	a.OK = rep.OK && a.Leaked == 0
 	return &api.Response{Audit: a}
 }

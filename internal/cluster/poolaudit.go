@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"fmt"
+	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -62,6 +64,38 @@ func (m *Manager) AuditPools() PoolAudit {
 		}
 		if !have[PoolKey(rec.Network)] {
 			out.Orphans = append(out.Orphans, rec)
+		}
+	}
+	return out
+}
+
+// DrainedRanges returns the subnets of the ranges of pool network that drain on
+// this node: those its record lists drained (a default pool's spec.drained), and
+// those the node's ledger keeps for a draining block that the record no longer
+// lists; nil when the node does not serve the pool. It reads memory only.
+func (m *Manager) DrainedRanges(network string) []netip.Prefix {
+	m.mu.Lock()
+	rec, ok := m.nets[network]
+	m.mu.Unlock()
+	if !ok {
+		return nil
+	}
+	var out []netip.Prefix
+	add := func(p netip.Prefix) {
+		if !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	for _, r := range rec.Drained {
+		add(r.Subnet)
+	}
+	if p, err := m.l.Pool(network); err == nil {
+		for i, set := range p.Ranges {
+			for _, r := range set {
+				if i >= len(rec.Ranges) || !slices.Contains(rec.Ranges[i], r) {
+					add(r.Subnet)
+				}
+			}
 		}
 	}
 	return out
