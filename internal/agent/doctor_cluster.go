@@ -233,30 +233,39 @@ var _ Drains = (*cluster.Manager)(nil)
 // drain on this node and each draining block of the node with the leases that
 // still hold it. It reads memory only.
 func (s *Server) fillDraining(ps []api.PoolAudit) {
+	for i := range ps {
+		ps[i].Drained, ps[i].Draining = s.drainingOf(ps[i].Network)
+	}
+}
+
+// drainingOf is what drains in pool network on this node (cluster mode): the
+// subnets of its drained ranges, and each draining block with the leases that
+// still hold it. It reads memory only; nil, nil in node mode.
+func (s *Server) drainingOf(network string) ([]string, []api.DrainingBlock) {
 	d, ok := s.cfg.Cluster.(Drains)
 	if !ok {
-		return
+		return nil, nil
 	}
-	for i := range ps {
-		p := &ps[i]
-		for _, r := range d.DrainedRanges(p.Network) {
-			p.Drained = append(p.Drained, r.String())
-		}
-		for _, b := range s.cfg.Ledger.Blocks(p.Network) {
-			if b.State != ledger.BlockDraining {
-				continue
-			}
-			db := api.DrainingBlock{Block: b.Prefix.String(), Pods: []string{}}
-			for _, ls := range s.cfg.Ledger.Leases("") {
-				if ls.PoolNetwork() == p.Network && slices.ContainsFunc(ls.IPs, func(ip netip.Prefix) bool { return b.Prefix.Contains(ip.Addr()) }) {
-					db.Leases++
-					db.Pods = append(db.Pods, leaseHolder(ls))
-				}
-			}
-			sort.Strings(db.Pods)
-			p.Draining = append(p.Draining, db)
-		}
+	var drained []string
+	for _, r := range d.DrainedRanges(network) {
+		drained = append(drained, r.String())
 	}
+	var blocks []api.DrainingBlock
+	for _, b := range s.cfg.Ledger.Blocks(network) {
+		if b.State != ledger.BlockDraining {
+			continue
+		}
+		db := api.DrainingBlock{Block: b.Prefix.String(), Pods: []string{}}
+		for _, ls := range s.cfg.Ledger.Leases("") {
+			if ls.PoolNetwork() == network && slices.ContainsFunc(ls.IPs, func(ip netip.Prefix) bool { return b.Prefix.Contains(ip.Addr()) }) {
+				db.Leases++
+				db.Pods = append(db.Pods, leaseHolder(ls))
+			}
+		}
+		sort.Strings(db.Pods)
+		blocks = append(blocks, db)
+	}
+	return drained, blocks
 }
 
 // age prints a duration to the millisecond below one second, to the tenth of a
