@@ -57,6 +57,9 @@ func startCluster(ctx context.Context, c *clusterconf.Config, addrs []netip.Addr
 	}
 	// the pools' records are followed: a range added or removed applies at once
 	go m.WatchPools(ctx)
+	// and every block record: the node network routes from this copy, sticky
+	// addresses and doctor read it (with or without a node network)
+	go m.WatchOwners(ctx)
 	log.Info("cluster mode", "node", c.NodeName, "addrs", addrs, "holder", m.Holder(), "datastore", c.Datastore, "leaseTTL", c.LeaseTTL, "quarantine", c.Quarantine, "blockGrace", c.BlockGrace)
 	stop := func() {
 		rcancel()

@@ -126,8 +126,7 @@ func startLeaseNetwork(ctx context.Context, o *options, m *cluster.Manager, log 
 // ends.
 func runController(ctx context.Context, o *options, cfg controller.Config, m *cluster.Manager, log *slog.Logger) (*controller.Controller, error) {
 	if m != nil {
-		cfg.Blocks, cfg.BlocksChanged, cfg.Pools = m, m.BlocksChanged(), m
-		go m.WatchOwners(ctx)
+		cfg.Blocks, cfg.BlocksChanged, cfg.Pools = m, m.BlocksChanged(), m // WatchOwners runs (startCluster)
 	}
 	if o.network.Routes {
 		// a new handle after a failed sync: a socket gone bad is not used twice

@@ -3,11 +3,13 @@ package agent
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	"github.com/ipledger/ipledger/internal/api"
+	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/ledger"
 )
 
@@ -112,6 +114,71 @@ func (s *Server) clusterChecks(pools []api.PoolUse) []api.Check {
 	return out
 }
 
+// PoolAuditor is the cluster's pool and block records as doctor judges them
+// (cluster.Manager). Contract: AuditPools reads the manager's watched copies
+// only (no datastore call) and changes nothing; while a copy does not run it
+// says so (Known false) and judges nothing.
+type PoolAuditor interface {
+	AuditPools() cluster.PoolAudit
+}
+
+var _ PoolAuditor = (*cluster.Manager)(nil)
+
+// poolRecordChecks are doctor's lines on the pool records of the cluster: FAIL
+// for each one whose spec does not parse (the pool, the field, the fix); WARN
+// for each block of a pool whose record is gone (the block, its owner, the
+// leases this node knows in it and the nodes holding its kept addresses), and
+// for a block record that does not decode; WARN when the watched copies do not
+// run (nothing is judged then); else OK. Nothing is acted on: unknown means
+// report.
+func (s *Server) poolRecordChecks() []api.Check {
+	pa, ok := s.cfg.Cluster.(PoolAuditor)
+	if !ok {
+		return nil
+	}
+	a := pa.AuditPools()
+	if !a.Known {
+		return []api.Check{{Level: api.CheckWarn, Text: fmt.Sprintf("pool records not checked: %s (the agent just started, or the datastore is away); fix: wait for the watch to list, and see the datastore line", a.Cause)}}
+	}
+	var out []api.Check
+	for _, b := range a.Bad {
+		out = append(out, api.Check{Level: api.CheckFail, Text: fmt.Sprintf("pool record %s does not parse: %v; no pod gets an address from it (ADDs choosing it fail, nodes serving it keep it as it was); fix: correct it as the message says (kubectl edit ippool %s)", b.Name, b.Err, b.Name)})
+	}
+	for _, rec := range a.Orphans {
+		owner := rec.Owner
+		if owner == "" {
+			owner = "no node (free)"
+		}
+		var holds []string
+		switch {
+		case rec.Owner == s.cfg.Cluster.Node():
+			holds = s.leasesIn(rec.Network, []netip.Prefix{rec.CIDR}, "block")
+			if len(holds) == 0 {
+				holds = []string{"no lease of this node"}
+			}
+		case rec.Owner != "":
+			holds = []string{fmt.Sprintf("the leases of node %s (ipledgerctl doctor there names them)", rec.Owner)}
+		}
+		for _, b := range rec.Borrows {
+			if b.Node != "" {
+				holds = append(holds, fmt.Sprintf("%s kept for %s, held by node %s", b.Addr, b.For, b.Node))
+			}
+		}
+		held := "held by nothing"
+		if len(holds) > 0 {
+			held = "held by " + strings.Join(holds, ", ")
+		}
+		out = append(out, api.Check{Level: api.CheckWarn, Text: fmt.Sprintf("block %s of pool %s, owner %s: its pool's record (%s) is gone, the IPPool deleted; %s; fix: re-create IPPool %s with a range holding the block, or delete the pods holding it and then the block record (kubectl delete ipblock, or etcdctl del) once nothing holds it", rec.CIDR, rec.Network, owner, cluster.PoolKey(rec.Network), held, rec.Network)})
+	}
+	for _, k := range a.Unreadable {
+		out = append(out, api.Check{Level: api.CheckWarn, Text: fmt.Sprintf("block record %s does not decode; nothing is done with it; fix: inspect it (kubectl get ipblocks -o yaml, or etcdctl get) and correct or delete it", k)})
+	}
+	if len(out) == 0 {
+		out = append(out, api.Check{Level: api.CheckOK, Text: "pool records parse, and every block belongs to a pool"})
+	}
+	return out
+}
+
 // leasesIn names the leases of pool network (a network's own, or a named pool's)
 // with an address in one of blocks, a kind of block.
 func (s *Server) leasesIn(network string, blocks []netip.Prefix, kind string) []string {
@@ -133,18 +200,72 @@ func (s *Server) leasesIn(network string, blocks []netip.Prefix, kind string) []
 			if !in.IsValid() {
 				continue
 			}
-			who := ls.Key.ContainerID
-			if len(who) > 12 {
-				who = who[:12]
-			}
-			if ls.Pod.Name != "" {
-				who = ls.Pod.Namespace + "/" + ls.Pod.Name
-			}
-			out = append(out, fmt.Sprintf("pod %s (%s, %s in %s %s)", who, network, ip.Addr(), kind, in))
+			out = append(out, fmt.Sprintf("pod %s (%s, %s in %s %s)", leaseHolder(ls), network, ip.Addr(), kind, in))
 			break
 		}
 	}
 	return out
+}
+
+// leaseHolder names a lease's holder: its pod "namespace/name", else its
+// container ID's first 12 characters.
+func leaseHolder(ls ledger.Lease) string {
+	if ls.Pod.Name != "" {
+		return ls.Pod.Namespace + "/" + ls.Pod.Name
+	}
+	who := ls.Key.ContainerID
+	if len(who) > 12 {
+		who = who[:12]
+	}
+	return who
+}
+
+// Drains tells the ranges of a pool that drain on this node (cluster.Manager).
+// Contract: DrainedRanges reads memory only; nil when the node does not serve
+// the pool.
+type Drains interface {
+	DrainedRanges(network string) []netip.Prefix
+}
+
+var _ Drains = (*cluster.Manager)(nil)
+
+// fillDraining adds to the pools of an audit (cluster mode) the ranges that
+// drain on this node and each draining block of the node with the leases that
+// still hold it. It reads memory only.
+func (s *Server) fillDraining(ps []api.PoolAudit) {
+	for i := range ps {
+		ps[i].Drained, ps[i].Draining = s.drainingOf(ps[i].Network)
+	}
+}
+
+// drainingOf is what drains in pool network on this node (cluster mode): the
+// subnets of its drained ranges, and each draining block with the leases that
+// still hold it. It reads memory only; nil, nil in node mode.
+func (s *Server) drainingOf(network string) ([]string, []api.DrainingBlock) {
+	d, ok := s.cfg.Cluster.(Drains)
+	if !ok {
+		return nil, nil
+	}
+	var drained []string
+	for _, r := range d.DrainedRanges(network) {
+		drained = append(drained, r.String())
+	}
+	var blocks []api.DrainingBlock
+	for _, b := range s.cfg.Ledger.Blocks(network) {
+		if b.State != ledger.BlockDraining {
+			continue
+		}
+		db := api.DrainingBlock{Block: b.Prefix.String(), Pods: []string{}}
+		for _, ls := range s.cfg.Ledger.Leases("") {
+			if ls.PoolNetwork() == network && slices.ContainsFunc(ls.IPs, func(ip netip.Prefix) bool { return b.Prefix.Contains(ip.Addr()) }) {
+				db.Leases++
+				db.Pods = append(db.Pods, leaseHolder(ls))
+			}
+		}
+		sort.Strings(db.Pods)
+		blocks = append(blocks, db)
+	}
+	return drained, blocks
 }
 
 // age prints a duration to the millisecond below one second, to the tenth of a

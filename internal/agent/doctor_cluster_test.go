@@ -3,10 +3,13 @@ package agent_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/ipledger/ipledger/internal/agent"
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/clock/clocktest"
 	"github.com/ipledger/ipledger/internal/cluster"
@@ -14,6 +17,24 @@ import (
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 )
+
+// watchCopies runs the node's watched copies of the pool and block records, as
+// ipledgerd does, until the test ends, and returns once both have listed.
+func (n *clusterNode) watchCopies() {
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	n.t.Cleanup(func() { cancel(); wg.Wait() })
+	wg.Go(func() { n.m.WatchPools(ctx) })
+	wg.Go(func() { n.m.WatchOwners(ctx) })
+	for !n.m.AuditPools().Known {
+		select {
+		case <-n.m.PoolsFollowed():
+		case <-n.m.BlocksChanged():
+		case <-time.After(time.Minute):
+			n.t.Fatalf("%s: the watched copies never listed: %s", n.m.Node(), n.m.AuditPools().Cause)
+		}
+	}
+}
 
 // clusterDoctor asks the agent's operator API for its diagnosis and returns the
 // cluster checks, each line checked for a level and a fix.
@@ -83,6 +104,7 @@ func TestDoctorClusterMode(t *testing.T) {
 	if r := addPod(t, a, "web-0"); r.Error != nil {
 		t.Fatalf("ADD: %+v", r.Error)
 	}
+	a.watchCopies()
 
 	t.Log("healthy")
 	cs := clusterDoctor(t, a)
@@ -95,8 +117,9 @@ func TestDoctorClusterMode(t *testing.T) {
 	want(t, cs, "node lease of node-a provable", api.CheckOK, "2.7s left before fencing")
 	want(t, cs, "cluster network pods:", api.CheckOK, "1 blocks owned, 5 free addresses")
 	want(t, cs, "no lease in a block", api.CheckOK)
-	if len(cs) != 4 {
-		t.Errorf("%d cluster checks, want 4 (datastore, lease, one network, lost blocks)", len(cs))
+	want(t, cs, "pool records parse, and every block belongs to a pool", api.CheckOK)
+	if len(cs) != 5 {
+		t.Errorf("%d cluster checks, want 5 (datastore, lease, one network, lost blocks, pool records)", len(cs))
 	}
 
 	t.Log("datastore away, lease still provable")
@@ -216,8 +239,78 @@ func TestDoctorDrainingAndRefused(t *testing.T) {
 	})
 	checks := clusterDoctor(t, a)
 	want(t, checks, "pool pods: 1 blocks draining", api.CheckWarn, "held by 1 leases", "pod default/web-0 (pods, 10.60.0.2 in draining block 10.60.0.0/29)", "fix:")
+	// the audit (ipledgerctl pools) shows the drained range and what holds the block
+	au := a.s.Handle(context.Background(), api.Request{Version: api.Version, Op: api.OpAudit})
+	if au.Error != nil || au.Audit == nil || len(au.Audit.Pools) != 1 {
+		t.Fatalf("audit: %+v", au)
+	}
+	if p := au.Audit.Pools[0]; p.Network != "pods" || !slices.Equal(p.Drained, []string{"10.60.0.0/27"}) || len(p.Draining) != 1 ||
+		p.Draining[0].Block != "10.60.0.0/29" || p.Draining[0].Leases != 1 || !slices.Equal(p.Draining[0].Pods, []string{"default/web-0"}) {
+		t.Fatalf("audit's pool: %+v, want 10.60.0.0/27 drained and block 10.60.0.0/29 held by default/web-0", p)
+	}
 	edit(`{"network":"pods","ranges":[[{"subnet":"10.60.1.0/27"}]],"blockBits":[28],"drained":[{"subnet":"10.60.0.0/27","rangeStart":"10.60.0.1","rangeEnd":"10.60.0.30","gateway":"10.60.0.1"}]}`)
 	wait("refusal", func() bool { return a.m.Refused()["pods"] != "" })
 	checks = clusterDoctor(t, a)
 	want(t, checks, "pool pods: its record is not served", api.CheckWarn, "blockBits: blocks of /[28]", "restore blockBits", "fix:")
+}
+
+// Doctor checks the cluster's pool records from the watched copies: before they
+// run it says it has not checked (and judges nothing); then an IPPool whose spec
+// does not parse FAILs naming the pool, the field and the fix, and a block of an
+// IPPool deleted while a pod holds an address in it WARNs naming the block, its
+// owner and that pod on the owner (and the owner on another node), with the fix.
+func TestDoctorPoolRecords(t *testing.T) {
+	clk := clocktest.New()
+	ds := memds.New(clk)
+	bg := context.Background()
+	if _, err := ds.Create(bg, cluster.PoolKey("green"), []byte(`{"ranges":[[{"subnet":"10.70.0.0/24"}]],"blockSize":28}`)); err != nil {
+		t.Fatal(err)
+	}
+	choices := ipChoices{"default/g0": {"ipledger.io/pool": "green"}}
+	a := newClusterNode(t, ds, clk, "node-a", func(c *agent.Config) { c.Choices = choices })
+	b := newClusterNode(t, ds, clk, "node-b")
+	want(t, clusterDoctor(t, a), "pool records not checked", api.CheckWarn, "the watch of the pool records", "fix:")
+
+	a.watchCopies()
+	b.watchCopies()
+	r := a.s.Handle(bg, api.Request{Version: api.Version, Op: api.OpAdd, Network: "pods", ContainerID: "g0", IfName: "eth0",
+		Pod: api.Pod{Namespace: "default", Name: "g0", UID: "u-g0"}, Ranges: ledgertest.Ranges(t, `[[{"subnet":"10.60.0.0/27"}]]`), BlockSize: 29})
+	if r.Error != nil || !strings.HasPrefix(r.Lease.IPs[0], "10.70.0.") {
+		t.Fatalf("ADD in pool green: %+v %+v", r.Error, r.Lease)
+	}
+	g0, _, _ := strings.Cut(r.Lease.IPs[0], "/")
+	if _, err := ds.Create(bg, cluster.PoolKey("red"), []byte(`{"ranges":[[{"subnet":"10.71.0.0/33"}]],"blockSize":28}`)); err != nil {
+		t.Fatal(err)
+	}
+	kv, err := ds.Get(bg, cluster.PoolKey("green"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ds.Delete(bg, kv.Key, kv.Revision); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []*clusterNode{a, b} {
+		for {
+			au := n.m.AuditPools()
+			if au.Known && len(au.Bad) == 1 && len(au.Orphans) == 1 {
+				break
+			}
+			select {
+			case <-n.m.PoolsFollowed():
+			case <-n.m.BlocksChanged():
+			case <-time.After(time.Minute):
+				t.Fatalf("%s: the bad and the deleted pool never seen: %+v", n.m.Node(), au)
+			}
+		}
+	}
+	block := "10.70.0.0/28"
+	checks := clusterDoctor(t, a)
+	want(t, checks, "pool record red does not parse: ", api.CheckFail, "IPPool red", "ranges[0][0].subnet", "10.71.0.0/33", "kubectl edit ippool red")
+	want(t, checks, "block "+block+" of pool green, owner node-a: its pool's record (pools/green) is gone", api.CheckWarn,
+		"pod default/g0 (green, "+g0+" in block "+block+")", "re-create IPPool green", "fix:")
+	checks = clusterDoctor(t, b)
+	want(t, checks, "block "+block+" of pool green, owner node-a", api.CheckWarn, "the leases of node node-a")
+	if ls := a.l.Leases(""); len(ls) != 1 {
+		t.Fatalf("doctor changed the leases: %v", ls)
+	}
 }

@@ -218,7 +218,8 @@ func (s *Server) doctor(ctx context.Context) *api.Response {
 		}
 	}
 	if s.cfg.Cluster != nil {
-		d.ClusterChecks = append(s.clusterChecks(d.Pools), s.reservationChecks()...)
+		d.ClusterChecks = append(s.clusterChecks(d.Pools), s.poolRecordChecks()...)
+		d.ClusterChecks = append(d.ClusterChecks, s.reservationChecks()...)
 	}
 	if s.cfg.NodeNetwork != nil {
 		d.NetworkChecks = s.cfg.NodeNetwork.Checks()

@@ -197,7 +197,7 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 		if sticky, aerr = s.stickyOf(ctx, req.Pod, chosen); aerr != nil {
 			return errResp(aerr)
 		}
-		if aerr = s.reserve(ctx, &areq, chosen, req.Pod); aerr != nil {
+		if aerr = s.reserve(ctx, &areq, chosen, req.Pod, sticky); aerr != nil {
 			return errResp(aerr)
 		}
 	}
@@ -243,6 +243,9 @@ func (s *Server) add(ctx context.Context, req api.Request, later *ledger.LogLine
 	}
 	s.countSuperseded(superseding)
 	s.supersededEvents(supersededLeases, k)
+	if sticky != nil && !existed {
+		s.stickyReserved(req.Pod, ls)
+	}
 	if existed && (replace || ls.Pool != areq.Pool) {
 		// the lease may be from ranges the pool had before the podCIDR changed, or
 		// from another pool than this request's (a named pool)
@@ -419,6 +422,9 @@ func (s *Server) audit() *api.Response {
 	}
 	a := &api.Audit{Live: rep.Live, DoubleAssigned: len(rep.DoubleAssigned), Doubles: ledgerview.Doubles(rep.DoubleAssigned), Problems: rep.Problems, Pools: ledgerview.Pools(rep.Pools), Runtime: "none"}
 	s.summarize(a)
+	if s.cfg.Cluster != nil {
+		s.fillDraining(a.Pools)
+	}
 	a.OK = rep.OK && a.Leaked == 0
 	return &api.Response{Audit: a}
 }

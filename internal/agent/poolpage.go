@@ -39,7 +39,7 @@ func severity(state string) int {
 //go:embed poolpage.html
 var poolPageHTML string
 
-var poolTmpl = template.Must(template.New("pool").Funcs(template.FuncMap{"podInAPI": podInAPI}).Parse(poolPageHTML))
+var poolTmpl = template.Must(template.New("pool").Funcs(template.FuncMap{"podInAPI": podInAPI, "join": strings.Join}).Parse(poolPageHTML))
 
 type pageData struct {
 	Now        string
@@ -63,6 +63,10 @@ type netView struct {
 	Name   string
 	Counts []stateCount
 	Sets   []setView
+	// Drained and Draining: cluster mode's ranges that drain on this node and
+	// its draining blocks with their holders (drainingOf)
+	Drained  []string
+	Draining []api.DrainingBlock
 }
 
 type stateCount struct {
@@ -165,6 +169,9 @@ func (s *Server) poolPage(w http.ResponseWriter, r *http.Request) {
 		}
 		ns := s.netState(p.Network, now)
 		nv := netView{Name: p.Network}
+		if s.cfg.Cluster != nil {
+			nv.Drained, nv.Draining = s.drainingOf(p.Network)
+		}
 		counts := map[string]uint64{}
 		for _, ai := range ns.byIP {
 			counts[ai.state]++

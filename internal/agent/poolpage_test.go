@@ -2,6 +2,7 @@ package agent_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -122,7 +123,9 @@ func TestPoolPageInChromium(t *testing.T) {
 // address, then an IPReservation covering that address and a /28: the page lists
 // the reservation with its addresses and reason, draws the /28's addresses
 // reserved (naming the reservation), and the covered pod's address live, its
-// hover text saying it is inside the reservation until its pod goes.
+// hover text saying it is inside the reservation until its pod goes. Then the
+// operator drains the pool's range: the page shows the drained range and the
+// draining block with the pod that still holds it.
 func clusterPage(t *testing.T) {
 	e := etcdenv.StartEmbedded(t)
 	addr := netenv.FreeAddr(t)
@@ -181,6 +184,46 @@ func clusterPage(t *testing.T) {
 			}
 		case c.State == "reserved":
 			t.Errorf("cell %+v is reserved, outside IPReservation lab", c)
+		}
+	}
+
+	// the operator drains 10.98.0.0/26 (the record's range moved to drained, a new
+	// range in its place): the page shows the drained range and the block, held
+	// by router-0
+	kv, err := ds.Get(context.Background(), cluster.PoolKey("cl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rec map[string]any
+	if err := json.Unmarshal(kv.Value, &rec); err != nil {
+		t.Fatal(err)
+	}
+	rec["drained"] = rec["ranges"].([]any)[0]
+	rec["ranges"] = []any{[]any{map[string]any{"subnet": "10.99.0.0/26"}}}
+	nv, _ := json.Marshal(rec)
+	if _, err := ds.Update(context.Background(), kv.Key, nv, kv.Revision); err != nil {
+		t.Fatal(err)
+	}
+	// the agent follows the record through its watch: wait for its audit to
+	// show the block draining, then load the page once
+	for i := 0; ; i++ {
+		r, err := a.Call(api.Request{Op: api.OpAudit})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.Audit.Pools) == 1 && len(r.Audit.Pools[0].Draining) == 1 {
+			break
+		}
+		if i == 60 {
+			t.Fatalf("the agent never drained the block: %+v", r.Audit.Pools)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	dom = chromium.DumpDOM(t, url)
+	for _, want := range []string{`<div class="drained" data-ranges="10.98.0.0/26">drained (no new address from them): 10.98.0.0/26</div>`,
+		`<div class="draining" data-block="10.98.0.0/26" data-leases="1">block 10.98.0.0/26 draining, held by 1 leases: lab/router-0</div>`} {
+		if !strings.Contains(dom, want) {
+			t.Errorf("the drained pool's section lacks %q:\n%s", want, dom)
 		}
 	}
 	if _, err := a.Call(api.Request{Op: api.OpDel, Network: "cl", ContainerID: "router-0", IfName: "eth0"}); err != nil {

@@ -38,8 +38,10 @@ var _ Reservations = (*cluster.Reservations)(nil)
 // nothing is allocated: a retryable error names the cause. An ADD that comes
 // before the copy's first list waits for it (at most reservationsFirstList, and
 // ctx) instead: an agent's first ADDs follow its start. Node mode (no
-// Reservations) is unchanged: its reservations are the conflist's exclude.
-func (s *Server) reserve(ctx context.Context, areq *ledger.AllocateRequest, chosen *choiceMade, pod api.Pod) *api.Error {
+// Reservations) is unchanged: its reservations are the conflist's exclude. A
+// StatefulSet pod's sticky (non-nil) learns the reservations, to name the one
+// that ends the keeping of an address kept for it.
+func (s *Server) reserve(ctx context.Context, areq *ledger.AllocateRequest, chosen *choiceMade, pod api.Pod, sticky *cluster.StickyPod) *api.Error {
 	if s.cfg.Cluster == nil || s.cfg.Reservations == nil {
 		return nil
 	}
@@ -73,6 +75,9 @@ func (s *Server) reserve(ctx context.Context, areq *ledger.AllocateRequest, chos
 		return &api.Error{Code: api.CodeInvalid, Msg: fmt.Sprintf("%d reserved prefixes (IPReservations and ipam.exclude) overlap the ranges of network %q; at most %d: merge addresses into CIDRs", n, areq.Key.Network, ledger.MaxExclude)}
 	}
 	areq.Exclude = append(areq.Exclude[:len(areq.Exclude):len(areq.Exclude)], ex...)
+	if sticky != nil {
+		sticky.Reservations = rs
+	}
 	return nil
 }
 

@@ -49,8 +49,12 @@ type Sticky interface {
 
 var _ Sticky = (*cluster.Manager)(nil)
 
-// Pod Event reason of a sticky address another node holds.
-const ReasonStickyAddressHeld = "StickyAddressHeld"
+// Pod Event reasons of sticky addresses: one another node holds; a kept one a
+// reservation ended (the pod got a fresh address).
+const (
+	ReasonStickyAddressHeld     = "StickyAddressHeld"
+	ReasonStickyAddressReserved = "StickyAddressReserved"
+)
 
 // returnTimeout bounds giving a released lease's borrowed addresses back.
 const returnTimeout = 10 * time.Second
@@ -91,6 +95,30 @@ func (s *Server) stickyRefused(pod api.Pod, sp *cluster.StickyPod, err error) *a
 		s.cfg.Events.PodEvent(pod.Namespace, pod.Name, pod.UID, eventWarning, ReasonStickyAddressHeld, actionAllocate, msg)
 	}
 	return &api.Error{Code: api.CodeConflict, Msg: msg}
+}
+
+// stickyReserved tells, in the log and by a Warning Event on the pod, that the
+// lease ls of a StatefulSet pod has fresh addresses because a reservation ended
+// the keeping of its kept ones (its Why says which; nothing when it does not).
+func (s *Server) stickyReserved(pod api.Pod, ls ledger.Lease) {
+	_, ended, ok := strings.Cut(ls.Why, cluster.WhyNoLongerKept)
+	if !ok {
+		return
+	}
+	msg := fmt.Sprintf("address no longer kept for this StatefulSet pod: %s; it got %s from its pool instead, kept for it from now on", ended, ipList(ls.IPs))
+	s.log.Warn("sticky address reserved; the pod got a fresh address", "attachment", ls.Key.String(), "pod", pod.Namespace+"/"+pod.Name, "ended", ended, "ips", ipList(ls.IPs))
+	if s.cfg.Events != nil {
+		s.cfg.Events.PodEvent(pod.Namespace, pod.Name, pod.UID, eventWarning, ReasonStickyAddressReserved, actionAllocate, msg)
+	}
+}
+
+// ipList is a lease's addresses, without their prefix lengths.
+func ipList(ps []netip.Prefix) string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.Addr().String()
+	}
+	return strings.Join(out, ", ")
 }
 
 // returnBorrowed gives the kept addresses of released (a lease this node

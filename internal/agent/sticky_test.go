@@ -4,12 +4,14 @@ import (
 	"context"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/ipledger/ipledger/internal/agent"
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/clock/clocktest"
+	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/datastore/memds"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
@@ -224,5 +226,62 @@ func TestStickyRetention(t *testing.T) {
 		if _, held := a.l.Lease(ledger.Key{Network: "pods", ContainerID: name, IfName: "eth0"}); !held {
 			t.Fatalf("the retention's end released %s's lease", name)
 		}
+	}
+}
+
+// TestStickyReservedThroughTheAgent: a StatefulSet pod's kept address that an
+// IPReservation covers once the pod is gone is not given back when the pod is
+// re-created on another node: the ADD gets a fresh address, the lease's Why names
+// the reservation, and a Warning Event on the pod says so.
+func TestStickyReservedThroughTheAgent(t *testing.T) {
+	clk := clocktest.New()
+	ds := memds.New(clk)
+	rs := cluster.NewReservations(ds.Open(), ledgertest.TestLogger(t))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { rs.Run(ctx) })
+	defer wg.Wait()
+	defer cancel()
+	sts := statefulSets{"default/web-0": "web"}
+	withRes := func(c *agent.Config) { c.Reservations = rs }
+	a := newClusterNode(t, ds, clk, "node-a", func(c *agent.Config) { c.StatefulSets = sts; withRes(c) })
+	evB := &recordedEvents{}
+	b := newClusterNode(t, ds, clk, "node-b", func(c *agent.Config) { c.StatefulSets, c.Events = sts, evB; withRes(c) })
+	web0 := func(uid string) api.Pod { return api.Pod{Namespace: "default", Name: "web-0", UID: uid} }
+
+	r := a.addPod("s1", web0("u1"))
+	if r.Error != nil {
+		t.Fatalf("ADD web-0 on node-a: %+v", r.Error)
+	}
+	x, _, _ := strings.Cut(r.Lease.IPs[0], "/")
+	if r := a.call(api.OpDel, "s1"); r.Error != nil {
+		t.Fatal(r.Error)
+	}
+	if _, err := ds.Create(ctx, cluster.ReservationKey("db"), []byte(`{"addresses":["`+x+`"],"reason":"database VIP"}`)); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		cur, err := rs.Current()
+		if err == nil && len(cur) == 1 {
+			break
+		}
+		<-rs.Changed()
+	}
+	r = b.addPod("s2", web0("u2"))
+	if r.Error != nil {
+		t.Fatalf("web-0 re-created on node-b: %+v", r.Error)
+	}
+	if got, _, _ := strings.Cut(r.Lease.IPs[0], "/"); got == x {
+		t.Fatalf("web-0 re-created on node-b got its kept %s, which IPReservation db covers", x)
+	}
+	if want := "no longer kept: " + x + " reserved by IPReservation db"; !strings.Contains(r.Lease.Why, want) {
+		t.Fatalf("why %q, want it to say %q", r.Lease.Why, want)
+	}
+	evs := evB.take()
+	if !slices.ContainsFunc(evs, func(e podEvent) bool {
+		return e.name == "web-0" && e.typ == "Warning" && e.reason == agent.ReasonStickyAddressReserved &&
+			strings.Contains(e.note, x+" reserved by IPReservation db") && strings.Contains(e.note, r.Lease.IPs[0][:strings.IndexByte(r.Lease.IPs[0], '/')])
+	}) {
+		t.Fatalf("Events on node-b: %+v, want a Warning %s naming %s, the reservation and the new address", evs, agent.ReasonStickyAddressReserved, x)
 	}
 }

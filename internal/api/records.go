@@ -125,4 +125,21 @@ type PoolAudit struct {
 	Releases    uint64 `json:"releases"`
 	Live        uint64 `json:"live"`
 	Free        uint64 `json:"free"`
+	// Drained (cluster mode): the subnets of the pool's ranges that drain on this
+	// node (taken out of the pool, or listed in spec.drained): no new address
+	// comes from them.
+	Drained []string `json:"drained,omitempty"`
+	// Draining (cluster mode): this node's blocks of the pool that drain, each
+	// with what still holds it; a block is given back once nothing does.
+	Draining []DrainingBlock `json:"draining,omitempty"`
+}
+
+// DrainingBlock is a block of a node that drains (its range left the pool) and
+// the leases that still hold addresses in it.
+type DrainingBlock struct {
+	Block  string `json:"block"`
+	Leases int    `json:"leases"`
+	// Pods are the holders: "namespace/name", or the container ID (12
+	// characters) of a lease without a pod.
+	Pods []string `json:"pods"`
 }

@@ -113,11 +113,14 @@ func (m *Manager) editBlock(ctx context.Context, network string, addr netip.Addr
 // may borrow it. Keeping it again for the same pod does nothing; an address kept
 // for another pod fails with ErrKept.
 func (m *Manager) Keep(ctx context.Context, network string, addr netip.Addr, forName string) error {
+	m.stickyMu.Lock() // no sweep between the ledger's withholding and the record's write
+	defer m.stickyMu.Unlock()
 	return m.keep(ctx, network, addr, forName, false)
 }
 
-// keep is Keep; with held, this node holds the address from the start (the
-// record says so in the same write), for the lease that was just given it.
+// keep is Keep, called with stickyMu held; with held, this node holds the
+// address from the start (the record says so in the same write), for the lease
+// that was just given it.
 func (m *Manager) keep(ctx context.Context, network string, addr netip.Addr, forName string, held bool) error {
 	if forName == "" {
 		return fmt.Errorf("%w: keeping %s: the pod it is kept for is empty", ErrNotKept, addr)
@@ -171,11 +174,7 @@ func (m *Manager) keep(ctx context.Context, network string, addr netip.Addr, for
 // it keeps it until it goes). It fails with ErrBorrowed while another node holds
 // it, and does nothing for an address not kept.
 func (m *Manager) Unkeep(ctx context.Context, network string, addr netip.Addr) error {
-	p, err := m.blockOfAddr(network, addr)
-	if err != nil {
-		return err
-	}
-	_, err = m.editBlock(ctx, network, addr, func(rec *BlockRecord) error {
+	_, err := m.editBlock(ctx, network, addr, func(rec *BlockRecord) error {
 		if rec.Owner != m.opts.Node {
 			return fmt.Errorf("%w: block %s of %q is owned by %q, not by this node (%s)", ErrNotOwner, rec.CIDR, network, rec.Owner, m.opts.Node)
 		}
@@ -192,11 +191,8 @@ func (m *Manager) Unkeep(ctx context.Context, network string, addr netip.Addr) e
 	if err != nil {
 		return err
 	}
-	withheld := m.l.Withheld(network, p)
-	if i := slices.Index(withheld, addr); i >= 0 {
-		if err := m.l.SetWithheld(network, p, slices.Delete(withheld, i, i+1)); err != nil {
-			return err
-		}
+	if err := m.unwithhold(network, addr); err != nil {
+		return err
 	}
 	m.log.Info("address no longer kept", "network", network, "addr", addr.String())
 	return nil

@@ -28,6 +28,7 @@ func TestStickyKube(t *testing.T) {
 	t.Run("BorrowRace", func(t *testing.T) { testBorrowRace(t, newC) })
 	t.Run("DeadBorrowerReturned", func(t *testing.T) { testDeadBorrowerReturned(t, newC) })
 	t.Run("ReservationsCopy", func(t *testing.T) { testReservationsCopy(t, newC) })
+	t.Run("StickyReserved", func(t *testing.T) { testStickyReserved(t, newC) })
 }
 
 // kubeClusters starts a real kube-apiserver (kubeenv's apiserver-only mode, no

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -278,5 +279,120 @@ func testStickyOwnerRaces(t *testing.T, newC func(*testing.T) *cl) {
 	}
 	if _, err := b.m.Borrow(ctx, "net", y, "default/web/web-1"); !errors.Is(err, cluster.ErrBorrowed) {
 		t.Fatalf("borrowing %s from under the owner's pod: %v, want ErrBorrowed", y, err)
+	}
+}
+
+// A kept address that an IPReservation covers once its pod is gone is no
+// longer kept: the pod re-created (on another node, or on the block's owner)
+// gets a fresh address from its pool, which is kept for it from then on; the
+// lease's Why names the reservation; the record forgets the reserved address and
+// the owner's ledger stops withholding it (at its sweep, when another node ended
+// the keeping). A pod still holding its kept address when the reservation covers
+// it keeps it: its re-creation elsewhere fails as before, and the address stays
+// kept.
+func TestStickyReserved(t *testing.T) { forBackends(t, testStickyReserved) }
+
+func testStickyReserved(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
+	r := ranges(t, `[[{"subnet":"10.46.0.0/24"}]]`)
+	a := c.agent("node-a", r, []int{26})
+	b := c.agent("node-b", r, []int{26})
+	var rs []cluster.Reservation
+	add := func(n *agent, name, cid string) (ledger.Lease, error) {
+		pod := cluster.StickyPod{Namespace: "default", StatefulSet: "web", Pod: name, Reservations: rs}
+		req := ledger.AllocateRequest{Key: ledger.Key{Network: "net", ContainerID: cid, IfName: "eth0"}, Exclude: cluster.ReservedIn(rs, r)}
+		ls, _, err := n.m.AllocateSticky(ctx, req, pod)
+		return ls, err
+	}
+	mustAdd := func(n *agent, name, cid string) ledger.Lease {
+		t.Helper()
+		ls, err := add(n, name, cid)
+		if err != nil {
+			t.Fatalf("%s: ADD %s: %v", n.name, name, err)
+		}
+		return ls
+	}
+	del := func(n *agent, cid string) {
+		t.Helper()
+		ls, ok, err := n.l.Release(ledger.Key{Network: "net", ContainerID: cid, IfName: "eth0"}, ledger.ReasonDEL, "")
+		if err != nil || !ok {
+			t.Fatalf("%s: DEL %s: %v %v", n.name, cid, ok, err)
+		}
+		if err := n.m.ReturnBorrowed(ctx, ls); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keptFor := func(x netip.Addr) string {
+		t.Helper()
+		for _, bw := range blockRec(t, c.ds, blockOf(x)).Borrows {
+			if bw.Addr == x {
+				return bw.For
+			}
+		}
+		return ""
+	}
+	reserve := func(name string, xs ...netip.Addr) {
+		res := cluster.Reservation{Name: name}
+		for _, x := range xs {
+			res.Prefixes = append(res.Prefixes, netip.PrefixFrom(x, 32))
+		}
+		rs = append(rs, res)
+	}
+
+	// web-0: first on node-a, gone; its address reserved; re-created on node-b
+	x := mustAdd(a, "web-0", "web-0-1").IPs[0].Addr()
+	del(a, "web-0-1")
+	reserve("db", x)
+	ls := mustAdd(b, "web-0", "web-0-2")
+	y := ls.IPs[0].Addr()
+	if y == x {
+		t.Fatalf("web-0 re-created on node-b got its kept %s, which IPReservation db covers", x)
+	}
+	wantWhy := fmt.Sprintf("sticky for web-0 (StatefulSet default/web); no longer kept: %s reserved by IPReservation db", x)
+	if ls.Why != wantWhy {
+		t.Fatalf("why %q, want %q", ls.Why, wantWhy)
+	}
+	if got := keptFor(x); got != "" {
+		t.Fatalf("%s still kept for %q", x, got)
+	}
+	if got := keptFor(y); got != web0 {
+		t.Fatalf("the fresh %s kept for %q, want %s", y, got, web0)
+	}
+	// the owner's ledger stops withholding x at its sweep
+	if !slices.Contains(a.l.Withheld("net", netip.MustParsePrefix(blockOf(x))), x) {
+		t.Fatalf("node-a's ledger withholds %v before its sweep, want %s among them", a.l.Withheld("net", netip.MustParsePrefix(blockOf(x))), x)
+	}
+	if err := a.m.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if w := a.l.Withheld("net", netip.MustParsePrefix(blockOf(x))); slices.Contains(w, x) {
+		t.Fatalf("node-a's ledger still withholds %s after its sweep: %v", x, w)
+	}
+	// the fresh address follows the pod from now on
+	del(b, "web-0-2")
+	if got := mustAdd(a, "web-0", "web-0-3").IPs[0].Addr(); got != y {
+		t.Fatalf("web-0 re-created on node-a got %s, want its kept %s", got, y)
+	}
+
+	// web-1 on its block's owner: the owner ends the keeping itself
+	z := mustAdd(a, "web-1", "web-1-1").IPs[0].Addr()
+	del(a, "web-1-1")
+	reserve("lb", z)
+	ls = mustAdd(a, "web-1", "web-1-2")
+	if got := ls.IPs[0].Addr(); got == z || !strings.Contains(ls.Why, "reserved by IPReservation lb") {
+		t.Fatalf("web-1 re-created on node-a: %s %q, want a fresh address and the reservation named", got, ls.Why)
+	}
+	if got, w := keptFor(z), a.l.Withheld("net", netip.MustParsePrefix(blockOf(z))); got != "" || slices.Contains(w, z) {
+		t.Fatalf("%s still kept for %q, withheld %v", z, got, w)
+	}
+
+	// web-2 still runs at its address when the reservation comes: it keeps it
+	v := mustAdd(a, "web-2", "web-2-1").IPs[0].Addr()
+	reserve("late", v)
+	if _, err := add(b, "web-2", "web-2-2"); !errors.Is(err, cluster.ErrBorrowed) {
+		t.Fatalf("web-2 re-created on node-b while node-a's pod holds %s: %v, want ErrBorrowed", v, err)
+	}
+	if _, ok := a.l.Holder("net", v); !ok || keptFor(v) != "default/web/web-2" {
+		t.Fatalf("the live %s: held %v, kept for %q; want both kept", v, ok, keptFor(v))
 	}
 }

@@ -242,10 +242,20 @@ func pools(env *Env, socket string, args []string) int {
 		return ExitOK
 	}
 	tw := tabwriter.NewWriter(env.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NETWORK\tLIVE\tFREE\tALLOCATIONS\tRELEASES")
+	fmt.Fprintln(tw, "NETWORK\tLIVE\tFREE\tALLOCATIONS\tRELEASES\tDRAINED")
 	for _, p := range ps {
-		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\n", p.Network, p.Live, p.Free, p.Allocations, p.Releases)
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%s\n", p.Network, p.Live, p.Free, p.Allocations, p.Releases, orDash(strings.Join(p.Drained, ",")))
 	}
 	tw.Flush()
+	// each draining block, with what still holds it
+	for _, p := range ps {
+		for _, b := range p.Draining {
+			held := "held by nothing: given back at the next sweep"
+			if b.Leases > 0 {
+				held = fmt.Sprintf("held by %d leases: %s", b.Leases, strings.Join(b.Pods, ", "))
+			}
+			fmt.Fprintf(env.Stdout, "%s: block %s draining, %s\n", p.Network, b.Block, held)
+		}
+	}
 	return ExitOK
 }

@@ -2,8 +2,11 @@ package ctl_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -160,7 +163,7 @@ func TestCommandOutputs(t *testing.T) {
 	})
 	t.Run("pools", func(t *testing.T) {
 		out, code := runCtl(t, a, now, "pools")
-		want := "NETWORK  LIVE  FREE  ALLOCATIONS  RELEASES\nn1       2     1     3            1\nn2       2     0     2            0\n"
+		want := "NETWORK  LIVE  FREE  ALLOCATIONS  RELEASES  DRAINED\nn1       2     1     3            1         -\nn2       2     0     2            0         -\n"
 		if code != 0 || out != want {
 			t.Fatalf("pools: exit %d\n%s\nwant\n%s", code, out, want)
 		}
@@ -197,5 +200,51 @@ func TestLeaseRowWhy(t *testing.T) {
 	head := strings.Split(ctl.LeaseHeader, "\t")
 	if len(row) != len(head) || head[len(head)-1] != "WHY" || row[len(row)-1] != v.Why {
 		t.Fatalf("row %q under header %q: want the why %q in the WHY column", row, head, v.Why)
+	}
+}
+
+// TestPoolsDraining: in cluster mode `ipledgerctl pools` shows each pool's
+// drained ranges in the DRAINED column and, below the table, each draining block
+// with the leases and pods that still hold it; -o json and -o yaml carry the same
+// fields (drained, draining: block, leases, pods).
+func TestPoolsDraining(t *testing.T) {
+	audit := &api.Audit{OK: true, Runtime: "none", Pools: []api.PoolAudit{
+		{Network: "pods", Allocations: 5, Releases: 2, Live: 3, Free: 1, Drained: []string{"10.60.0.0/27"},
+			Draining: []api.DrainingBlock{{Block: "10.60.0.0/29", Leases: 2, Pods: []string{"default/web-0", "shop/api-1"}}, {Block: "10.60.0.8/29", Pods: []string{}}}},
+		{Network: "blue", Allocations: 1, Live: 1},
+	}}
+	call := func(_ context.Context, _ string, req api.Request) (*api.Response, error) {
+		if req.Op != api.OpAudit {
+			return nil, fmt.Errorf("unexpected op %q", req.Op)
+		}
+		return &api.Response{Version: api.Version, Audit: audit}, nil
+	}
+	run := func(args ...string) (string, int) {
+		var out, errOut bytes.Buffer
+		code := ctl.Main(&ctl.Env{Stdout: &out, Stderr: &errOut, Call: call, Now: time.Now}, append([]string{"--socket", "/nowhere"}, args...))
+		if errOut.Len() > 0 {
+			t.Logf("stderr: %s", errOut.String())
+		}
+		return out.String(), code
+	}
+	out, code := run("pools")
+	want := "NETWORK  LIVE  FREE  ALLOCATIONS  RELEASES  DRAINED\n" +
+		"blue     1     0     1            0         -\n" +
+		"pods     3     1     5            2         10.60.0.0/27\n" +
+		"pods: block 10.60.0.0/29 draining, held by 2 leases: default/web-0, shop/api-1\n" +
+		"pods: block 10.60.0.8/29 draining, held by nothing: given back at the next sweep\n"
+	if code != 0 || out != want {
+		t.Fatalf("pools: exit %d\n%s\nwant\n%s", code, out, want)
+	}
+	for _, format := range []string{"json", "yaml"} {
+		out, code := run("pools", "-o", format)
+		var ps []api.PoolAudit
+		if err := yaml.Unmarshal([]byte(out), &ps); err != nil || code != 0 || len(ps) != 2 {
+			t.Fatalf("pools -o %s: exit %d, %v: %s", format, code, err, out)
+		}
+		if p := ps[1]; p.Network != "pods" || !slices.Equal(p.Drained, []string{"10.60.0.0/27"}) || len(p.Draining) != 2 ||
+			p.Draining[0].Block != "10.60.0.0/29" || p.Draining[0].Leases != 2 || !slices.Equal(p.Draining[0].Pods, []string{"default/web-0", "shop/api-1"}) {
+			t.Fatalf("pools -o %s: %+v", format, p)
+		}
 	}
 }
