@@ -85,7 +85,8 @@ bench: deps build
 # release) on three nodes with ipledger installed from deploy/, in node mode and then
 # in cluster mode; writes each mode's summary to docs/conformance.md. Long (see that
 # file for how long); `make test` runs a small subset of it (TestUpstreamNetworkSubset).
-# CONFORMANCE_ARGS: e.g. -conformance.modes=node, -conformance.focus='REGEXP';
+# CONFORMANCE_ARGS: e.g. -conformance.modes=node, or a focus quoted inside the variable
+# (the shell splits it): CONFORMANCE_ARGS="'-conformance.focus=KubeProxy should'";
 # '-conformance.modes=node -conformance.dualstack': the IPv4/IPv6 dual-stack run.
 CONFORMANCE_ARGS ?=
 conformance: deps build
