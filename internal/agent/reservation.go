@@ -18,16 +18,19 @@ import (
 // saying why) while the copy cannot vouch for them: it has not listed since the
 // agent started, or its watch broke since. Invalid returns the parse error of
 // each reservation whose spec did not parse (its other entries are in Current).
-// Listed is closed once the copy has listed for the first time.
+// Live is closed while the copy is live (a new channel after each break); Kick
+// asks the copy to list again now rather than at the end of its backoff.
 type Reservations interface {
 	Current() ([]cluster.Reservation, error)
 	Invalid() []error
-	Listed() <-chan struct{}
+	Live() <-chan struct{}
+	Kick()
 }
 
-// reservationsFirstList bounds how long an ADD waits for the copy's first list
-// (the agent just started: the list is one round trip away) before it fails.
-const reservationsFirstList = 5 * time.Second
+// reservationsWait bounds how long an ADD waits for the copy to list (the agent
+// just started, or the datastore came back after a break: the list is one round
+// trip away) before it fails.
+const reservationsWait = 5 * time.Second
 
 var _ Reservations = (*cluster.Reservations)(nil)
 
@@ -35,9 +38,10 @@ var _ Reservations = (*cluster.Reservations)(nil)
 // reservations that overlap its ranges join areq.Exclude. An address the pod asks
 // for by ipledger.io/ip inside a reservation is refused naming the reservation,
 // before anything is allocated or claimed. While the reservations are unknown,
-// nothing is allocated: a retryable error names the cause. An ADD that comes
-// before the copy's first list waits for it (at most reservationsFirstList, and
-// ctx) instead: an agent's first ADDs follow its start. Node mode (no
+// nothing is allocated: a retryable error names the cause. An ADD that finds the
+// copy not live asks it to list now and waits for that (at most reservationsWait,
+// and ctx) before it fails: an agent's first ADDs follow its start, and after a
+// break the copy's backoff may have grown to 30 s while the datastore is back. Node mode (no
 // Reservations) is unchanged: its reservations are the conflist's exclude. A
 // StatefulSet pod's sticky (non-nil) learns the reservations, to name the one
 // that ends the keeping of an address kept for it.
@@ -47,9 +51,11 @@ func (s *Server) reserve(ctx context.Context, areq *ledger.AllocateRequest, chos
 	}
 	rs, err := s.cfg.Reservations.Current()
 	if err != nil {
-		t := time.NewTimer(reservationsFirstList)
+		live := s.cfg.Reservations.Live()
+		s.cfg.Reservations.Kick()
+		t := time.NewTimer(reservationsWait)
 		select {
-		case <-s.cfg.Reservations.Listed():
+		case <-live:
 			rs, err = s.cfg.Reservations.Current()
 		case <-t.C:
 		case <-ctx.Done():

@@ -178,9 +178,12 @@ type Reservations struct {
 	since  time.Time
 	byKey  map[string]parsedReservation
 	notify chan struct{}
-	// listed is closed at the first List (Listed)
-	listed     chan struct{}
-	listedOnce sync.Once
+	// liveCh is closed while the copy is live; broken replaces it with an open one (Live)
+	liveCh chan struct{}
+	// kick asks Run, waiting out its pause after a break, to list again now (Kick)
+	kick chan struct{}
+	// pause0 is Run's first pause after a break (a variable for tests)
+	pause0 time.Duration
 }
 
 type parsedReservation struct {
@@ -194,15 +197,16 @@ func NewReservations(ds datastore.Store, log *slog.Logger) *Reservations {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Reservations{ds: ds, log: log, cause: errors.New("not listed yet since the agent started"), since: time.Now(), notify: make(chan struct{}, 1), listed: make(chan struct{})}
+	return &Reservations{ds: ds, log: log, cause: errors.New("not listed yet since the agent started"), since: time.Now(), notify: make(chan struct{}, 1), liveCh: make(chan struct{}), kick: make(chan struct{}, 1), pause0: time.Second}
 }
 
 // Run keeps the copy until ctx ends: it lists the reservations and watches them
 // from the list's revision, and does both again when the watch breaks, after a
-// pause that doubles up to 30s while the watches keep breaking within a minute.
-// Run it once, in a goroutine of its own.
+// pause that doubles up to 30s while the watches keep breaking within a minute,
+// or sooner when an ADD waits for the copy (Kick), though not twice within a
+// second. Run it once, in a goroutine of its own.
 func (rs *Reservations) Run(ctx context.Context) {
-	pause := time.Second
+	pause := rs.pause0
 	for {
 		began := time.Now()
 		err := rs.runOnce(ctx)
@@ -210,14 +214,23 @@ func (rs *Reservations) Run(ctx context.Context) {
 			return
 		}
 		if time.Since(began) > time.Minute {
-			pause = time.Second
+			pause = rs.pause0
 		}
 		rs.broken(err)
 		rs.log.Warn("the watch of the IPReservations ended; cluster-mode ADDs fail (retryable) until it lists again", "err", err, "retry", pause)
+		failed := time.Now()
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(pause):
+		case <-rs.kick:
+			if d := time.Second - time.Since(failed); d > 0 {
+				select {
+				case <-ctx.Done():
+					return
+				case <-time.After(d):
+				}
+			}
 		}
 		pause = min(2*pause, 30*time.Second)
 	}
@@ -240,8 +253,8 @@ func (rs *Reservations) runOnce(ctx context.Context) error {
 		rs.byKey[kv.Key] = parseKV(kv)
 	}
 	rs.live, rs.cause, rs.since = true, nil, time.Now()
+	close(rs.liveCh)
 	rs.mu.Unlock()
-	rs.listedOnce.Do(func() { close(rs.listed) })
 	rs.changed()
 	for ev := range w.Events() {
 		rs.mu.Lock()
@@ -270,6 +283,7 @@ func (rs *Reservations) broken(err error) {
 	rs.live, rs.cause = false, err
 	if was {
 		rs.since = time.Now()
+		rs.liveCh = make(chan struct{})
 	}
 	rs.mu.Unlock()
 	rs.changed()
@@ -282,9 +296,23 @@ func (rs *Reservations) changed() {
 	}
 }
 
-// Listed is closed once the copy has listed the reservations for the first time
-// (an agent's first ADDs wait for it rather than fail).
-func (rs *Reservations) Listed() <-chan struct{} { return rs.listed }
+// Live returns a channel closed once the copy is live: listed, and the watch of
+// that list running. After a break it is a new channel, closed when the copy
+// has listed again (an ADD waits on it rather than fail at once).
+func (rs *Reservations) Live() <-chan struct{} {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return rs.liveCh
+}
+
+// Kick asks Run, if it waits out its pause after a break, to list again now (at
+// most once a second): an ADD is waiting for the copy.
+func (rs *Reservations) Kick() {
+	select {
+	case rs.kick <- struct{}{}:
+	default:
+	}
+}
 
 // Changed receives a value (coalesced) after the copy changed.
 func (rs *Reservations) Changed() <-chan struct{} { return rs.notify }
