@@ -13,8 +13,8 @@
 #
 # Both lanes stream to the terminal with a prefix (kubelet| , other| ) and to
 # LOGDIR/lane-kubelet.log and LOGDIR/lane-other.log. The script ends with each
-# lane's verdict and the packages that failed, and exits 1 if either lane
-# failed.
+# lane's verdict, the packages and tests that failed with the first lines each
+# test logged, and exits 1 if either lane failed.
 set -u
 if [ $# -lt 1 ]; then
 	echo "usage: $0 LOGDIR [go test flags...]" >&2
@@ -58,6 +58,10 @@ for name in kubelet other; do
 		status=1
 		echo "== $name lane: FAIL (exit $rc; log: $logdir/lane-$name.log)"
 		grep -E '^(FAIL|panic:)' "$logdir/lane-$name.log" | grep -vx FAIL | sed 's/^/   /'
+		# The failed tests and the first lines each logged, so that a CI that keeps
+		# only the end of the output still says what failed and why.
+		awk '/^ *--- FAIL: /{n=3; print; next} n>0 && /^ +[^ -]/{print; n--; next} {n=0}' \
+			"$logdir/lane-$name.log" | head -24 | cut -c1-240 | sed 's/^/   /'
 	fi
 done
 exit $status
