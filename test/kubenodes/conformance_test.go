@@ -63,7 +63,8 @@ var conformanceSelection = []string{
 
 // TestConformance is make conformance (issue 26): Kubernetes' own network
 // tests against three nodes with ipledger installed from deploy/, in node
-// mode and in cluster mode, each its own cluster. It writes each mode's
+// mode and in cluster mode (with two pools: nodesenv.Setup.TwoPools), each
+// its own cluster. It writes each mode's
 // summary into docs/conformance.md and fails when any selected test fails.
 func TestConformance(t *testing.T) {
 	if err := conformanceArgsError(flag.Args()); err != nil {
@@ -104,7 +105,10 @@ func TestConformance(t *testing.T) {
 			dir := filepath.Join(os.TempDir(), "ipledger-conformance-"+name)
 			os.RemoveAll(dir)
 			t0 := time.Now()
-			rep := nodesenv.Upstream(t, nodesenv.Setup{ClusterMode: mode == "cluster", DualStack: *conformanceDual},
+			// cluster mode runs with two pools: every namespace the suite creates
+			// takes its pods' addresses from a second IPPool (issue 34), CoreDNS and
+			// default keep deploy/cluster's
+			rep := nodesenv.Upstream(t, nodesenv.Setup{ClusterMode: mode == "cluster", TwoPools: mode == "cluster", DualStack: *conformanceDual},
 				e2eenv.Options{Focus: focus, Skip: skips, Procs: *conformanceProcs, Timeout: timeout, Dir: dir})
 			for _, s := range rep.Ran() {
 				if s.State == "failed" {
@@ -176,7 +180,8 @@ func writeSummary(mode string, dual bool, rep e2eenv.Report, total time.Duration
 func installOf(mode string, dual bool) string {
 	switch {
 	case mode == "cluster":
-		return "ipledger installed with kubectl apply -k deploy/cluster"
+		return fmt.Sprintf("ipledger installed with kubectl apply -k deploy/cluster, then a second IPPool %s (%s) chosen for every namespace the suite creates (a MutatingAdmissionPolicy annotates each with %s; CoreDNS keeps deploy/cluster's pool %s), every pod's address checked against its namespace's pool",
+			nodesenv.SecondPoolName, nodesenv.SecondPool, nodesenv.PoolAnnotation, nodesenv.ClusterPool)
 	case dual:
 		return fmt.Sprintf("an IPv4/IPv6 dual-stack cluster (pods %s, Services %s,%s, each kubelet --node-ip IPv4,IPv6), ipledger installed with kubectl apply -k deploy/dualstack", kubeenv.DefaultClusterCIDR+","+kubeenv.ClusterCIDR6, kubeenv.ServiceCIDR, kubeenv.ServiceCIDR6)
 	}

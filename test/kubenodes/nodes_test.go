@@ -25,11 +25,28 @@ import (
 )
 
 // cluster is the three-node environment with this package's checks as its
-// methods.
-type cluster struct{ *nodesenv.Cluster }
+// methods; ns is the namespace its pod helpers (startHttpd, waitRunning,
+// startPod, waitDone, logs) work in, "" for default.
+type cluster struct {
+	*nodesenv.Cluster
+	ns string
+}
 
 // startNodes brings up the control plane and n nodes, with no pod network.
-func startNodes(t testing.TB, n int) *cluster { return &cluster{nodesenv.StartNodes(t, n)} }
+func startNodes(t testing.TB, n int) *cluster {
+	return &cluster{Cluster: nodesenv.StartNodes(t, n)}
+}
+
+// namespace is the namespace of cl's pod helpers.
+func (cl *cluster) namespace() string {
+	if cl.ns == "" {
+		return "default"
+	}
+	return cl.ns
+}
+
+// inNamespace is cl with its pod helpers working in namespace ns.
+func (cl *cluster) inNamespace(ns string) *cluster { return &cluster{Cluster: cl.Cluster, ns: ns} }
 
 // fetchScript is a client pod's script: it fetches http://target:8080/ from
 // each target over TCP (5 s each), says which answered "ok", and fails unless
@@ -51,7 +68,7 @@ func (cl *cluster) startPod(node, name, script string) {
 	cl.T.Helper()
 	spec := nodesenv.BusyboxPod(node, "probe", "/bin/busybox", "sh", "-c", script)
 	spec.RestartPolicy = corev1.RestartPolicyNever
-	cl.C.Apply(cl.T, nodesenv.PodManifest(name, map[string]string{"app": "probe"}, spec))
+	cl.C.Apply(cl.T, nodesenv.PodManifestIn(cl.namespace(), name, map[string]string{"app": "probe"}, spec))
 }
 
 // waitDone waits until pod name (started by startPod) has run to completion
@@ -61,7 +78,7 @@ func (cl *cluster) waitDone(name string) (bool, string, netip.Addr) {
 	cl.T.Helper()
 	var phase, ip string
 	if err := kubeenv.WaitFor(3*time.Minute, 500*time.Millisecond, func() (bool, error) {
-		pods, err := cl.C.Pods("default", "app=probe")
+		pods, err := cl.C.Pods(cl.namespace(), "app=probe")
 		if err != nil {
 			return false, err
 		}
@@ -72,7 +89,7 @@ func (cl *cluster) waitDone(name string) (bool, string, netip.Addr) {
 		}
 		return phase == "Succeeded" || phase == "Failed", fmt.Errorf("pod %s phase %q", name, phase)
 	}); err != nil {
-		out, _ := cl.C.Kubectl("describe", "pod", name)
+		out, _ := cl.C.Kubectl("describe", "pod", name, "-n", cl.namespace())
 		cl.T.Fatalf("%v\n%s", err, out)
 	}
 	addr, _ := netip.ParseAddr(ip)
@@ -83,7 +100,7 @@ func (cl *cluster) waitDone(name string) (bool, string, netip.Addr) {
 // its node's namespace through the egress proxy (kubeenv's egress.go).
 func (cl *cluster) logs(pod string) string {
 	cl.T.Helper()
-	out, err := cl.C.Kubectl("logs", pod)
+	out, err := cl.C.Kubectl("logs", pod, "-n", cl.namespace())
 	if err != nil {
 		cl.T.Fatalf("kubectl logs %s: %v\n%s", pod, err, out)
 	}
@@ -132,8 +149,9 @@ func httpGet(c net.Conn) (string, error) {
 //     ipledger's accepts.
 //   - ClusterMode: node mode uninstalled (the agents' ledgers removed, as on
 //     a fresh node), then `kubectl apply -k deploy/cluster` (checkClusterMode),
-//     and a StatefulSet's pods keeping their addresses when their node is
-//     drained (checkStickyStatefulSet).
+//     a StatefulSet's pods keeping their addresses when their node is
+//     drained (checkStickyStatefulSet), and a namespace whose pods take their
+//     addresses from a second IPPool reaching every other pod (checkSecondPool).
 //   - FlannelControl: ipledger uninstalled, flannel host-gw on the same nodes
 //     passes the connectivity check, as a control: a check that fails there as
 //     well as with ipledger is the environment's, not ipledger's.
@@ -162,6 +180,7 @@ func TestThreeNodes(t *testing.T) {
 		sub.Install(true)
 		sub.checkClusterMode()
 		sub.checkStickyStatefulSet()
+		sub.checkSecondPool()
 	})
 	t.Run("FlannelControl", func(t *testing.T) {
 		cl := cl.in(t)
@@ -180,7 +199,7 @@ func TestThreeNodes(t *testing.T) {
 func (cl *cluster) in(t *testing.T) *cluster {
 	env := *cl.Cluster
 	env.T = t
-	sub := &cluster{&env}
+	sub := &cluster{Cluster: &env, ns: cl.ns}
 	t.Cleanup(sub.clean)
 	return sub
 }
@@ -355,10 +374,22 @@ type ipBlocks struct {
 // and checkServices pass, and the cluster audit balances (no address held on
 // two nodes).
 func (cl *cluster) checkClusterMode() {
-	t := cl.T
+	cl.T.Helper()
 	cl.checkNetwork()
 	cl.checkPlugin()
 	cl.checkServices()
+	cl.checkBlockRoutes()
+	cl.logProtoRoutes("cluster mode")
+	// Every node's leases against each other and against the API's blocks.
+	cl.clusterAudit()
+}
+
+// checkBlockRoutes: each node routes every block another node owns (every
+// pool's, as the IPBlocks on the API say) via that node's address, and makes
+// its own unreachable.
+func (cl *cluster) checkBlockRoutes() {
+	t := cl.T
+	t.Helper()
 	var blocks ipBlocks
 	if err := cl.C.GetJSON(&blocks, "ipblocks"); err != nil {
 		t.Fatal(err)
@@ -382,8 +413,14 @@ func (cl *cluster) checkClusterMode() {
 			t.Errorf("%s: %v", nd.Name, err)
 		}
 	}
-	cl.logProtoRoutes("cluster mode")
-	// Every node's leases against each other and against the API's blocks.
+}
+
+// clusterAudit runs ipledgerctl cluster-audit over every node's agent and
+// fails unless it balances (no address held on two nodes, every lease in a
+// block its node owns).
+func (cl *cluster) clusterAudit() {
+	t := cl.T
+	t.Helper()
 	args := []string{"cluster-audit"}
 	for _, nd := range cl.Nodes {
 		args = append(args, "--socket", nd.HostPath("/run/ipledger/ipledger.sock"))

@@ -30,7 +30,7 @@ func (cl *cluster) startHttpd(name, node string, labels map[string]string, body 
 	if hostPort != 0 {
 		spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 8080, HostPort: int32(hostPort), Protocol: corev1.ProtocolTCP}}
 	}
-	cl.C.Apply(cl.T, nodesenv.PodManifest(name, labels, spec))
+	cl.C.Apply(cl.T, nodesenv.PodManifestIn(cl.namespace(), name, labels, spec))
 }
 
 // waitRunning waits until pod name runs and returns its address.
@@ -39,7 +39,7 @@ func (cl *cluster) waitRunning(name string) netip.Addr {
 	var ip netip.Addr
 	if err := kubeenv.WaitFor(2*time.Minute, 500*time.Millisecond, func() (bool, error) {
 		var p kubeenv.Pod
-		if err := cl.C.GetJSON(&p, "pod", name, "-n", "default"); err != nil {
+		if err := cl.C.GetJSON(&p, "pod", name, "-n", cl.namespace()); err != nil {
 			return false, err
 		}
 		if p.Status.Phase != "Running" || p.Status.PodIP == "" {
@@ -49,7 +49,7 @@ func (cl *cluster) waitRunning(name string) netip.Addr {
 		ip, err = netip.ParseAddr(p.Status.PodIP)
 		return err == nil, err
 	}); err != nil {
-		out, _ := cl.C.Kubectl("describe", "pod", name)
+		out, _ := cl.C.Kubectl("describe", "pod", name, "-n", cl.namespace())
 		cl.T.Fatalf("%v\n%s", err, out)
 	}
 	return ip

@@ -103,7 +103,7 @@ func BenchmarkScale(b *testing.B) {
 
 	t0 := time.Now()
 	kubeenv.FlannelBinary(b)
-	cl := &cluster{nodesenv.StartNodesMaxPods(b, 3, scaleMaxPods)}
+	cl := &cluster{Cluster: nodesenv.StartNodesMaxPods(b, 3, scaleMaxPods)}
 	cs := cl.client()
 	for _, nd := range cl.Nodes {
 		n, err := cs.CoreV1().Nodes().Get(context.Background(), nd.Name, metav1.GetOptions{})

@@ -43,6 +43,8 @@ type Cluster struct {
 	// ClusterMode: ipledger installed from deploy/cluster (pods get
 	// addresses in ClusterPool, not in their Node's podCIDR).
 	ClusterMode bool
+	// pools: the ranges of the IPPools AddPool applied
+	pools []netip.Prefix
 }
 
 // Setup is how Upstream builds its cluster.
@@ -54,6 +56,13 @@ type Setup struct {
 	// Options.DualStack) and installs ipledger from deploy/dualstack
 	// (kubectl apply -k: usePodCidr and usePodCidrIPv6), node mode only.
 	DualStack bool
+	// TwoPools (cluster mode): the IPPool SecondPoolName over SecondPool
+	// beside deploy/cluster's pool, and every namespace created after the
+	// install (the suite's, all but default and kube-*) annotated at
+	// admission to take its pods' addresses from it (PoolForNewNamespaces).
+	// While the suite runs every pod is sampled; Upstream fails unless each
+	// pod's address came from the pool its namespace chose.
+	TwoPools bool
 }
 
 // Images writes the ipledger image (as `make image` builds it) and a busybox
@@ -212,10 +221,10 @@ func (cl *Cluster) PodCIDR(node string) netip.Prefix {
 
 // PodNetwork is the range of every pod's address: kube-proxy's
 // --cluster-cidr (the Nodes' podCIDRs, one CIDR per family joined with ",",
-// or the cluster-wide pool).
+// or the cluster-wide pool, widened to cover the IPPools AddPool added).
 func (cl *Cluster) PodNetwork() string {
 	if cl.ClusterMode {
-		return ClusterPool.String()
+		return Covering(append([]netip.Prefix{ClusterPool}, cl.pools...)...).String()
 	}
 	return strings.Join(cl.C.ClusterCIDRs(), ",")
 }
@@ -249,9 +258,14 @@ func BusyboxPod(node, container string, command ...string) corev1.PodSpec {
 // PodManifest is the Pod name in namespace default with labels and spec, as
 // kubectl apply reads it (JSON is YAML).
 func PodManifest(name string, labels map[string]string, spec corev1.PodSpec) string {
+	return PodManifestIn("default", name, labels, spec)
+}
+
+// PodManifestIn is PodManifest in namespace ns.
+func PodManifestIn(ns, name string, labels map[string]string, spec corev1.PodSpec) string {
 	return manifest(&corev1.Pod{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Labels: labels},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
 		Spec:       spec,
 	})
 }
@@ -288,8 +302,15 @@ func Upstream(t *testing.T, s Setup, o e2eenv.Options) e2eenv.Report {
 	t.Helper()
 	dir := t.TempDir()
 	imgs := append(e2eenv.Images(t, dir), e2eenv.CoreDNSImage(t, dir))
+	if s.TwoPools && !s.ClusterMode {
+		t.Fatal("nodesenv: Setup.TwoPools is cluster mode's (named pools); set ClusterMode")
+	}
 	cl := startNodesWith(t, 3, imgs, kubeenv.Options{DualStack: s.DualStack})
 	cl.Install(s.ClusterMode)
+	if s.TwoPools {
+		cl.AddPool(SecondPoolName, SecondPool)
+		cl.PoolForNewNamespaces(SecondPoolName)
+	}
 	for _, nd := range cl.Nodes {
 		nd.StartKubeProxy(t, cl.PodNetwork())
 	}
@@ -307,5 +328,11 @@ func Upstream(t *testing.T, s Setup, o e2eenv.Options) e2eenv.Report {
 	if o.Dir == "" {
 		o.Dir = t.TempDir()
 	}
-	return e2eenv.Run(t, o)
+	if !s.TwoPools {
+		return e2eenv.Run(t, o)
+	}
+	sampler := cl.samplePods(10 * time.Second)
+	rep := e2eenv.Run(t, o)
+	cl.checkPools(t, sampler.stop(), SecondPoolName, SecondPool)
+	return rep
 }
