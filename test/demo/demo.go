@@ -102,7 +102,14 @@ func Run(ctx context.Context, tb testing.TB, o Options) ([]Books, error) {
 	// is removed after containerd's own cleanup (which still sends DELs)
 	lostDir, hlDir := tb.TempDir(), tb.TempDir()
 	d := &demo{tb: tb, ctx: ctx, o: o, confDir: tb.TempDir(), logDir: tb.TempDir(), binDirs: []string{bin, failDir, containerdenv.DefaultCNIBinDir}}
-	fmt.Fprintln(o.Out, "starting a private containerd (its own root, state and socket)")
+	ctd, err := containerdenv.Selected()
+	if err != nil {
+		return nil, err
+	}
+	if ctd == containerdenv.Debian {
+		ctd = "Debian's"
+	}
+	fmt.Fprintf(o.Out, "starting a private containerd %s (its own root, state and socket; %s chooses another)\n", ctd, containerdenv.VersionEnv)
 	d.env = containerdenv.Start(tb, containerdenv.Options{CNIConfDir: d.confDir, CNIBinDirs: []string{bin, failDir}, CallTimeout: 10 * time.Second})
 	d.c = d.env.Client(tb)
 	fmt.Fprintln(o.Out, "starting ipledgerd on its embedded store, reconciling against that containerd")
