@@ -6,9 +6,14 @@
 # The kubelet lane is the packages in KUBELET_PKGS (the Makefile's list: those
 # whose tests start a kubelet cluster). Each cluster holds the host-wide lock
 # /var/cache/ipledger/kube/.cluster.lock until its test process exits, so these
-# packages run one after the other whatever -p says; they run here with -p 1.
-# The other lane is every other package of the module, -p 1 as well, beside
-# the first: none of them starts a kubelet or touches what a kubelet cluster
+# packages' clusters run one after the other whatever -p says. The lane runs
+# with -p 2 all the same: while one package's clusters run, go test compiles
+# and links the next and starts it, and it waits at the lock, so no package
+# waits for its own build (about two minutes of the lane's wall time in five
+# builds). A package may then wait a whole predecessor's run before its own:
+# the lane's -timeout is 40m, after the flags given (the last one wins).
+# The other lane is every other package of the module, -p 1, beside the
+# first: none of them starts a kubelet or touches what a kubelet cluster
 # changes on the host (internal/testenv/README.md says what was checked).
 #
 # Both lanes stream to the terminal with a prefix (kubelet| , other| ) and to
@@ -41,7 +46,7 @@ lane() {
 }
 
 start=$(date +%s)
-lane kubelet -p 1 "$@" $kube &
+lane kubelet -p 2 "$@" -timeout 40m $kube &
 kpid=$!
 lane other -p 1 "$@" $others &
 opid=$!
