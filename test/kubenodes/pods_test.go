@@ -21,12 +21,20 @@ func (cl *cluster) httpd(name, node string, labels map[string]string, body strin
 	return cl.waitRunning(name)
 }
 
-// startHttpd creates httpd's pod and returns without waiting for it.
-func (cl *cluster) startHttpd(name, node string, labels map[string]string, body string, hostPort int) {
-	cl.T.Helper()
+// httpdSpec is the spec of every httpd pod here: busybox httpd on port 8080
+// serving body as /index.html and logging each client's address, on node
+// ("" for the scheduler's choice), stopped at once when deleted.
+func httpdSpec(node, body string) corev1.PodSpec {
 	spec := nodesenv.BusyboxPod(node, "srv", "/bin/busybox", "sh", "-c",
 		fmt.Sprintf("echo %s > /tmp/index.html && exec /bin/busybox httpd -f -vv -p 8080 -h /tmp", body))
 	spec.TerminationGracePeriodSeconds = new(int64(0))
+	return spec
+}
+
+// startHttpd creates httpd's pod and returns without waiting for it.
+func (cl *cluster) startHttpd(name, node string, labels map[string]string, body string, hostPort int) {
+	cl.T.Helper()
+	spec := httpdSpec(node, body)
 	if hostPort != 0 {
 		spec.Containers[0].Ports = []corev1.ContainerPort{{ContainerPort: 8080, HostPort: int32(hostPort), Protocol: corev1.ProtocolTCP}}
 	}

@@ -15,7 +15,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
-	"github.com/ipledger/ipledger/internal/testenv/nodesenv"
 )
 
 // stickyPod is what checkStickyStatefulSet reads of a StatefulSet pod.
@@ -58,9 +57,7 @@ func (cl *cluster) checkStickyStatefulSet() {
 	for _, n := range others {
 		cl.C.MustKubectl(t, "cordon", n)
 	}
-	spec := nodesenv.BusyboxPod("", "srv", "/bin/busybox", "sh", "-c",
-		"echo ok > /tmp/index.html && exec /bin/busybox httpd -f -vv -p 8080 -h /tmp")
-	spec.TerminationGracePeriodSeconds = new(int64(0))
+	spec := httpdSpec("", "ok")
 	labels := map[string]string{"app": "web"}
 	sts := appsv1.StatefulSet{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "StatefulSet"},
