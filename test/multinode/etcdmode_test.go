@@ -1,20 +1,19 @@
 package multinode_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/netip"
 	"os/exec"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/ipledger/ipledger/internal/testenv"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 	"github.com/ipledger/ipledger/internal/testenv/netnodes"
@@ -267,7 +266,7 @@ func TestEtcdRollout(t *testing.T) {
 	type pinger struct {
 		what string
 		cmd  *exec.Cmd
-		out  lockedBuffer
+		out  testenv.Buffer
 	}
 	target := pods[2].addr(true)
 	var pingers []*pinger
@@ -349,24 +348,6 @@ func TestEtcdRollout(t *testing.T) {
 			t.Errorf("%s: echo requests %v of the %d sent during the rollout unanswered:\n%s", p.what, missing, covered, out)
 		}
 	}
-}
-
-// lockedBuffer is a process's output, read while the process writes it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // pingReplies reads the sequence numbers of busybox ping's replies ("64 bytes

@@ -8,10 +8,11 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/ipledger/ipledger/internal/testenv"
 )
 
 // Browser is one headless chromium process that loads page after page in one tab,
@@ -23,9 +24,9 @@ import (
 type Browser struct {
 	tb      testing.TB
 	cmd     *exec.Cmd
-	stderr  *strings.Builder
-	in      *os.File // commands to chromium
-	session string   // the tab's DevTools session
+	stderr  testenv.Buffer // chromium's, for the failure messages
+	in      *os.File       // commands to chromium
+	session string         // the tab's DevTools session
 
 	mu      sync.Mutex
 	nextID  int
@@ -66,12 +67,12 @@ func Start(tb testing.TB) *Browser {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	b := &Browser{tb: tb, in: cmdW, stderr: &strings.Builder{}, waiting: map[int]chan message{},
+	b := &Browser{tb: tb, in: cmdW, waiting: map[int]chan message{},
 		loaded: map[string]bool{}, loadSig: make(chan struct{}, 1), done: make(chan struct{})}
 	b.cmd = exec.Command(bin, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
 		"--user-data-dir="+tb.TempDir(), "--hide-scrollbars", "--remote-debugging-pipe", "about:blank")
 	b.cmd.ExtraFiles = []*os.File{cmdR, outW} // fd 3, fd 4
-	b.cmd.Stderr = &lockedWriter{w: b.stderr, mu: &b.mu}
+	b.cmd.Stderr = &b.stderr
 	if err := b.cmd.Start(); err != nil {
 		tb.Fatalf("chromium: %v", err)
 	}
@@ -89,18 +90,6 @@ func Start(tb testing.TB) *Browser {
 	b.call(b.session, "Page.setLifecycleEventsEnabled", map[string]any{"enabled": true}, nil)
 	b.call(b.session, "Emulation.setDeviceMetricsOverride", map[string]any{"width": 1400, "height": 1000, "deviceScaleFactor": 1, "mobile": false}, nil)
 	return b
-}
-
-// lockedWriter is chromium's stderr, read by the test while the process writes it.
-type lockedWriter struct {
-	w  *strings.Builder
-	mu *sync.Mutex
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
 }
 
 // read hands each message chromium writes to whoever waits for it: a response to
@@ -194,8 +183,6 @@ func (b *Browser) call(session, method string, params any, out any) {
 }
 
 func (b *Browser) stderrText() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
 	return b.stderr.String()
 }
 
