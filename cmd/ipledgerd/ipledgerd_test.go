@@ -2,7 +2,6 @@ package main_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -11,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -19,6 +17,7 @@ import (
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/spool"
+	"github.com/ipledger/ipledger/internal/testenv"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 )
 
@@ -180,25 +179,6 @@ func TestRefusedAgentLeavesSpool(t *testing.T) {
 	}
 }
 
-// lockedWriter is a bytes.Buffer safe for the writes of a child's output while the
-// test reads it.
-type lockedWriter struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *lockedWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *lockedWriter) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
-
 // TestTakeover: a new ipledgerd started on the state directory and socket of one that
 // still runs (a DaemonSet rollover) waits for it, saying so in its log, instead of
 // exiting; when the old one stops, the new one serves the same ledger. A new agent
@@ -233,7 +213,7 @@ func TestTakeover(t *testing.T) {
 	})
 
 	t.Run("waits", func(t *testing.T) {
-		var out lockedWriter
+		var out testenv.Buffer
 		next := exec.Command(bin, append(args, "--takeover-timeout", "60s")...)
 		next.Stdout, next.Stderr = &out, &out
 		if err := next.Start(); err != nil {

@@ -1,12 +1,10 @@
 package agent_test
 
 import (
-	"bytes"
 	"fmt"
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,25 +14,8 @@ import (
 	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 	"github.com/ipledger/ipledger/internal/ledgerview"
 	"github.com/ipledger/ipledger/internal/spool"
+	"github.com/ipledger/ipledger/internal/testenv"
 )
-
-// syncBuf collects log output from several goroutines.
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (w *syncBuf) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.Write(p)
-}
-
-func (w *syncBuf) String() string {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.b.String()
-}
 
 // TestServedRequestsLogTheirChanges: ADDs and DELs answered over a real socket (the
 // agent answers first and logs after) still write one info line per change with the
@@ -43,7 +24,7 @@ func (w *syncBuf) String() string {
 // line is written by the time Serve has drained (the lines of successive requests in
 // any order: each is written after its answer).
 func TestServedRequestsLogTheirChanges(t *testing.T) {
-	var out syncBuf
+	var out testenv.Buffer
 	log := slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
 		if a.Key == slog.TimeKey {
 			return slog.Attr{}

@@ -23,7 +23,7 @@ import (
 )
 
 // TestPoolPageInChromium starts a real agent with known leases, loads the pool page in
-// headless Chromium and checks, from the rendered DOM, the cells of a known pool and
+// headless Chromium (one browser for every page the test loads) and checks, from the rendered DOM, the cells of a known pool and
 // their states, a cell's holder and history, and a large pool drawn as blocks. The
 // screenshot is kept in the test's artifact directory (go test -artifacts -outputdir DIR
 // keeps it under DIR; the path is logged).
@@ -48,7 +48,8 @@ func TestPoolPageInChromium(t *testing.T) {
 		}
 	}
 	url := "http://" + addr + "/"
-	dom := chromium.DumpDOM(t, url)
+	b := chromium.Start(t)
+	dom := b.DOM(url)
 	if !strings.Contains(dom, `<meta http-equiv="refresh"`) {
 		t.Error("the page does not refresh itself")
 	}
@@ -100,22 +101,22 @@ func TestPoolPageInChromium(t *testing.T) {
 		}
 	}
 	// zooming into the first block shows its addresses
-	zoom := chromium.PoolCells(chromium.DumpDOM(t, url+strings.TrimPrefix(w[0].Href, "/")))["wide"]
+	zoom := chromium.PoolCells(b.DOM(url + strings.TrimPrefix(w[0].Href, "/")))["wide"]
 	if len(zoom) != 64 || zoom[0].IP != "10.97.0.1" || zoom[0].State != "gateway" || zoom[1].State != "live" || zoom[4].State != "free" {
 		t.Errorf("zoomed block: %d cells, first %+v", len(zoom), zoom[:min(5, len(zoom))])
 	}
 
 	// clicking a cell shows the address's holder and full history
-	detail := chromium.DumpDOM(t, url+strings.TrimPrefix(p[1].Href, "/"))
+	detail := b.DOM(url + strings.TrimPrefix(p[1].Href, "/"))
 	if !strings.Contains(detail, `id="detail" data-ip="10.96.0.2" data-state="cooling"`) ||
 		!regexp.MustCompile(`<td>shop/cart-0</td><td>gone-0</td><td>DEL</td>`).MatchString(detail) {
 		t.Errorf("detail of 10.96.0.2 lacks its state or its DEL history:\n%s", detail)
 	}
 
-	clusterPage(t)
+	clusterPage(t, b)
 
 	shot := filepath.Join(t.ArtifactDir(), "pool-page.png")
-	chromium.Screenshot(t, url, shot)
+	b.Screenshot(url, shot)
 	t.Logf("screenshot: %s", shot)
 }
 
@@ -126,7 +127,7 @@ func TestPoolPageInChromium(t *testing.T) {
 // hover text saying it is inside the reservation until its pod goes. Then the
 // operator drains the pool's range: the page shows the drained range and the
 // draining block with the pod that still holds it.
-func clusterPage(t *testing.T) {
+func clusterPage(t *testing.T, b *chromium.Browser) {
 	e := etcdenv.StartEmbedded(t)
 	addr := netenv.FreeAddr(t)
 	a := agentenv.Start(t, agentenv.Options{Args: []string{"--metrics-addr", addr, "--node-name", "n0", "--datastore", "etcd",
@@ -159,7 +160,7 @@ func clusterPage(t *testing.T) {
 	url := "http://" + addr + "/"
 	var dom string
 	for i := 0; ; i++ {
-		dom = chromium.DumpDOM(t, url)
+		dom = b.DOM(url)
 		if strings.Contains(dom, `<tr class="reservation" data-name="lab">`) {
 			break
 		}
@@ -219,7 +220,7 @@ func clusterPage(t *testing.T) {
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
-	dom = chromium.DumpDOM(t, url)
+	dom = b.DOM(url)
 	for _, want := range []string{`<div class="drained" data-ranges="10.98.0.0/26">drained (no new address from them): 10.98.0.0/26</div>`,
 		`<div class="draining" data-block="10.98.0.0/26" data-leases="1">block 10.98.0.0/26 draining, held by 1 leases: lab/router-0</div>`} {
 		if !strings.Contains(dom, want) {

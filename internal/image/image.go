@@ -191,8 +191,14 @@ func layer(spec Spec) ([]byte, error) {
 			return nil, fmt.Errorf("%w: %q is both a file and a directory", ErrBadSpec, p)
 		}
 	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
+	// sized once: grown by doubling, the buffer of a 150 MB layer cost more CPU
+	// (fresh pages cleared) than the gzip after it
+	size := 1024 + 2048*(len(dirs)+len(files))
+	for _, f := range files {
+		size += len(f.Data)
+	}
+	buf := bytes.NewBuffer(make([]byte, 0, size))
+	tw := tar.NewWriter(buf)
 	for _, d := range sortedKeys(dirs) {
 		h := &tar.Header{Typeflag: tar.TypeDir, Name: d + "/", Mode: dirs[d], ModTime: Epoch, Format: tar.FormatPAX}
 		if err := tw.WriteHeader(h); err != nil {

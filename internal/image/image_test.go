@@ -132,13 +132,11 @@ func TestBadSpecNamesTheField(t *testing.T) {
 	}
 }
 
-// TestIpledgerImageImportsIntoContainerd builds the ipledger image from freshly built
-// binaries twice (byte-identical), imports it into a real containerd with
-// ctr, and checks the runtime lists it under the reference kubelet uses.
-func TestIpledgerImageImportsIntoContainerd(t *testing.T) {
-	bin := agentenv.Bin(t)
-	dir := t.TempDir()
-	s, err := image.IpledgerSpec(bin, "ipledger:dev")
+// TestIpledgerSpec: the ipledger image's spec, from freshly built binaries, has the
+// /var/run -> /run link the pods' namespace paths need, and without the binaries
+// it asks for make build.
+func TestIpledgerSpec(t *testing.T) {
+	s, err := image.IpledgerSpec(agentenv.Bin(t), "ipledger:dev")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,6 +146,24 @@ func TestIpledgerImageImportsIntoContainerd(t *testing.T) {
 	}
 	if !varRun {
 		t.Error("the ipledger image has no /var/run -> /run link")
+	}
+	if _, err := image.IpledgerSpec(t.TempDir(), "ipledger:dev"); err == nil || !strings.Contains(err.Error(), "make build") {
+		t.Fatalf("missing binaries: err = %v, want a hint to run make build", err)
+	}
+}
+
+// TestIpledgerImageImportsIntoContainerd builds the ipledger image from freshly built
+// binaries twice (byte-identical), imports it into a real containerd with
+// ctr, and checks the runtime lists it under the reference kubelet uses. Its
+// containerd comes first: under -short (containerdenv skips it) it builds nothing
+// (two builds of the 150 MB image cost most of a minute under load).
+func TestIpledgerImageImportsIntoContainerd(t *testing.T) {
+	env := containerdenv.Start(t, containerdenv.Options{})
+	bin := agentenv.Bin(t)
+	dir := t.TempDir()
+	s, err := image.IpledgerSpec(bin, "ipledger:dev")
+	if err != nil {
+		t.Fatal(err)
 	}
 	p1, p2 := filepath.Join(dir, "1.tar"), filepath.Join(dir, "2.tar")
 	for _, p := range []string{p1, p2} {
@@ -160,10 +176,6 @@ func TestIpledgerImageImportsIntoContainerd(t *testing.T) {
 	if !bytes.Equal(b1, b2) {
 		t.Fatal("two builds of the ipledger image differ")
 	}
-	if _, err := image.IpledgerSpec(t.TempDir(), "ipledger:dev"); err == nil || !strings.Contains(err.Error(), "make build") {
-		t.Fatalf("missing binaries: err = %v, want a hint to run make build", err)
-	}
-	env := containerdenv.Start(t, containerdenv.Options{})
 	sock := strings.TrimPrefix(env.Endpoint(), "unix://")
 	if out, err := exec.Command("ctr", "--address", sock, "-n", "k8s.io", "images", "import", p1).CombinedOutput(); err != nil {
 		t.Fatalf("ctr images import: %v\n%s", err, out)

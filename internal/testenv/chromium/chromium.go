@@ -1,15 +1,11 @@
 // Package chromium runs Debian's chromium headless for tests of pages: it installs
 // the package when missing (through debpkg, under the lock every installer takes),
-// dumps a page's rendered DOM and takes screenshots.
+// loads pages in one running browser, returning their rendered DOM and screenshots.
 package chromium
 
 import (
-	"context"
-	"os"
 	"os/exec"
-	"strings"
 	"testing"
-	"time"
 
 	"github.com/ipledger/ipledger/internal/testenv/debpkg"
 )
@@ -26,34 +22,19 @@ func Path(tb testing.TB) string {
 	return p
 }
 
-// run runs chromium headless with args and url and returns its stdout.
-func run(tb testing.TB, url string, args ...string) string {
-	tb.Helper()
-	bin := Path(tb)
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	base := []string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-		"--user-data-dir=" + tb.TempDir(), "--window-size=1400,1000", "--hide-scrollbars"}
-	cmd := exec.CommandContext(ctx, bin, append(append(base, args...), url)...)
-	var out, errOut strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &errOut
-	if err := cmd.Run(); err != nil {
-		tb.Fatalf("chromium %v %s: %v\n%s", args, url, err, errOut.String())
-	}
-	return out.String()
-}
-
-// DumpDOM loads url and returns the DOM as rendered.
+// DumpDOM loads url in a chromium of its own and returns the DOM as rendered. A
+// test that loads several pages starts one Browser instead.
 func DumpDOM(tb testing.TB, url string) string {
 	tb.Helper()
-	return run(tb, url, "--dump-dom")
+	b := Start(tb)
+	defer b.Close()
+	return b.DOM(url)
 }
 
-// Screenshot loads url and saves a PNG of it at path.
+// Screenshot loads url in a chromium of its own and saves a PNG of it at path.
 func Screenshot(tb testing.TB, url, path string) {
 	tb.Helper()
-	run(tb, url, "--screenshot="+path)
-	if fi, err := os.Stat(path); err != nil || fi.Size() < 1000 {
-		tb.Fatalf("screenshot %s: %v", path, err)
-	}
+	b := Start(tb)
+	defer b.Close()
+	b.Screenshot(url, path)
 }
