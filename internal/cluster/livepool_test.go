@@ -307,6 +307,141 @@ func testPoolRangeDrained(t *testing.T, newC func(*testing.T) *cl) {
 	}
 }
 
+// No address of a draining block is handed out again, by any node, within the
+// reuse delay of its release, whatever happened to its range. A pod of node-a
+// holds X in blue's range A; A is drained, and re-added before or after X is
+// released: node-a's block there stays draining until it empties and is then
+// given back. A node that claims it next hands its addresses out as never used,
+// so node-b, filling the pool, must not get X while the reuse delay runs: the
+// block stays node-a's until the delay has passed since X's release (the
+// sweeps between keep it), and only then is it given back and node-b's. Before,
+// the block was given back at the first sweep after X's release, and node-b got
+// X at once.
+func TestDrainedBlockKeepsReuseDelay(t *testing.T) {
+	forAllBackends(t, "reuse", testDrainedBlockKeepsReuseDelay)
+}
+
+func testDrainedBlockKeepsReuseDelay(t *testing.T, newC func(*testing.T) *cl) {
+	const (
+		rangeA = "10.50.0.0/28"
+		blockA = "10.50.0.0/28"
+		delay  = 5 * time.Second
+		step   = 2 * time.Second // sweeps and renewals this far apart (the lease TTL is 9s)
+	)
+	for _, readdFirst := range []bool{true, false} {
+		name := "re-added after the release"
+		if readdFirst {
+			name = "re-added before the release"
+		}
+		t.Run(strings.ReplaceAll(name, " ", "-"), func(t *testing.T) {
+			c := newC(t)
+			c.reuse = delay
+			putPool(t, c.ds, "blue", `{"ranges":[[{"subnet":"10.50.0.0/28"},{"subnet":"10.50.1.0/28"}]],"blockSize":28}`)
+			a, b := c.agent("node-a", nil, nil), c.agent("node-b", nil, nil)
+			pools := servePool(t, "blue", a, b)
+			ls, err := a.allocPool(pools[a], "held")
+			if err != nil {
+				t.Fatal(err)
+			}
+			x := ls.IPs[0].Addr()
+			if !in(rangeA, x) {
+				t.Fatalf("node-a's first address %s, want one of %s", x, rangeA)
+			}
+			editPool(t, c.ds, "blue", dropRange(rangeA))
+			waitFollowed(t, a, "blue's "+rangeA+" draining", func() bool {
+				bs := a.l.Blocks("blue")
+				return len(bs) == 1 && bs[0].State == ledger.BlockDraining
+			})
+			readd := func() {
+				editPool(t, c.ds, "blue", addRange(rangeA))
+				waitFollowed(t, a, rangeA+" re-added", func() bool { return len(a.m.DrainedRanges("blue")) == 0 })
+				waitFollowed(t, b, rangeA+" re-added", func() bool { return poolRanges(b, "blue") == "10.50.1.0/28,"+rangeA })
+			}
+			if readdFirst {
+				readd()
+			}
+			a.release(t, "held")
+			released := c.clk.Mono()
+			if err := a.m.Sweep(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if !readdFirst {
+				readd()
+			}
+			fill := func() []netip.Addr {
+				p, err := b.m.EnsurePool(ctx, "blue", nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var got []netip.Addr
+				for i := 0; ; i++ {
+					ls, err := b.allocPool(p, fmt.Sprintf("fill-%d-%d", c.clk.Mono()/time.Second, i))
+					if errors.Is(err, ledger.ErrPoolExhausted) {
+						return got
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					got = append(got, ls.IPs[0].Addr())
+				}
+			}
+			for {
+				elapsed := c.clk.Mono() - released
+				if got := fill(); slices.Contains(got, x) {
+					t.Fatalf("node-b got %s %v after node-a released it, within the reuse delay %v (the draining block %s was given back: %+v)",
+						x, elapsed, delay, blockA, blocksOf(t, c.ds, "blue"))
+				}
+				if rec := blockRec(t, c.ds, blockA); rec.Owner != "node-a" {
+					t.Fatalf("block %s %v after its last release: %+v, want still node-a's (draining) within the reuse delay %v", blockA, elapsed, rec, delay)
+				}
+				if elapsed+step >= delay {
+					break
+				}
+				c.clk.Advance(step)
+				for _, n := range []*agent{a, b} {
+					if err := n.m.Renew(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := a.m.Sweep(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// the reuse delay has passed by the next sweep: the block is given
+			// back, and node-b claims it
+			c.clk.Advance(step)
+			for _, n := range []*agent{a, b} {
+				if err := n.m.Renew(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := a.m.Sweep(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if bs := a.l.Blocks("blue"); len(bs) != 0 {
+				t.Fatalf("node-a still holds %+v past the reuse delay after its last release there", bs)
+			}
+			got := fill()
+			if !slices.ContainsFunc(got, func(y netip.Addr) bool { return in(rangeA, y) }) {
+				t.Fatalf("node-b got %v once node-a's draining block was given back, want addresses of re-added %s", got, rangeA)
+			}
+			if rec := blockRec(t, c.ds, blockA); rec.Owner != "node-b" {
+				t.Fatalf("block %s after it was given back and the pool filled: %+v, want node-b's", blockA, rec)
+			}
+		})
+	}
+}
+
+// blocksOf returns the block records of pool network.
+func blocksOf(t *testing.T, ds datastore.Store, network string) []cluster.BlockRecord {
+	t.Helper()
+	bs, err := cluster.ReadBlocks(ctx, ds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.DeleteFunc(bs, func(r cluster.BlockRecord) bool { return r.Network != network })
+}
+
 // The default pool's record is the truth, and nodes' conflists that disagree
 // during a rollout cannot shrink it: a conflist that adds a range extends the
 // record (by compare-and-swap: two nodes adding different ranges at once both

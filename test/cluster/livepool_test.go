@@ -462,10 +462,9 @@ func TestLivePoolsOnKubernetes(t *testing.T) {
 //     range stays drained, nothing of it claimable, no pod of the live agents
 //     getting one of the dead node's addresses there;
 //   - range A re-added while the restarted agents' blocks there still drain:
-//     those blocks hand out nothing more until their last pod goes (their
-//     released addresses were not kept for reuse), the rest of A is the
-//     pool's at once, and once they are given back their addresses are
-//     handed out again.
+//     those blocks hand out nothing more until their last pod goes, the rest
+//     of A is the pool's at once, and once they are given back (the reuse
+//     delay after their last release) their addresses are handed out again.
 func TestDrainEdgesOnEtcd(t *testing.T) {
 	nodes, ds := etcdAgents(t)
 	p := livePool{name: liveNet, a: liveA, b: liveB, prefix: "e"}
