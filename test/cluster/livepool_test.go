@@ -159,6 +159,12 @@ type liveRun struct {
 	h     *holders
 	pods  []livePod
 	seq   int
+	// reuse, when set, is the agents' --reuse-delay: an ADD answered less than
+	// that after the DEL of the same address was sent fails the test (the
+	// agent's release came after the DEL was sent and its choice before the
+	// answer, so the address certainly went out within the reuse delay).
+	reuse time.Duration
+	delAt map[netip.Addr]time.Time
 }
 
 type livePod struct {
@@ -168,7 +174,7 @@ type livePod struct {
 }
 
 func newLiveRun(t *testing.T, ds datastore.Store, nodes []*node, p livePool) *liveRun {
-	return &liveRun{t: t, ds: ds, nodes: nodes, p: p, h: &holders{m: map[netip.Addr]string{}}}
+	return &liveRun{t: t, ds: ds, nodes: nodes, p: p, h: &holders{m: map[netip.Addr]string{}}, delAt: map[netip.Addr]time.Time{}}
 }
 
 func (r *liveRun) add(n *node) (livePod, error) {
@@ -177,6 +183,9 @@ func (r *liveRun) add(n *node) (livePod, error) {
 	a, err := liveAdd(n, r.p, cid)
 	if err != nil {
 		return livePod{}, err
+	}
+	if at, ok := r.delAt[a]; ok && r.reuse > 0 && time.Since(at) < r.reuse {
+		r.t.Fatalf("%s on %s got %s %v after the DEL of its last holder was sent, within the reuse delay %v", cid, n.name, a, time.Since(at), r.reuse)
 	}
 	r.h.take(a, n.name+"/"+cid)
 	x := livePod{n, cid, a}
@@ -187,6 +196,7 @@ func (r *liveRun) add(n *node) (livePod, error) {
 func (r *liveRun) del(x livePod) {
 	r.t.Helper()
 	r.h.drop(x.addr)
+	r.delAt[x.addr] = time.Now()
 	liveDel(r.t, x.n, x.cid)
 	r.pods = slices.DeleteFunc(r.pods, func(y livePod) bool { return y.cid == x.cid })
 }
@@ -402,12 +412,13 @@ func changeLive(t *testing.T, ds datastore.Store, nodes []*node, p livePool) {
 	r.delAll()
 }
 
-// etcdAgents starts embedded etcd and three agents on it, and returns them with
-// a client of the datastore (closed when the test ends).
-func etcdAgents(t *testing.T) ([]*node, datastore.Store) {
+// etcdAgents starts embedded etcd and three agents on it (with more flags, which
+// may override testTimings), and returns them with a client of the datastore
+// (closed when the test ends).
+func etcdAgents(t *testing.T, more ...string) ([]*node, datastore.Store) {
 	t.Helper()
 	e := etcdenv.StartEmbedded(t)
-	nodes := startNodes(t, 3, []string{"--datastore", "etcd", "--etcd-endpoints", strings.Join(e.Endpoints(), ",")})
+	nodes := startNodes(t, 3, append([]string{"--datastore", "etcd", "--etcd-endpoints", strings.Join(e.Endpoints(), ",")}, more...))
 	ds, err := etcdds.New(etcdds.Config{Endpoints: e.Endpoints()})
 	if err != nil {
 		t.Fatal(err)
@@ -450,8 +461,32 @@ func TestLivePoolsOnKubernetes(t *testing.T) {
 	})
 }
 
-// TestDrainEdgesOnEtcd: three real ipledgerd agents on etcd, range A of the
-// default pool drained while every agent holds pods in its blocks, and then:
+// drainReuse is the agents' reuse delay in the drain edges: long enough that a
+// drained block given back without waiting it out shows (the agents sweep every
+// second), short enough not to slow the test.
+const drainReuse = 3 * time.Second
+
+// TestDrainEdgesOnEtcd: drainEdges with three real ipledgerd agents on etcd.
+func TestDrainEdgesOnEtcd(t *testing.T) {
+	nodes, ds := etcdAgents(t, "--reuse-delay", drainReuse.String())
+	drainEdges(t, ds, nodes)
+}
+
+// TestDrainEdgesOnKubernetes: drainEdges with three real ipledgerd agents on a
+// real kube-apiserver (no kubelet): block records are IPBlocks, node leases
+// Leases, the pool record the network's IPPool.
+func TestDrainEdgesOnKubernetes(t *testing.T) {
+	kube := startKube(t)
+	ds, err := kubeds.New(kube.Config(), kubeds.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := startNodes(t, 3, []string{"--datastore", "kubernetes", "--kubeconfig", kube.Kubeconfig, "--reuse-delay", drainReuse.String()})
+	drainEdges(t, ds, nodes)
+}
+
+// drainEdges: three real ipledgerd agents (nodes, on datastore ds), range A of
+// the default pool drained while every agent holds pods in its blocks, and then:
 //
 //   - an agent stopped with SIGTERM and restarted, and one SIGKILLed and
 //     restarted: after the restart its doctor still WARNs of its draining
@@ -465,10 +500,13 @@ func TestLivePoolsOnKubernetes(t *testing.T) {
 //     those blocks hand out nothing more until their last pod goes, the rest
 //     of A is the pool's at once, and once they are given back (the reuse
 //     delay after their last release) their addresses are handed out again.
-func TestDrainEdgesOnEtcd(t *testing.T) {
-	nodes, ds := etcdAgents(t)
+//
+// Throughout, no ADD answers an address less than the reuse delay after the DEL
+// of its last holder was sent (liveRun.reuse).
+func drainEdges(t *testing.T, ds datastore.Store, nodes []*node) {
 	p := livePool{name: liveNet, a: liveA, b: liveB, prefix: "e"}
 	r := newLiveRun(t, ds, nodes, p)
+	r.reuse = drainReuse
 	r.fillAll(p.a)
 	editRecord(t, ds, p.name, addRangeTo(p.b))
 	for _, n := range nodes {
