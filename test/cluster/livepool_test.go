@@ -2,7 +2,6 @@ package cluster_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/cluster"
+	"github.com/ipledger/ipledger/internal/cluster/clustertest"
 	"github.com/ipledger/ipledger/internal/ctl"
 	"github.com/ipledger/ipledger/internal/datastore"
 	"github.com/ipledger/ipledger/internal/datastore/etcdds"
@@ -72,64 +72,6 @@ func liveDel(t *testing.T, n *node, cid string) {
 func exhausted(err error) bool {
 	var ae *api.Error
 	return errors.As(err, &ae) && ae.Code == api.CodeExhausted
-}
-
-// editRecord changes pool record name as an operator's edit does: read, change,
-// write back conditioned on the revision read (kubectl edit, an etcd txn on
-// mod_revision), reading again on a conflict.
-func editRecord(t *testing.T, ds datastore.Store, name string, edit func(spec map[string]any)) {
-	t.Helper()
-	ctx := context.Background()
-	for range 20 {
-		kv, err := ds.Get(ctx, cluster.PoolKey(name))
-		if err != nil {
-			t.Fatalf("reading pool %s: %v", name, err)
-		}
-		var spec map[string]any
-		if err := json.Unmarshal(kv.Value, &spec); err != nil {
-			t.Fatal(err)
-		}
-		edit(spec)
-		v, _ := json.Marshal(spec)
-		if _, err := ds.Update(ctx, kv.Key, v, kv.Revision); errors.Is(err, datastore.ErrConflict) {
-			continue
-		} else if err != nil {
-			t.Fatalf("writing pool %s: %v", name, err)
-		}
-		t.Logf("pool record %s now %s", name, v)
-		return
-	}
-	t.Fatalf("pool %s kept changing under the edit", name)
-}
-
-func isRange(subnet string) func(any) bool {
-	return func(r any) bool { return r.(map[string]any)["subnet"] == subnet }
-}
-
-// addRangeTo appends a range to range set 0; drainRange removes one from it, and
-// for a network's default pool lists it under drained (so that a conflist that
-// still names it does not add it back).
-func addRangeTo(subnet string) func(map[string]any) {
-	return func(spec map[string]any) {
-		sets := spec["ranges"].([]any)
-		sets[0] = append(sets[0].([]any), map[string]any{"subnet": subnet})
-	}
-}
-
-func drainRange(subnet string, named bool) func(map[string]any) {
-	return func(spec map[string]any) {
-		sets := spec["ranges"].([]any)
-		set := sets[0].([]any)
-		i := slices.IndexFunc(set, isRange(subnet))
-		if i < 0 {
-			panic("no range " + subnet)
-		}
-		if !named {
-			d, _ := spec["drained"].([]any)
-			spec["drained"] = append(d, set[i])
-		}
-		sets[0] = slices.Delete(set, i, i+1)
-	}
 }
 
 // blocksIn returns the block records of the datastore in prefix.
@@ -305,7 +247,7 @@ func (r *liveRun) addedAndFull() {
 	for i := len(r.pods) - 1; i >= 0; i -= 3 {
 		r.del(r.pods[i])
 	}
-	editRecord(t, r.ds, p.name, addRangeTo(p.b))
+	clustertest.EditPool(t, r.ds, p.name, clustertest.AddRange(p.b))
 	for _, n := range r.nodes {
 		r.untilFrom(n, p.b)
 	}
@@ -341,7 +283,7 @@ func (r *liveRun) untilFrom(n *node, prefix string) {
 // drain drains range A from the record and waits until the doctor of every
 // agent holding pods there WARNs of its draining blocks.
 func (r *liveRun) drain() {
-	editRecord(r.t, r.ds, r.p.name, drainRange(r.p.a, r.p.named))
+	clustertest.EditPool(r.t, r.ds, r.p.name, clustertest.DrainRange(r.p.a, r.p.named))
 	for _, n := range r.nodes {
 		if slices.ContainsFunc(r.podsIn(r.p.a), func(x livePod) bool { return x.n == n }) {
 			waitDoctor(r.t, n, "WARN", "pool "+r.p.name+":", "blocks draining")
@@ -508,7 +450,7 @@ func drainEdges(t *testing.T, ds datastore.Store, nodes []*node) {
 	r := newLiveRun(t, ds, nodes, p)
 	r.reuse = drainReuse
 	r.fillAll(p.a)
-	editRecord(t, ds, p.name, addRangeTo(p.b))
+	clustertest.EditPool(t, ds, p.name, clustertest.AddRange(p.b))
 	for _, n := range nodes {
 		r.untilFrom(n, p.b)
 	}
@@ -610,13 +552,7 @@ func drainEdges(t *testing.T, ds datastore.Store, nodes []*node) {
 	if len(before) == 0 {
 		t.Fatal("no block of A drains any more")
 	}
-	editRecord(t, ds, p.name, func(spec map[string]any) {
-		d := spec["drained"].([]any)
-		i := slices.IndexFunc(d, isRange(p.a))
-		sets := spec["ranges"].([]any)
-		sets[0] = append(sets[0].([]any), d[i])
-		spec["drained"] = slices.Delete(d, i, i+1)
-	})
+	clustertest.EditPool(t, ds, p.name, clustertest.UndrainRange(p.a))
 	// once the agents follow, A's free blocks are theirs again: the pool fills
 	// to exhausted over both ranges, never in a block that still drains
 	bound = time.Now().Add(time.Minute)
