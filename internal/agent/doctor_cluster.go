@@ -84,9 +84,15 @@ func (s *Server) clusterChecks(pools []api.PoolUse) []api.Check {
 		if why := refused[n]; why != "" {
 			add(api.CheckWarn, "pool %s: its record is not served as it stands; the node serves the pool as it was: %s; fix: correct the record as the message says (kubectl edit ippool %s)", n, why, n)
 		}
-		if len(draining) > 0 {
-			held := s.leasesIn(n, draining, "draining block")
-			add(api.CheckWarn, "pool %s: %d blocks draining (their range left the pool), held by %d leases: %s; each block is given back when its last lease is released; fix: nothing is needed, or delete (or move) those pods to finish the drain now", n, len(draining), len(held), strings.Join(held, ", "))
+		left, back := s.splitDraining(n, draining)
+		reuse := age(s.cfg.Ledger.ReuseDelay())
+		if len(left) > 0 {
+			held := s.leasesIn(n, left, "draining block")
+			add(api.CheckWarn, "pool %s: %d blocks draining (their range left the pool), held by %d leases: %s; each block is given back once it has held no lease for the reuse delay (%s); fix: nothing is needed, or delete (or move) those pods to finish the drain now", n, len(left), len(held), strings.Join(held, ", "), reuse)
+		}
+		if len(back) > 0 {
+			held := s.leasesIn(n, back, "draining block")
+			add(api.CheckWarn, "pool %s: %d blocks draining since their range was drained; the range is back in the pool (its other blocks are claimable), but these hand out nothing until they are given back, once each has held no lease for the reuse delay (%s), and are then claimable again; held by %d leases: %s; fix: nothing is needed, or delete (or move) those pods to finish the drain now", n, len(back), reuse, len(held), strings.Join(held, ", "))
 		}
 		st := c.Status(n)
 		switch {
@@ -238,6 +244,26 @@ func (s *Server) fillDraining(ps []api.PoolAudit) {
 	}
 }
 
+// splitDraining sorts draining blocks of pool network into those whose range is
+// still out of the pool (it overlaps a range DrainedRanges names) and those whose
+// range is back in it (re-added while the block drained). Without the manager's
+// word every block counts as out.
+func (s *Server) splitDraining(network string, draining []netip.Prefix) (left, back []netip.Prefix) {
+	d, ok := s.cfg.Cluster.(Drains)
+	if !ok {
+		return draining, nil
+	}
+	drained := d.DrainedRanges(network)
+	for _, b := range draining {
+		if slices.ContainsFunc(drained, b.Overlaps) {
+			left = append(left, b)
+		} else {
+			back = append(back, b)
+		}
+	}
+	return left, back
+}
+
 // drainingOf is what drains in pool network on this node (cluster mode): the
 // subnets of its drained ranges, and each draining block with the leases that
 // still hold it. It reads memory only; nil, nil in node mode.
@@ -247,7 +273,8 @@ func (s *Server) drainingOf(network string) ([]string, []api.DrainingBlock) {
 		return nil, nil
 	}
 	var drained []string
-	for _, r := range d.DrainedRanges(network) {
+	out := d.DrainedRanges(network)
+	for _, r := range out {
 		drained = append(drained, r.String())
 	}
 	var blocks []api.DrainingBlock
@@ -255,7 +282,7 @@ func (s *Server) drainingOf(network string) ([]string, []api.DrainingBlock) {
 		if b.State != ledger.BlockDraining {
 			continue
 		}
-		db := api.DrainingBlock{Block: b.Prefix.String(), Pods: []string{}}
+		db := api.DrainingBlock{Block: b.Prefix.String(), Pods: []string{}, RangeInPool: !slices.ContainsFunc(out, b.Prefix.Overlaps)}
 		for _, ls := range s.cfg.Ledger.Leases("") {
 			if ls.PoolNetwork() == network && slices.ContainsFunc(ls.IPs, func(ip netip.Prefix) bool { return b.Prefix.Contains(ip.Addr()) }) {
 				db.Leases++

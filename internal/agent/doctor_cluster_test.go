@@ -192,7 +192,11 @@ func TestDoctorClusterMode(t *testing.T) {
 // Doctor names what still holds a drained range and a pool change refused: after
 // an operator takes 10.60.0.0/27 out of the network's default pool (its record:
 // out of ranges, into drained), the node's block there is draining and doctor
-// WARNs naming the pod whose lease holds it, with the fix; a block size change of
+// WARNs naming the pod whose lease holds it, with the fix; the range put back in
+// the record while the block drains, doctor says the block drains since the
+// range was drained, the range is back in the pool, and the block is given back
+// once empty for the reuse delay (not that the range left the pool, which it
+// said before); a block size change of
 // the pool with live blocks is refused and doctor WARNs with the field and the fix.
 func TestDoctorDrainingAndRefused(t *testing.T) {
 	clk := clocktest.New()
@@ -248,7 +252,26 @@ func TestDoctorDrainingAndRefused(t *testing.T) {
 		p.Draining[0].Block != "10.60.0.0/29" || p.Draining[0].Leases != 1 || !slices.Equal(p.Draining[0].Pods, []string{"default/web-0"}) {
 		t.Fatalf("audit's pool: %+v, want 10.60.0.0/27 drained and block 10.60.0.0/29 held by default/web-0", p)
 	}
-	edit(`{"network":"pods","ranges":[[{"subnet":"10.60.1.0/27"}]],"blockBits":[28],"drained":[{"subnet":"10.60.0.0/27","rangeStart":"10.60.0.1","rangeEnd":"10.60.0.30","gateway":"10.60.0.1"}]}`)
+	// the range re-added while the block drains: doctor says so, and no longer
+	// that the range left the pool
+	edit(`{"network":"pods","ranges":[[{"subnet":"10.60.1.0/27"},{"subnet":"10.60.0.0/27"}]],"blockBits":[29],"drained":[]}`)
+	wait("re-added", func() bool { return len(a.m.DrainedRanges("pods")) == 0 })
+	checks = clusterDoctor(t, a)
+	want(t, checks, "pool pods: 1 blocks draining since their range was drained", api.CheckWarn, "the range is back in the pool",
+		"hand out nothing until they are given back", "reuse delay", "then claimable again", "held by 1 leases", "pod default/web-0 (pods, 10.60.0.2 in draining block 10.60.0.0/29)", "fix:")
+	for _, c := range checks {
+		if strings.Contains(c.Text, "range left the pool") {
+			t.Errorf("doctor says the range left the pool after it was re-added: %q", c.Text)
+		}
+	}
+	au = a.s.Handle(context.Background(), api.Request{Version: api.Version, Op: api.OpAudit})
+	if au.Error != nil || au.Audit == nil || len(au.Audit.Pools) != 1 {
+		t.Fatalf("audit: %+v", au)
+	}
+	if p := au.Audit.Pools[0]; len(p.Drained) != 0 || len(p.Draining) != 1 || !p.Draining[0].RangeInPool || p.Draining[0].Leases != 1 {
+		t.Fatalf("audit's pool after the re-add: %+v, want nothing drained and block 10.60.0.0/29 draining, its range in the pool", p)
+	}
+	edit(`{"network":"pods","ranges":[[{"subnet":"10.60.1.0/27"},{"subnet":"10.60.0.0/27"}]],"blockBits":[28],"drained":[]}`)
 	wait("refusal", func() bool { return a.m.Refused()["pods"] != "" })
 	checks = clusterDoctor(t, a)
 	want(t, checks, "pool pods: its record is not served", api.CheckWarn, "blockBits: blocks of /[28]", "restore blockBits", "fix:")

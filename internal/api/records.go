@@ -130,16 +130,20 @@ type PoolAudit struct {
 	// comes from them.
 	Drained []string `json:"drained,omitempty"`
 	// Draining (cluster mode): this node's blocks of the pool that drain, each
-	// with what still holds it; a block is given back once nothing does.
+	// with what still holds it; a block is given back once nothing has held it
+	// for the reuse delay.
 	Draining []DrainingBlock `json:"draining,omitempty"`
 }
 
-// DrainingBlock is a block of a node that drains (its range left the pool) and
-// the leases that still hold addresses in it.
+// DrainingBlock is a block of a node that drains (its range left the pool, and
+// may be back in it since) and the leases that still hold addresses in it.
 type DrainingBlock struct {
 	Block  string `json:"block"`
 	Leases int    `json:"leases"`
 	// Pods are the holders: "namespace/name", or the container ID (12
 	// characters) of a lease without a pod.
 	Pods []string `json:"pods"`
+	// RangeInPool: the block's range is back in the pool (re-added while the
+	// block drained); the block still hands nothing out until it is given back.
+	RangeInPool bool `json:"rangeInPool,omitempty"`
 }

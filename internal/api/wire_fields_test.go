@@ -90,7 +90,7 @@ func TestWireFieldNames(t *testing.T) {
 			`"lease":` + leaseJSON + `,"leases":[` + leaseJSON + `],` +
 			`"audit":{"ok":true,"live":1,"suspect":1,"stranded":1,"leaked":1,"doubleAssigned":1,"runtime":"x","problems":["x"],` +
 			`"doubles":[{"network":"x","ip":"10.1.2.3","holders":[{"network":"x","containerID":"x","ifname":"x"}]}],` +
-			`"suspectLeases":[` + leaseJSON + `],"pools":[{"network":"x","allocations":1,"releases":1,"live":1,"free":1,"drained":["x"],"draining":[{"block":"x","leases":1,"pods":["x"]}]}]},` +
+			`"suspectLeases":[` + leaseJSON + `],"pools":[{"network":"x","allocations":1,"releases":1,"live":1,"free":1,"drained":["x"],"draining":[{"block":"x","leases":1,"pods":["x"],"rangeInPool":true}]}]},` +
 			`"history":[{"network":"x","ip":"10.1.2.3","key":{"network":"x","containerID":"x","ifname":"x"},` +
 			`"pod":{"namespace":"x","name":"x","uid":"x","infraContainerID":"x"},"from":"2026-11-23T10:00:00Z","to":"2026-11-23T10:00:00Z",` +
 			`"reason":"x","detail":"x","why":"x","seq":1}],` +

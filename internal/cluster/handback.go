@@ -12,9 +12,14 @@ import (
 
 // handBack gives back blocks seen empty on two observations at least Grace apart
 // with nothing allocated in between; the node keeps its last active block of every
-// range set.
+// range set. A draining block (its range left the pool) goes on two observations
+// the ledger's reuse delay apart: whoever claims its addresses next (another node,
+// once its range is in the pool again) hands them out as never used, so the last
+// of them released must be at least the reuse delay old by then, whatever
+// happened to its range meanwhile.
 func (m *Manager) handBack(ctx context.Context) error {
 	now := m.mono()
+	reuse := m.l.ReuseDelay()
 	type setKey struct {
 		network string
 		set     int
@@ -30,11 +35,17 @@ func (m *Manager) handBack(ctx context.Context) error {
 	for _, b := range blocks {
 		key := BlockKey(b.Network, b.Prefix)
 		if b.State == ledger.BlockDraining && b.Used == 0 && b.Withheld == 0 {
-			// its range left the pool: given back as soon as it is empty
+			// its range left the pool: given back once it has been empty for the
+			// reuse delay (every release there is older than the first sighting)
 			m.mu.Lock()
+			o, seen := m.empty[key]
+			if !seen || o.gen != b.Allocations {
+				o = emptyObs{since: now, gen: b.Allocations}
+				m.empty[key] = o
+			}
 			own, ok := m.owned[key]
 			m.mu.Unlock()
-			if ok {
+			if ok && now-o.since >= reuse {
 				if err := m.retire(ctx, key, b, own); err != nil {
 					errs = append(errs, err)
 				}

@@ -170,6 +170,8 @@ type cl struct {
 	// allowOutside: the audit at the end may find addresses held outside the node's
 	// blocks (a scenario that leaves a lost block's lease in place on purpose).
 	allowOutside bool
+	// reuse is the reuse delay of the agents' ledgers started from here on.
+	reuse time.Duration
 }
 
 type agent struct {
@@ -207,7 +209,7 @@ func (c *cl) agent(name string, ranges []pool.RangeSet, bits []int) *agent {
 
 func (c *cl) agentOn(name string, st ledger.Store, o cluster.Options, ranges []pool.RangeSet, bits []int) *agent {
 	c.t.Helper()
-	l, err := ledger.Open(st, ledger.Options{Clock: c.clk, Logger: ledgertest.TestLogger(c.t)}) // audited by c.audit
+	l, err := ledger.Open(st, ledger.Options{Clock: c.clk, ReuseDelay: c.reuse, Logger: ledgertest.TestLogger(c.t)}) // audited by c.audit
 	if err != nil {
 		c.t.Fatal(err)
 	}

@@ -24,9 +24,10 @@ import (
 //     node's blocks are full (claimFrom walks the record's ranges);
 //   - a range removed is drained: no block is claimed in it any more (a free block
 //     record there is skipped), each block of the node in it hands nothing more out
-//     (ledger.BlockDraining), its leases keep their addresses, and once it holds
-//     none the block record is deleted (handBack), never to be claimed again; the
-//     node's ledger keeps the range until its last block there is gone;
+//     (ledger.BlockDraining), its leases keep their addresses, and once it has
+//     held none for the reuse delay the block record is deleted (handBack), never
+//     to be claimed again while the range stays out of the pool; the node's ledger
+//     keeps the range until its last block there is gone;
 //   - a change that cannot be served (checkChange: bad input) is refused: the node
 //     keeps serving the pool as it was and reports why (Refused, doctor).
 
@@ -415,8 +416,8 @@ func (m *Manager) blockCount(ctx context.Context, network string) (int, error) {
 	return len(blocks), err
 }
 
-// retire deletes the record of draining block b of the node once it holds no
-// lease and keeps no address: out of the ledger first, then the record by
+// retire deletes the record of draining block b of the node once it has held no
+// lease and kept no address for the reuse delay (handBack): out of the ledger first, then the record by
 // compare-and-swap, so no node claims it again. A failed delete puts it back in
 // the ledger as draining when the datastore still gives it to the node.
 func (m *Manager) retire(ctx context.Context, key string, b ledger.BlockStatus, own ownedBlock) error {

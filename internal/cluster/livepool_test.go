@@ -14,51 +14,11 @@ import (
 	"time"
 
 	"github.com/ipledger/ipledger/internal/cluster"
+	"github.com/ipledger/ipledger/internal/cluster/clustertest"
 	"github.com/ipledger/ipledger/internal/datastore"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/pool"
 )
-
-// editPool changes pool record name as an operator's edit does (kubectl edit:
-// read, change, write back conditioned on the revision read; a conflict reads
-// again, so two operators' edits cannot lose one another).
-func editPool(t *testing.T, ds datastore.Store, name string, edit func(spec map[string]any)) {
-	t.Helper()
-	for range 20 {
-		kv, err := ds.Get(ctx, cluster.PoolKey(name))
-		if err != nil {
-			t.Fatalf("reading pool %s: %v", name, err)
-		}
-		var spec map[string]any
-		if err := json.Unmarshal(kv.Value, &spec); err != nil {
-			t.Fatal(err)
-		}
-		edit(spec)
-		if _, err := ds.Update(ctx, kv.Key, mustJSON(t, spec), kv.Revision); errors.Is(err, datastore.ErrConflict) {
-			continue
-		} else if err != nil {
-			t.Fatalf("writing pool %s: %v", name, err)
-		}
-		return
-	}
-	t.Fatalf("pool %s kept changing under the edit", name)
-}
-
-// addRange appends a range to range set 0 of a spec; dropRange removes the one of
-// subnet.
-func addRange(subnet string) func(map[string]any) {
-	return func(spec map[string]any) {
-		sets := spec["ranges"].([]any)
-		sets[0] = append(sets[0].([]any), map[string]any{"subnet": subnet})
-	}
-}
-
-func dropRange(subnet string) func(map[string]any) {
-	return func(spec map[string]any) {
-		sets := spec["ranges"].([]any)
-		sets[0] = slices.DeleteFunc(sets[0].([]any), func(r any) bool { return r.(map[string]any)["subnet"] == subnet })
-	}
-}
 
 // watchPools runs every agent's WatchPools until the test ends, and waits for
 // each to have listed the records once.
@@ -159,7 +119,7 @@ func testPoolRangeAdded(t *testing.T, newC func(*testing.T) *cl) {
 	if held != 61 { // 10.50.0.0/26 but .0, the gateway .1 and the broadcast .63
 		t.Fatalf("%d addresses held before the range was added, want 61", held)
 	}
-	editPool(t, c.ds, "blue", addRange("10.50.1.0/26"))
+	clustertest.EditPool(t, c.ds, "blue", clustertest.AddRange("10.50.1.0/26"))
 	for _, n := range []*agent{a, b} {
 		waitFollowed(t, n, "blue grown", func() bool { return poolRanges(n, "blue") == "10.50.0.0/26,10.50.1.0/26" })
 		ls, err := n.allocPool(pools[n], n.name+"-new")
@@ -205,7 +165,7 @@ func testPoolRangeDrained(t *testing.T, newC func(*testing.T) *cl) {
 	if len(old) == 0 {
 		t.Fatal("no lease in 10.50.0.0/26 to drain")
 	}
-	editPool(t, c.ds, "blue", dropRange("10.50.0.0/26"))
+	clustertest.EditPool(t, c.ds, "blue", clustertest.DrainRange("10.50.0.0/26", true))
 	for _, n := range []*agent{a, b} {
 		waitFollowed(t, n, "blue's 10.50.0.0/26 draining", func() bool {
 			for _, blk := range n.l.Blocks("blue") {
@@ -307,6 +267,137 @@ func testPoolRangeDrained(t *testing.T, newC func(*testing.T) *cl) {
 	}
 }
 
+// No address of a draining block is handed out again, by any node, within the
+// reuse delay of its release, whatever happened to its range. A pod of node-a
+// holds X in blue's range A; A is drained, and re-added before or after X is
+// released: node-a's block there stays draining until it empties and is then
+// given back. A node that claims it next hands its addresses out as never used,
+// so node-b, filling the pool, must not get X while the reuse delay runs: the
+// block stays node-a's until the delay has passed since X's release (the
+// sweeps between keep it), and only then is it given back and node-b's. Before,
+// the block was given back at the first sweep after X's release, and node-b got
+// X at once.
+func TestDrainedBlockKeepsReuseDelay(t *testing.T) {
+	forAllBackends(t, "reuse", testDrainedBlockKeepsReuseDelay)
+}
+
+func testDrainedBlockKeepsReuseDelay(t *testing.T, newC func(*testing.T) *cl) {
+	const (
+		rangeA = "10.50.0.0/28"
+		blockA = "10.50.0.0/28"
+		delay  = 5 * time.Second
+		step   = 2 * time.Second // sweeps and renewals this far apart (the lease TTL is 9s)
+	)
+	for _, readdFirst := range []bool{true, false} {
+		name := "re-added after the release"
+		if readdFirst {
+			name = "re-added before the release"
+		}
+		t.Run(strings.ReplaceAll(name, " ", "-"), func(t *testing.T) {
+			c := newC(t)
+			c.reuse = delay
+			putPool(t, c.ds, "blue", `{"ranges":[[{"subnet":"10.50.0.0/28"},{"subnet":"10.50.1.0/28"}]],"blockSize":28}`)
+			a, b := c.agent("node-a", nil, nil), c.agent("node-b", nil, nil)
+			pools := servePool(t, "blue", a, b)
+			ls, err := a.allocPool(pools[a], "held")
+			if err != nil {
+				t.Fatal(err)
+			}
+			x := ls.IPs[0].Addr()
+			if !in(rangeA, x) {
+				t.Fatalf("node-a's first address %s, want one of %s", x, rangeA)
+			}
+			clustertest.EditPool(t, c.ds, "blue", clustertest.DrainRange(rangeA, true))
+			waitFollowed(t, a, "blue's "+rangeA+" draining", func() bool {
+				bs := a.l.Blocks("blue")
+				return len(bs) == 1 && bs[0].State == ledger.BlockDraining
+			})
+			readd := func() {
+				clustertest.EditPool(t, c.ds, "blue", clustertest.AddRange(rangeA))
+				waitFollowed(t, a, rangeA+" re-added", func() bool { return len(a.m.DrainedRanges("blue")) == 0 })
+				waitFollowed(t, b, rangeA+" re-added", func() bool { return poolRanges(b, "blue") == "10.50.1.0/28,"+rangeA })
+			}
+			if readdFirst {
+				readd()
+			}
+			a.release(t, "held")
+			released := c.clk.Mono()
+			if err := a.m.Sweep(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if !readdFirst {
+				readd()
+			}
+			fill := func() []netip.Addr {
+				p, err := b.m.EnsurePool(ctx, "blue", nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				var got []netip.Addr
+				for i := 0; ; i++ {
+					ls, err := b.allocPool(p, fmt.Sprintf("fill-%d-%d", c.clk.Mono()/time.Second, i))
+					if errors.Is(err, ledger.ErrPoolExhausted) {
+						return got
+					}
+					if err != nil {
+						t.Fatal(err)
+					}
+					got = append(got, ls.IPs[0].Addr())
+				}
+			}
+			// tick: a step later, both agents renew and node-a sweeps
+			tick := func() {
+				c.clk.Advance(step)
+				for _, n := range []*agent{a, b} {
+					if err := n.m.Renew(ctx); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := a.m.Sweep(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for {
+				elapsed := c.clk.Mono() - released
+				if got := fill(); slices.Contains(got, x) {
+					t.Fatalf("node-b got %s %v after node-a released it, within the reuse delay %v (the draining block %s was given back: %+v)",
+						x, elapsed, delay, blockA, blocksOf(t, c.ds, "blue"))
+				}
+				if rec := blockRec(t, c.ds, blockA); rec.Owner != "node-a" {
+					t.Fatalf("block %s %v after its last release: %+v, want still node-a's (draining) within the reuse delay %v", blockA, elapsed, rec, delay)
+				}
+				if elapsed+step >= delay {
+					break
+				}
+				tick()
+			}
+			// the reuse delay has passed by the next sweep: the block is given
+			// back, and node-b claims it
+			tick()
+			if bs := a.l.Blocks("blue"); len(bs) != 0 {
+				t.Fatalf("node-a still holds %+v past the reuse delay after its last release there", bs)
+			}
+			got := fill()
+			if !slices.ContainsFunc(got, func(y netip.Addr) bool { return in(rangeA, y) }) {
+				t.Fatalf("node-b got %v once node-a's draining block was given back, want addresses of re-added %s", got, rangeA)
+			}
+			if rec := blockRec(t, c.ds, blockA); rec.Owner != "node-b" {
+				t.Fatalf("block %s after it was given back and the pool filled: %+v, want node-b's", blockA, rec)
+			}
+		})
+	}
+}
+
+// blocksOf returns the block records of pool network.
+func blocksOf(t *testing.T, ds datastore.Store, network string) []cluster.BlockRecord {
+	t.Helper()
+	bs, err := cluster.ReadBlocks(ctx, ds)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return slices.DeleteFunc(bs, func(r cluster.BlockRecord) bool { return r.Network != network })
+}
+
 // The default pool's record is the truth, and nodes' conflists that disagree
 // during a rollout cannot shrink it: a conflist that adds a range extends the
 // record (by compare-and-swap: two nodes adding different ranges at once both
@@ -365,10 +456,7 @@ func testConflistExtendsPool(t *testing.T, newC func(*testing.T) *cl) {
 		}
 	}
 	// the operator drains 10.21.0.0/26: out of ranges, into drained
-	editPool(t, c.ds, "net", func(spec map[string]any) {
-		dropRange("10.21.0.0/26")(spec)
-		spec["drained"] = []any{map[string]any{"subnet": "10.21.0.0/26", "rangeStart": "10.21.0.1", "rangeEnd": "10.21.0.62", "gateway": "10.21.0.1"}}
-	})
+	clustertest.EditPool(t, c.ds, "net", clustertest.DrainRange("10.21.0.0/26", false))
 	waitFollowed(t, a, "10.21.0.0/26 draining", func() bool {
 		for _, b := range a.l.Blocks("net") {
 			if in("10.21.0.0/26", b.Prefix.Addr()) && b.State != ledger.BlockDraining {
@@ -392,11 +480,7 @@ func testConflistExtendsPool(t *testing.T, newC func(*testing.T) *cl) {
 		t.Fatalf("node-b after the drain: %+v %v", ls, err)
 	}
 	// the operator re-adds it: back into ranges, the drained list left empty
-	editPool(t, c.ds, "net", func(spec map[string]any) {
-		sets := spec["ranges"].([]any)
-		sets[0] = append(sets[0].([]any), spec["drained"].([]any)[0])
-		spec["drained"] = []any{}
-	})
+	clustertest.EditPool(t, c.ds, "net", clustertest.UndrainRange("10.21.0.0/26"))
 	waitFollowed(t, nodes[0], "10.21.0.0/26 back, or the record refused", func() bool {
 		return strings.Contains(poolRanges(nodes[0], "net"), "10.21.") || len(nodes[0].m.Refused()) > 0
 	})
@@ -443,16 +527,16 @@ func testPoolChangeRefused(t *testing.T, newC func(*testing.T) *cl) {
 		{"a range set added", "blue", func(s map[string]any) {
 			s["ranges"] = append(s["ranges"].([]any), []any{map[string]any{"subnet": "fd50::/120"}})
 		}, []string{"IPPool blue: spec.ranges: 2 range sets, it has 1", "add or remove ranges inside its set"}},
-		{"a range overlapping another pool's", "blue", addRange("10.60.0.0/26"),
+		{"a range overlapping another pool's", "blue", clustertest.AddRange("10.60.0.0/26"),
 			[]string{`IPPool blue: spec.ranges: range 10.60.0.0/26 (10.60.0.1-10.60.0.62) overlaps range 10.60.0.0/24`, `pool "green"`, "ranges of their own"}},
-		{"a range sharing a block with one that stays", "wide", addRange("10.70.0.64/26"),
+		{"a range sharing a block with one that stays", "wide", clustertest.AddRange("10.70.0.64/26"),
 			[]string{"IPPool wide: spec.ranges[0]: range 10.70.0.64/26", "shares block 10.70.0.0/24 with range 10.70.0.0/26", "align its subnet"}},
 		{"a spec that does not parse", "blue", func(s map[string]any) { s["ranges"] = "10.50.0.0/26" },
 			[]string{"IPPool blue: spec:"}},
 	} {
 		before := poolRanges(a, tc.pool)
 		blocks := len(a.l.Blocks(tc.pool))
-		editPool(t, c.ds, tc.pool, tc.edit)
+		clustertest.EditPool(t, c.ds, tc.pool, tc.edit)
 		waitFollowed(t, a, tc.name+" refused", func() bool { return a.m.Refused()[tc.pool] != "" })
 		why := a.m.Refused()[tc.pool]
 		for _, s := range tc.says {
@@ -472,7 +556,7 @@ func testPoolChangeRefused(t *testing.T, newC func(*testing.T) *cl) {
 			t.Fatalf("%s: allocation after the refusal: %+v %v", tc.name, ls, err)
 		}
 		// the operator restores the spec
-		editPool(t, c.ds, tc.pool, func(s map[string]any) {
+		clustertest.EditPool(t, c.ds, tc.pool, func(s map[string]any) {
 			var orig map[string]any
 			js := spec
 			if tc.pool == "wide" {
@@ -588,12 +672,12 @@ func testPoolChangesUnderChurn(t *testing.T, newC func(*testing.T) *cl) {
 		}
 	}
 	progress(200)
-	editPool(t, c.ds, "blue", addRange("10.50.1.0/25"))
+	clustertest.EditPool(t, c.ds, "blue", clustertest.AddRange("10.50.1.0/25"))
 	for _, n := range nodes {
 		waitFollowed(t, n, "blue grown", func() bool { return strings.Contains(poolRanges(n, "blue"), "10.50.1.0/25") })
 	}
 	progress(200)
-	editPool(t, c.ds, "blue", dropRange("10.50.0.0/25"))
+	clustertest.EditPool(t, c.ds, "blue", clustertest.DrainRange("10.50.0.0/25", true))
 	for _, n := range nodes {
 		waitFollowed(t, n, "10.50.0.0/25 draining", func() bool {
 			p, err := n.m.EnsurePool(ctx, "blue", nil)

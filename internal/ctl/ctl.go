@@ -250,11 +250,15 @@ func pools(env *Env, socket string, args []string) int {
 	// each draining block, with what still holds it
 	for _, p := range ps {
 		for _, b := range p.Draining {
-			held := "held by nothing: given back at the next sweep"
+			held := "held by nothing: given back once the reuse delay has passed since its last release"
 			if b.Leases > 0 {
 				held = fmt.Sprintf("held by %d leases: %s", b.Leases, strings.Join(b.Pods, ", "))
 			}
-			fmt.Fprintf(env.Stdout, "%s: block %s draining, %s\n", p.Network, b.Block, held)
+			state := "draining"
+			if b.RangeInPool {
+				state = "draining (its range is back in the pool; claimable again once given back)"
+			}
+			fmt.Fprintf(env.Stdout, "%s: block %s %s, %s\n", p.Network, b.Block, state, held)
 		}
 	}
 	return ExitOK

@@ -206,12 +206,14 @@ func TestLeaseRowWhy(t *testing.T) {
 // TestPoolsDraining: in cluster mode `ipledgerctl pools` shows each pool's
 // drained ranges in the DRAINED column and, below the table, each draining block
 // with the leases and pods that still hold it; -o json and -o yaml carry the same
-// fields (drained, draining: block, leases, pods).
+// fields (drained, draining: block, leases, pods, rangeInPool); a block whose
+// range is back in the pool says so.
 func TestPoolsDraining(t *testing.T) {
 	audit := &api.Audit{OK: true, Runtime: "none", Pools: []api.PoolAudit{
 		{Network: "pods", Allocations: 5, Releases: 2, Live: 3, Free: 1, Drained: []string{"10.60.0.0/27"},
 			Draining: []api.DrainingBlock{{Block: "10.60.0.0/29", Leases: 2, Pods: []string{"default/web-0", "shop/api-1"}}, {Block: "10.60.0.8/29", Pods: []string{}}}},
-		{Network: "blue", Allocations: 1, Live: 1},
+		{Network: "blue", Allocations: 1, Live: 1,
+			Draining: []api.DrainingBlock{{Block: "10.61.0.0/29", Leases: 1, Pods: []string{"team-b/db-0"}, RangeInPool: true}}},
 	}}
 	call := func(_ context.Context, _ string, req api.Request) (*api.Response, error) {
 		if req.Op != api.OpAudit {
@@ -231,8 +233,9 @@ func TestPoolsDraining(t *testing.T) {
 	want := "NETWORK  LIVE  FREE  ALLOCATIONS  RELEASES  DRAINED\n" +
 		"blue     1     0     1            0         -\n" +
 		"pods     3     1     5            2         10.60.0.0/27\n" +
+		"blue: block 10.61.0.0/29 draining (its range is back in the pool; claimable again once given back), held by 1 leases: team-b/db-0\n" +
 		"pods: block 10.60.0.0/29 draining, held by 2 leases: default/web-0, shop/api-1\n" +
-		"pods: block 10.60.0.8/29 draining, held by nothing: given back at the next sweep\n"
+		"pods: block 10.60.0.8/29 draining, held by nothing: given back once the reuse delay has passed since its last release\n"
 	if code != 0 || out != want {
 		t.Fatalf("pools: exit %d\n%s\nwant\n%s", code, out, want)
 	}
@@ -245,6 +248,9 @@ func TestPoolsDraining(t *testing.T) {
 		if p := ps[1]; p.Network != "pods" || !slices.Equal(p.Drained, []string{"10.60.0.0/27"}) || len(p.Draining) != 2 ||
 			p.Draining[0].Block != "10.60.0.0/29" || p.Draining[0].Leases != 2 || !slices.Equal(p.Draining[0].Pods, []string{"default/web-0", "shop/api-1"}) {
 			t.Fatalf("pools -o %s: %+v", format, p)
+		}
+		if p := ps[0]; p.Network != "blue" || len(p.Draining) != 1 || !p.Draining[0].RangeInPool || p.Draining[0].Pods[0] != "team-b/db-0" {
+			t.Fatalf("pools -o %s: %+v, want blue's block 10.61.0.0/29 draining with its range back in the pool", format, p)
 		}
 	}
 }

@@ -226,18 +226,28 @@ func TestMixBalanced(t *testing.T) {
 // and the books still balance (ipledger's ipam.exclude, through the real plugin and
 // agent).
 func TestReservationsRespected(t *testing.T) {
-	res, err := Run(context.Background(), Options{Scenario: "mix", Pods: 800, Seed: 3, Pool: "10.70.0.0/24",
-		Reserve: []string{"10.70.0.0/26", "10.70.0.77"}, TempDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(res) != 1 {
-		t.Fatalf("%d results, want ipledger's alone", len(res))
-	}
-	r := res[0]
-	t.Logf("%d pods, %d lifecycles, peak live %d, reserved hits %d", r.Pods, r.Lifecycles, r.PeakLive, r.ReservedHits)
-	if r.ReservedHits != 0 || !r.Balanced() {
-		t.Errorf("reserved hits %d, leaked %d, false %d, double %d", r.ReservedHits, r.LeakedAtEnd, r.FalseReleases, r.DoubleAssigned)
+	for _, tc := range []struct {
+		family, pool string
+		reserve      []string
+	}{
+		{"IPv4", "10.70.0.0/24", []string{"10.70.0.0/26", "10.70.0.77"}},
+		{"IPv6", "fd00:70::/120", []string{"fd00:70::/122", "fd00:70::4d"}},
+	} {
+		t.Run(tc.family, func(t *testing.T) {
+			res, err := Run(context.Background(), Options{Scenario: "mix", Pods: 800, Seed: 3, Pool: tc.pool,
+				Reserve: tc.reserve, TempDir: t.TempDir()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res) != 1 {
+				t.Fatalf("%d results, want ipledger's alone", len(res))
+			}
+			r := res[0]
+			t.Logf("%d pods, %d lifecycles, peak live %d, reserved hits %d", r.Pods, r.Lifecycles, r.PeakLive, r.ReservedHits)
+			if r.ReservedHits != 0 || !r.Balanced() {
+				t.Errorf("reserved hits %d, leaked %d, false %d, double %d", r.ReservedHits, r.LeakedAtEnd, r.FalseReleases, r.DoubleAssigned)
+			}
+		})
 	}
 	if _, err := Run(context.Background(), Options{Scenario: "mix", Pods: 1, Reserve: []string{"10.70.0.5/24"}}); err == nil || !strings.Contains(err.Error(), "--reserve") {
 		t.Errorf("a reservation with host bits: %v, want an error naming --reserve", err)

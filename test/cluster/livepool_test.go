@@ -2,7 +2,6 @@ package cluster_test
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/ipledger/ipledger/internal/api"
 	"github.com/ipledger/ipledger/internal/cluster"
+	"github.com/ipledger/ipledger/internal/cluster/clustertest"
 	"github.com/ipledger/ipledger/internal/ctl"
 	"github.com/ipledger/ipledger/internal/datastore"
 	"github.com/ipledger/ipledger/internal/datastore/etcdds"
@@ -74,64 +74,6 @@ func exhausted(err error) bool {
 	return errors.As(err, &ae) && ae.Code == api.CodeExhausted
 }
 
-// editRecord changes pool record name as an operator's edit does: read, change,
-// write back conditioned on the revision read (kubectl edit, an etcd txn on
-// mod_revision), reading again on a conflict.
-func editRecord(t *testing.T, ds datastore.Store, name string, edit func(spec map[string]any)) {
-	t.Helper()
-	ctx := context.Background()
-	for range 20 {
-		kv, err := ds.Get(ctx, cluster.PoolKey(name))
-		if err != nil {
-			t.Fatalf("reading pool %s: %v", name, err)
-		}
-		var spec map[string]any
-		if err := json.Unmarshal(kv.Value, &spec); err != nil {
-			t.Fatal(err)
-		}
-		edit(spec)
-		v, _ := json.Marshal(spec)
-		if _, err := ds.Update(ctx, kv.Key, v, kv.Revision); errors.Is(err, datastore.ErrConflict) {
-			continue
-		} else if err != nil {
-			t.Fatalf("writing pool %s: %v", name, err)
-		}
-		t.Logf("pool record %s now %s", name, v)
-		return
-	}
-	t.Fatalf("pool %s kept changing under the edit", name)
-}
-
-func isRange(subnet string) func(any) bool {
-	return func(r any) bool { return r.(map[string]any)["subnet"] == subnet }
-}
-
-// addRangeTo appends a range to range set 0; drainRange removes one from it, and
-// for a network's default pool lists it under drained (so that a conflist that
-// still names it does not add it back).
-func addRangeTo(subnet string) func(map[string]any) {
-	return func(spec map[string]any) {
-		sets := spec["ranges"].([]any)
-		sets[0] = append(sets[0].([]any), map[string]any{"subnet": subnet})
-	}
-}
-
-func drainRange(subnet string, named bool) func(map[string]any) {
-	return func(spec map[string]any) {
-		sets := spec["ranges"].([]any)
-		set := sets[0].([]any)
-		i := slices.IndexFunc(set, isRange(subnet))
-		if i < 0 {
-			panic("no range " + subnet)
-		}
-		if !named {
-			d, _ := spec["drained"].([]any)
-			spec["drained"] = append(d, set[i])
-		}
-		sets[0] = slices.Delete(set, i, i+1)
-	}
-}
-
 // blocksIn returns the block records of the datastore in prefix.
 func blocksIn(t *testing.T, ds datastore.Store, prefix string) []cluster.BlockRecord {
 	t.Helper()
@@ -159,6 +101,12 @@ type liveRun struct {
 	h     *holders
 	pods  []livePod
 	seq   int
+	// reuse, when set, is the agents' --reuse-delay: an ADD answered less than
+	// that after the DEL of the same address was sent fails the test (the
+	// agent's release came after the DEL was sent and its choice before the
+	// answer, so the address certainly went out within the reuse delay).
+	reuse time.Duration
+	delAt map[netip.Addr]time.Time
 }
 
 type livePod struct {
@@ -168,7 +116,7 @@ type livePod struct {
 }
 
 func newLiveRun(t *testing.T, ds datastore.Store, nodes []*node, p livePool) *liveRun {
-	return &liveRun{t: t, ds: ds, nodes: nodes, p: p, h: &holders{m: map[netip.Addr]string{}}}
+	return &liveRun{t: t, ds: ds, nodes: nodes, p: p, h: &holders{m: map[netip.Addr]string{}}, delAt: map[netip.Addr]time.Time{}}
 }
 
 func (r *liveRun) add(n *node) (livePod, error) {
@@ -177,6 +125,9 @@ func (r *liveRun) add(n *node) (livePod, error) {
 	a, err := liveAdd(n, r.p, cid)
 	if err != nil {
 		return livePod{}, err
+	}
+	if at, ok := r.delAt[a]; ok && r.reuse > 0 && time.Since(at) < r.reuse {
+		r.t.Fatalf("%s on %s got %s %v after the DEL of its last holder was sent, within the reuse delay %v", cid, n.name, a, time.Since(at), r.reuse)
 	}
 	r.h.take(a, n.name+"/"+cid)
 	x := livePod{n, cid, a}
@@ -187,6 +138,7 @@ func (r *liveRun) add(n *node) (livePod, error) {
 func (r *liveRun) del(x livePod) {
 	r.t.Helper()
 	r.h.drop(x.addr)
+	r.delAt[x.addr] = time.Now()
 	liveDel(r.t, x.n, x.cid)
 	r.pods = slices.DeleteFunc(r.pods, func(y livePod) bool { return y.cid == x.cid })
 }
@@ -295,7 +247,7 @@ func (r *liveRun) addedAndFull() {
 	for i := len(r.pods) - 1; i >= 0; i -= 3 {
 		r.del(r.pods[i])
 	}
-	editRecord(t, r.ds, p.name, addRangeTo(p.b))
+	clustertest.EditPool(t, r.ds, p.name, clustertest.AddRange(p.b))
 	for _, n := range r.nodes {
 		r.untilFrom(n, p.b)
 	}
@@ -331,7 +283,7 @@ func (r *liveRun) untilFrom(n *node, prefix string) {
 // drain drains range A from the record and waits until the doctor of every
 // agent holding pods there WARNs of its draining blocks.
 func (r *liveRun) drain() {
-	editRecord(r.t, r.ds, r.p.name, drainRange(r.p.a, r.p.named))
+	clustertest.EditPool(r.t, r.ds, r.p.name, clustertest.DrainRange(r.p.a, r.p.named))
 	for _, n := range r.nodes {
 		if slices.ContainsFunc(r.podsIn(r.p.a), func(x livePod) bool { return x.n == n }) {
 			waitDoctor(r.t, n, "WARN", "pool "+r.p.name+":", "blocks draining")
@@ -402,12 +354,13 @@ func changeLive(t *testing.T, ds datastore.Store, nodes []*node, p livePool) {
 	r.delAll()
 }
 
-// etcdAgents starts embedded etcd and three agents on it, and returns them with
-// a client of the datastore (closed when the test ends).
-func etcdAgents(t *testing.T) ([]*node, datastore.Store) {
+// etcdAgents starts embedded etcd and three agents on it (with more flags, which
+// may override testTimings), and returns them with a client of the datastore
+// (closed when the test ends).
+func etcdAgents(t *testing.T, more ...string) ([]*node, datastore.Store) {
 	t.Helper()
 	e := etcdenv.StartEmbedded(t)
-	nodes := startNodes(t, 3, []string{"--datastore", "etcd", "--etcd-endpoints", strings.Join(e.Endpoints(), ",")})
+	nodes := startNodes(t, 3, append([]string{"--datastore", "etcd", "--etcd-endpoints", strings.Join(e.Endpoints(), ",")}, more...))
 	ds, err := etcdds.New(etcdds.Config{Endpoints: e.Endpoints()})
 	if err != nil {
 		t.Fatal(err)
@@ -450,8 +403,32 @@ func TestLivePoolsOnKubernetes(t *testing.T) {
 	})
 }
 
-// TestDrainEdgesOnEtcd: three real ipledgerd agents on etcd, range A of the
-// default pool drained while every agent holds pods in its blocks, and then:
+// drainReuse is the agents' reuse delay in the drain edges: long enough that a
+// drained block given back without waiting it out shows (the agents sweep every
+// second), short enough not to slow the test.
+const drainReuse = 3 * time.Second
+
+// TestDrainEdgesOnEtcd: drainEdges with three real ipledgerd agents on etcd.
+func TestDrainEdgesOnEtcd(t *testing.T) {
+	nodes, ds := etcdAgents(t, "--reuse-delay", drainReuse.String())
+	drainEdges(t, ds, nodes)
+}
+
+// TestDrainEdgesOnKubernetes: drainEdges with three real ipledgerd agents on a
+// real kube-apiserver (no kubelet): block records are IPBlocks, node leases
+// Leases, the pool record the network's IPPool.
+func TestDrainEdgesOnKubernetes(t *testing.T) {
+	kube := startKube(t)
+	ds, err := kubeds.New(kube.Config(), kubeds.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := startNodes(t, 3, []string{"--datastore", "kubernetes", "--kubeconfig", kube.Kubeconfig, "--reuse-delay", drainReuse.String()})
+	drainEdges(t, ds, nodes)
+}
+
+// drainEdges: three real ipledgerd agents (nodes, on datastore ds), range A of
+// the default pool drained while every agent holds pods in its blocks, and then:
 //
 //   - an agent stopped with SIGTERM and restarted, and one SIGKILLed and
 //     restarted: after the restart its doctor still WARNs of its draining
@@ -462,16 +439,18 @@ func TestLivePoolsOnKubernetes(t *testing.T) {
 //     range stays drained, nothing of it claimable, no pod of the live agents
 //     getting one of the dead node's addresses there;
 //   - range A re-added while the restarted agents' blocks there still drain:
-//     those blocks hand out nothing more until their last pod goes (their
-//     released addresses were not kept for reuse), the rest of A is the
-//     pool's at once, and once they are given back their addresses are
-//     handed out again.
-func TestDrainEdgesOnEtcd(t *testing.T) {
-	nodes, ds := etcdAgents(t)
+//     those blocks hand out nothing more until their last pod goes, the rest
+//     of A is the pool's at once, and once they are given back (the reuse
+//     delay after their last release) their addresses are handed out again.
+//
+// Throughout, no ADD answers an address less than the reuse delay after the DEL
+// of its last holder was sent (liveRun.reuse).
+func drainEdges(t *testing.T, ds datastore.Store, nodes []*node) {
 	p := livePool{name: liveNet, a: liveA, b: liveB, prefix: "e"}
 	r := newLiveRun(t, ds, nodes, p)
+	r.reuse = drainReuse
 	r.fillAll(p.a)
-	editRecord(t, ds, p.name, addRangeTo(p.b))
+	clustertest.EditPool(t, ds, p.name, clustertest.AddRange(p.b))
 	for _, n := range nodes {
 		r.untilFrom(n, p.b)
 	}
@@ -573,13 +552,7 @@ func TestDrainEdgesOnEtcd(t *testing.T) {
 	if len(before) == 0 {
 		t.Fatal("no block of A drains any more")
 	}
-	editRecord(t, ds, p.name, func(spec map[string]any) {
-		d := spec["drained"].([]any)
-		i := slices.IndexFunc(d, isRange(p.a))
-		sets := spec["ranges"].([]any)
-		sets[0] = append(sets[0].([]any), d[i])
-		spec["drained"] = slices.Delete(d, i, i+1)
-	})
+	clustertest.EditPool(t, ds, p.name, clustertest.UndrainRange(p.a))
 	// once the agents follow, A's free blocks are theirs again: the pool fills
 	// to exhausted over both ranges, never in a block that still drains
 	bound = time.Now().Add(time.Minute)
