@@ -1,0 +1,173 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/clock"
+	"github.com/ipledger/ipledger/internal/cluster"
+	"github.com/ipledger/ipledger/internal/datastore"
+	"github.com/ipledger/ipledger/internal/store/memstore"
+)
+
+// slowDS is a datastore that answers the calls a sweep makes (block LISTs and
+// block updates: the reclaims' compare-and-swaps) each after delay, once armed, as
+// a loaded datastore (or a loaded machine) does; the lease calls pass at once. A
+// test tool beside the real backends.
+type slowDS struct {
+	datastore.Store
+	delay time.Duration
+	armed atomic.Bool
+	// slowed: calls delayed (begun); updating: of them, updates; leaseLists:
+	// Leases().List calls answered (a sweep sends one, after its block reads)
+	slowed, updating, leaseLists atomic.Int64
+	// stepped receives a value (coalesced) when a counter moved
+	stepped chan struct{}
+}
+
+func newSlowDS(s datastore.Store, delay time.Duration) *slowDS {
+	return &slowDS{Store: s, delay: delay, stepped: make(chan struct{}, 1)}
+}
+
+func (d *slowDS) step(n *atomic.Int64) {
+	n.Add(1)
+	select {
+	case d.stepped <- struct{}{}:
+	default:
+	}
+}
+
+// waitFor waits until cond holds, checked after every step the counters record.
+// The bound only stops a hung loop; it is not a speed test.
+func (d *slowDS) waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	bound := time.NewTimer(time.Minute)
+	defer bound.Stop()
+	for !cond() {
+		select {
+		case <-d.stepped:
+		case <-bound.C:
+			t.Fatalf("%s: not seen", what)
+		}
+	}
+}
+
+var _ datastore.Store = (*slowDS)(nil)
+
+// wait delays a call by d.delay when armed, or until ctx ends (then the call fails
+// as a call past its deadline does).
+func (d *slowDS) wait(ctx context.Context, what string) error {
+	if !d.armed.Load() {
+		return nil
+	}
+	d.step(&d.slowed)
+	t := time.NewTimer(d.delay)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("test: slow %s: %w: %w", what, datastore.ErrUnavailable, ctx.Err())
+	}
+}
+
+func (d *slowDS) List(ctx context.Context, prefix string) ([]datastore.KV, int64, error) {
+	if err := d.wait(ctx, "list"); err != nil {
+		return nil, 0, err
+	}
+	return d.Store.List(ctx, prefix)
+}
+
+func (d *slowDS) Update(ctx context.Context, key string, value []byte, rev int64) (int64, error) {
+	if d.armed.Load() {
+		d.step(&d.updating)
+	}
+	if err := d.wait(ctx, "update"); err != nil {
+		return 0, err
+	}
+	return d.Store.Update(ctx, key, value, rev)
+}
+
+func (d *slowDS) Leases() datastore.Leases { return slowLeases{d.Store.Leases(), d} }
+
+type slowLeases struct {
+	datastore.Leases
+	d *slowDS
+}
+
+func (l slowLeases) List(ctx context.Context) ([]datastore.NodeLease, error) {
+	ls, err := l.Leases.List(ctx)
+	l.d.step(&l.d.leaseLists)
+	return ls, err
+}
+
+// TestRenewalBesideSlowSweep: the lease is renewed every Interval whatever a sweep
+// is doing. Node a's background sweep reclaims a dead node's 16 blocks through a
+// datastore that answers each of its calls after 4/5 of the call timeout (a third
+// of the 2s lease): the sweep lasts about four lease TTLs. Node a's lease never
+// lapses meanwhile (no suspension), and node b, sweeping beside it, never reclaims
+// a's block: a live node keeps its blocks however slow its sweep is (issue 35: a
+// renewal queued behind the sweep, the lease lapsed, and another node reclaimed a
+// live node's blocks). Real background loops on the system clock, no Manual steps.
+func TestRenewalBesideSlowSweep(t *testing.T) { forBackends(t, testRenewalBesideSlowSweep) }
+
+func testRenewalBesideSlowSweep(t *testing.T, newC func(*testing.T) *cl) {
+	const (
+		leaseTTL = 2 * time.Second
+		timeout  = leaseTTL / 3 // the default: Options.Timeout and Interval
+		ghosts   = 16
+	)
+	c := newC(t)
+	opts := func(name string) cluster.Options {
+		o := c.opts(name)
+		o.Clock, o.Manual, o.LeaseTTL, o.Margin, o.Timeout = clock.NewSystem(), false, leaseTTL, 0, timeout
+		return o
+	}
+	r := ranges(t, `[[{"subnet":"10.42.0.0/23"}]]`)
+	bits := []int{28}
+	for i := range ghosts {
+		putBlock(t, c.ds, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 42, 1, byte(16 * i)}), 28).String(), "ghost", 1)
+	}
+	open := c.open
+	slow := newSlowDS(open(), timeout*4/5)
+	c.open = func() datastore.Store { return slow }
+	a := c.agentOn("node-a", memstore.New(), opts("node-a"), r, bits)
+	c.open = open
+	t.Cleanup(func() { _ = a.m.Stop(ctx) })
+	a.mustAlloc(t, "pod-a")
+	before := a.l.Blocks("net")
+	if len(before) != 1 {
+		t.Fatalf("node-a holds %d blocks after one allocation, want 1: %+v", len(before), before)
+	}
+
+	slow.armed.Store(true)
+	a.m.NodeGone("ghost") // node-a's next sweep reclaims every ghost block at once
+	slow.waitFor(t, "node-a's sweep sends its first reclaim", func() bool { return slow.updating.Load() > 0 })
+	inSweep := slow.leaseLists.Load()
+	b := c.agentOn("node-b", memstore.New(), opts("node-b"), r, bits)
+	t.Cleanup(func() { _ = b.m.Stop(ctx) })
+	// node-a's slow sweep ends, and two more begin: node-b has swept all along
+	slow.waitFor(t, "node-a's slow sweep and two more", func() bool { return slow.leaseLists.Load() >= inSweep+2 })
+
+	if n := slow.updating.Load(); n < ghosts {
+		t.Fatalf("node-a's sweep sent %d slow reclaims, want the %d ghost blocks'", n, ghosts)
+	}
+	t.Logf("node-a's sweep: %d calls slowed by %s each; reclaims: node-a %d, node-b %d",
+		slow.slowed.Load(), slow.delay, a.m.Counts().Reclaims, b.m.Counts().Reclaims)
+	if n := a.m.Counts().Suspensions; n != 0 {
+		t.Errorf("node-a suspended its blocks %d times while its sweep was slow: its lease lapsed although the datastore answered", n)
+	}
+	for _, bl := range before {
+		if rec := blockRec(t, c.ds, bl.Prefix.String()); rec.Owner != "node-a" || rec.Epoch != bl.Epoch {
+			t.Errorf("live node-a's block %s moved while its sweep was slow: %+v, want owner node-a at epoch %d", bl.Prefix, rec, bl.Epoch)
+		}
+	}
+	if !a.m.Provable() {
+		t.Error("node-a's lease is not provable after its slow sweep")
+	}
+	a.mustAlloc(t, "pod-a2")
+}
