@@ -35,9 +35,26 @@ func (m *Manager) Provable() bool {
 // Renew renews the node lease (acquiring it when the manager holds none or lost it)
 // and, after a lapse, re-verifies the node's blocks. It also suspends the blocks once
 // the lease can no longer be proven.
+//
+// Concurrency: the renewal holds renewMu only, so it never waits behind a Sweep;
+// the re-verification after it holds stepMu, as Sweep does, so it waits for a
+// running sweep and never runs beside one. The background loop renews with
+// renewLease alone and has sweepLoop re-verify, so that no renewal waits for a
+// re-verification either.
 func (m *Manager) Renew(ctx context.Context) error {
-	m.stepMu.Lock()
-	defer m.stepMu.Unlock()
+	lapsed, err := m.renewLease(ctx)
+	if err != nil || !lapsed {
+		return err
+	}
+	return m.verifyLapsed(ctx)
+}
+
+// renewLease renews (or acquires) the node lease under renewMu, suspending the
+// blocks when the lease was lost or its proof ran out, and moves the fencing
+// deadline on. lapsed: the blocks stay suspended until verifyLapsed.
+func (m *Manager) renewLease(ctx context.Context) (lapsed bool, err error) {
+	m.renewMu.Lock()
+	defer m.renewMu.Unlock()
 	m.fence()
 	m.mu.Lock()
 	cur := m.fencing.lease
@@ -49,7 +66,6 @@ func (m *Manager) Renew(ctx context.Context) error {
 		nl, err = leases.Acquire(ctx, m.opts.Node, m.opts.Holder, m.opts.LeaseTTL, m.opts.Addrs...)
 		return err
 	}
-	var err error
 	if cur.ID == "" {
 		err = m.call(ctx, acquire)
 	} else {
@@ -69,37 +85,72 @@ func (m *Manager) Renew(ctx context.Context) error {
 	m.note(err)
 	if err != nil {
 		m.fence()
-		return fmt.Errorf("node lease of %s: %w", m.opts.Node, err)
+		return false, fmt.Errorf("node lease of %s: %w", m.opts.Node, err)
 	}
 	m.mu.Lock()
+	if sent >= m.fencing.deadline {
+		// sent after the last proof ran out: nothing proved the lease in between, so
+		// a re-verification running across that gap proves nothing
+		m.fencing.proof++
+	}
 	m.fencing.lease = nl
 	m.fencing.deadline = sent + m.opts.LeaseTTL - m.opts.Margin
-	lapsed := m.fencing.lapsed
+	lapsed = m.fencing.lapsed
 	m.mu.Unlock()
-	if lapsed {
-		return m.verify(ctx)
+	return lapsed, nil
+}
+
+// verifyLapsed re-verifies the blocks (verify) under stepMu when they are suspended
+// and the lease is provable by time; it does nothing when they are not suspended
+// (another re-verification came first).
+func (m *Manager) verifyLapsed(ctx context.Context) error {
+	m.stepMu.Lock()
+	defer m.stepMu.Unlock()
+	m.mu.Lock()
+	f, now := m.fencing, m.mono()
+	m.mu.Unlock()
+	switch {
+	case !f.lapsed:
+		return nil
+	case f.lease.ID == "" || now >= f.deadline:
+		return fmt.Errorf("%w: node %s: its blocks are re-verified after the next successful renewal", ErrFenced, m.opts.Node)
 	}
-	return nil
+	return m.verify(ctx, f.proof)
 }
 
 // fence suspends the node's blocks once the lease can no longer be proven.
 func (m *Manager) fence() {
 	m.mu.Lock()
 	expired := m.fencing.started && !m.fencing.lapsed && m.mono() >= m.fencing.deadline
+	if expired {
+		m.lapseLocked()
+	}
 	m.mu.Unlock()
 	if expired {
 		m.log.Warn("node lease not proven in time; suspending blocks")
-		m.suspend()
+		m.suspendLedger()
 	}
 }
 
+// suspend suspends the node's blocks until a renewal and a re-verification.
 func (m *Manager) suspend() {
 	m.mu.Lock()
+	m.lapseLocked()
+	m.mu.Unlock()
+	m.suspendLedger()
+}
+
+// lapseLocked marks the blocks suspended and the lease's proof broken (Manager.mu
+// held).
+func (m *Manager) lapseLocked() {
 	if !m.fencing.lapsed {
 		m.counts.suspensions.Add(1)
 	}
 	m.fencing.lapsed = true
-	m.mu.Unlock()
+	m.fencing.proof++
+}
+
+func (m *Manager) suspendLedger() {
 	if err := m.l.SuspendAll(); err != nil {
 		m.log.Error("suspending blocks in the ledger", "err", err)
 	}
@@ -108,8 +159,11 @@ func (m *Manager) suspend() {
 // verify re-reads every block the ledger holds (and every block the datastore says
 // the node owns in its networks) after a lapse: a block still the node's at the
 // ledger's epoch is re-affirmed by compare-and-swap and resumed; any other is lost.
-// The allocation guard opens only when every block was judged.
-func (m *Manager) verify(ctx context.Context) error {
+// The allocation guard opens only when every block was judged, and only if the
+// lease's proof did not break since it began (proof, the fencing's count when it
+// began) and is still provable: else the blocks stay suspended for the next one.
+// The caller holds stepMu.
+func (m *Manager) verify(ctx context.Context, proof uint64) error {
 	type want struct {
 		network string
 		prefix  netip.Prefix
@@ -182,8 +236,14 @@ func (m *Manager) verify(ctx context.Context) error {
 		}
 	}
 	m.mu.Lock()
-	m.fencing.lapsed = false
+	held := m.fencing.proof == proof && m.mono() < m.fencing.deadline
+	if held {
+		m.fencing.lapsed = false
+	}
 	m.mu.Unlock()
+	if !held {
+		return fmt.Errorf("%w: node %s: the lease lapsed while its blocks were re-verified; they are re-verified after the next successful renewal", ErrFenced, m.opts.Node)
+	}
 	m.log.Info("blocks verified; allocation allowed")
 	return nil
 }

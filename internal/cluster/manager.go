@@ -13,6 +13,19 @@
 // did not move (re-affirming each by compare-and-swap), dropping the others: the
 // leases left in a lost block are released locally only.
 //
+// Concurrency: the lease is renewed on a schedule of its own. The background work
+// runs on two goroutines: one renews the lease every Interval and nothing else, the
+// other sweeps (hand-backs, reclaims) every Interval and re-verifies the blocks after
+// a lapse. A renewal holds renewMu (renewals one at a time: two renewals of one
+// lease could make each other fail); a sweep and a re-verification hold stepMu (one
+// at a time: a re-verification must not re-affirm a block a sweep is giving back,
+// nor a sweep give back one a re-verification is resuming). So a sweep, however slow
+// the datastore, never delays a renewal: the lease stays provable while the
+// datastore answers renewals. A lapse that happens while blocks are re-verified
+// (the lease lost and taken anew, or the proof ran out before a renewal came back)
+// voids that re-verification: it leaves the blocks suspended, and the next renewal
+// has them re-verified again.
+//
 // Dead nodes: every live manager watches the node leases; a node whose lease is gone
 // or has not changed for its TTL (judged on this manager's monotonic clock), and has
 // stayed so for a quarantine at least one TTL long, or whose Node object was deleted
@@ -113,7 +126,8 @@ type Options struct {
 	// Quarantine is how long a node's lease must have stayed expired before its
 	// blocks are reclaimed (default and minimum LeaseTTL).
 	Quarantine time.Duration
-	// Interval is the period of the background loop (default LeaseTTL/3).
+	// Interval is the period of the background renewals, and of the background
+	// sweeps, each on its own schedule (default LeaseTTL/3).
 	Interval time.Duration
 	// Manual: Start runs no background loop; the caller drives Renew and Sweep (tests).
 	Manual bool
@@ -122,7 +136,9 @@ type Options struct {
 	Logger  *slog.Logger
 }
 
-// Manager manages this node's blocks. It is safe for concurrent use.
+// Manager manages this node's blocks. It is safe for concurrent use. Its lease
+// renewals never wait for its sweeps (see the package comment): Renew, Sweep and
+// the background goroutines say which lock each holds.
 type Manager struct {
 	ds   datastore.Store
 	l    *ledger.Ledger
@@ -132,7 +148,10 @@ type Manager struct {
 	claimMu sync.Mutex // one claim at a time (concurrent ADDs must not each claim)
 	// stickyMu: a sticky allocation's borrow and its lease, or the orphan sweep
 	stickyMu sync.Mutex
-	stepMu   sync.Mutex // Renew, Sweep, verification: one at a time
+	// renewMu: one lease renewal at a time (a renewal never waits for stepMu)
+	renewMu sync.Mutex
+	// stepMu: Sweep and the re-verification after a lapse, one at a time
+	stepMu sync.Mutex
 
 	mu        sync.Mutex
 	fencing   fencing
@@ -157,8 +176,11 @@ type Manager struct {
 	listed   bool
 
 	cancel context.CancelFunc
-	done   chan struct{}
-	counts counters // for metrics (counts.go)
+	loops  sync.WaitGroup // the background goroutines (renewing, sweeping)
+	// reverify receives a value (coalesced) when a background renewal succeeded
+	// while the blocks are suspended: the sweeping goroutine re-verifies them
+	reverify chan struct{}
+	counts   counters // for metrics (counts.go)
 
 	cacheMu sync.Mutex
 	caches  map[string]*blockCache // by network (cache.go)
@@ -185,6 +207,10 @@ type fencing struct {
 	started  bool                // Start was called, Stop was not
 	deadline time.Duration       // monotonic: allocation allowed while now < deadline
 	lapsed   bool                // blocks suspended (or unverified) until a renewal and re-verification
+	// proof counts the breaks in the lease's proof: every suspension, and every
+	// renewal sent at or past the deadline (the lease was not provable in between).
+	// A re-verification clears lapsed only if proof did not move while it ran.
+	proof uint64
 }
 
 type ownedBlock struct {
@@ -252,7 +278,7 @@ func New(ds datastore.Store, l *ledger.Ledger, opts Options) (*Manager, error) {
 	m := &Manager{ds: ds, l: l, opts: opts, log: log.With("node", opts.Node),
 		nets: map[string]PoolRecord{}, pools: map[string]IPPool{}, owned: map[string]ownedBlock{}, empty: map[string]emptyObs{},
 		obs: map[string]*leaseObs{}, gone: map[string]bool{}, fencing: fencing{lapsed: true},
-		caches: map[string]*blockCache{}, changed: make(chan struct{}, 1), poolsFollowed: make(chan struct{}, 1), refused: map[string]string{}}
+		caches: map[string]*blockCache{}, changed: make(chan struct{}, 1), reverify: make(chan struct{}, 1), poolsFollowed: make(chan struct{}, 1), refused: map[string]string{}}
 	l.SetAllocationGuard(m.guard)
 	return m, nil
 }
@@ -294,10 +320,10 @@ func (m *Manager) note(err error) {
 
 // Start acquires the node's lease, suspends the blocks the ledger holds until each
 // is re-verified against the datastore, verifies them, and (unless Options.Manual)
-// starts the background loop that renews the lease, gives back empty blocks and
-// reclaims dead nodes' blocks. When the datastore cannot be reached Start still
-// starts the loop (the node hands out nothing until it can prove its lease) and
-// returns the error.
+// starts the background goroutines: one renews the lease, the other gives back
+// empty blocks and reclaims dead nodes' blocks (see the package comment). When the
+// datastore cannot be reached Start still starts them (the node hands out nothing
+// until it can prove its lease) and returns the error.
 func (m *Manager) Start(ctx context.Context) error {
 	if err := m.l.SuspendAll(); err != nil {
 		return err
@@ -308,16 +334,18 @@ func (m *Manager) Start(ctx context.Context) error {
 	err := m.Renew(ctx)
 	if !m.opts.Manual {
 		lctx, cancel := context.WithCancel(context.Background())
-		m.cancel, m.done = cancel, make(chan struct{})
-		go m.loop(lctx)
+		m.cancel = cancel
+		m.loops.Go(func() { m.renewLoop(lctx) })
+		m.loops.Go(func() { m.sweepLoop(lctx) })
 	}
 	return err
 }
 
-// loop renews and sweeps every Interval until Stop. The ticker is the process's
-// scheduling edge; every decision reads Options.Clock.
-func (m *Manager) loop(ctx context.Context) {
-	defer close(m.done)
+// renewLoop renews the lease every Interval until Stop, and nothing else: it takes
+// renewMu only, never stepMu, so no sweep can delay it. After a renewal that left
+// the blocks suspended it asks sweepLoop to re-verify them. The ticker is the
+// process's scheduling edge; every decision reads Options.Clock.
+func (m *Manager) renewLoop(ctx context.Context) {
 	t := time.NewTicker(m.opts.Interval)
 	defer t.Stop()
 	for {
@@ -326,21 +354,49 @@ func (m *Manager) loop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if err := m.Renew(ctx); err != nil {
+		lapsed, err := m.renewLease(ctx)
+		if err != nil {
 			m.log.Warn("lease renewal failed", "err", err)
+			continue
 		}
-		if err := m.Sweep(ctx); err != nil {
-			m.log.Warn("block sweep failed", "err", err)
+		if lapsed {
+			select {
+			case m.reverify <- struct{}{}:
+			default:
+			}
 		}
 	}
 }
 
-// Stop ends the background loop and releases the node lease (a clean shutdown: the
-// blocks stay the node's; other nodes reclaim them only after the quarantine).
+// sweepLoop sweeps every Interval until Stop, and re-verifies the blocks when
+// renewLoop asks; both hold stepMu, so they take turns, and a slow one delays only
+// the other, never a renewal.
+func (m *Manager) sweepLoop(ctx context.Context) {
+	t := time.NewTicker(m.opts.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-m.reverify:
+			if err := m.verifyLapsed(ctx); err != nil {
+				m.log.Warn("re-verifying blocks failed", "err", err)
+			}
+		case <-t.C:
+			if err := m.Sweep(ctx); err != nil {
+				m.log.Warn("block sweep failed", "err", err)
+			}
+		}
+	}
+}
+
+// Stop ends the background goroutines (waiting for both) and releases the node
+// lease (a clean shutdown: the blocks stay the node's; other nodes reclaim them only
+// after the quarantine).
 func (m *Manager) Stop(ctx context.Context) error {
 	if m.cancel != nil {
 		m.cancel()
-		<-m.done
+		m.loops.Wait()
 		m.cancel = nil
 	}
 	m.stopWatches()
