@@ -7,8 +7,9 @@ import (
 	"github.com/ipledger/ipledger/internal/testenv/nodesenv"
 )
 
-// bluePool is the range of checkSecondPool's IPPool blue.
-var bluePool = netip.MustParsePrefix("10.245.0.0/16")
+// bluePool is the range of checkSecondPool's IPPool blue: the second pool's
+// range the conformance run uses too (one range kube-proxy's CIDR covers).
+var bluePool = nodesenv.SecondPool
 
 // checkSecondPool (issue 34 item 1), in cluster mode: an IPPool blue beside
 // deploy/cluster's pool, and a namespace blue annotated ipledger.io/pool=blue.

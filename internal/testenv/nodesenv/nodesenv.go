@@ -333,6 +333,7 @@ func Upstream(t *testing.T, s Setup, o e2eenv.Options) e2eenv.Report {
 	}
 	sampler := cl.samplePods(10 * time.Second)
 	rep := e2eenv.Run(t, o)
-	cl.checkPools(t, sampler.stop(), SecondPoolName, SecondPool)
+	pods, errs := sampler.stop()
+	cl.checkPools(t, pods, errs, SecondPoolName, SecondPool)
 	return rep
 }
