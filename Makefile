@@ -48,6 +48,12 @@ deps:
 KUBELET_PKGS = ./internal/testenv/kubeenv ./test/kube ./test/kubenodes ./test/kubeupstream \
 	./test/kubewitness
 export KUBELET_PKGS
+# KUBELET_TAGS: the build tag of the test files that start a kubelet cluster. A plain
+# `go test ./...` (Go's defaults: two packages at a time, ten minutes each) leaves them
+# out, as one three-node scenario alone takes longer than ten minutes on 2 cores; the
+# kubelet lane of make test, make bench, conformance and runtime-matrix pass it.
+KUBELET_TAGS = kubelet
+export KUBELET_TAGS
 
 # Installs what the tests need (Debian packages, Go modules) and runs every test in
 # two lanes at the same time (scripts/test-lanes.sh): KUBELET_PKGS one at a time, and
@@ -58,26 +64,27 @@ export KUBELET_PKGS
 # test-artifacts/_artifacts/<one directory per test>/ (the test logs the path).
 test: deps build
 	$(GO) vet ./...
+	$(GO) vet -tags $(KUBELET_TAGS),conformance $(KUBELET_PKGS)
 	@mkdir -p test-artifacts
 	GO=$(GO) ./scripts/test-lanes.sh $(CURDIR)/test-artifacts $(TESTFLAGS) -artifacts -outputdir $(CURDIR)/test-artifacts
 
 bench: deps build
 	$(GO) run ./test/benchcmd -v --bin $(BIN) --out bench-results.md
 	@# Pod startup under a real kubelet (test/kube), ipledger vs bridge + host-local: minutes.
-	$(GO) test -run '^$$' -bench '^BenchmarkPodStartup$$' -benchtime 1x -timeout 30m -v ./test/kube > $(BIN)/kube-bench.log 2>&1 \
+	$(GO) test -tags $(KUBELET_TAGS) -run '^$$' -bench '^BenchmarkPodStartup$$' -benchtime 1x -timeout 30m -v ./test/kube > $(BIN)/kube-bench.log 2>&1 \
 		|| { tail -40 $(BIN)/kube-bench.log; exit 1; }
 	grep -E '^\s+bench_test.go|^\s*\||^BenchmarkPodStartup' $(BIN)/kube-bench.log | sed -E 's/^\s+(bench_test.go:[0-9]+: )?//' | tee -a bench-results.md
 	@# ipledger vs flannel host-gw on three kubelet nodes (test/kubenodes), one after the
 	@# other in one run: connectivity, 300 pods' startup, routes as Nodes join and leave,
 	@# the agents' CPU and memory at 3 and 100 Nodes: tens of minutes on 2 cores.
-	$(GO) test -run '^$$' -bench '^BenchmarkFlannel$$' -benchtime 1x -timeout 90m -v ./test/kubenodes > $(BIN)/flannel-bench.log 2>&1 \
+	$(GO) test -tags $(KUBELET_TAGS) -run '^$$' -bench '^BenchmarkFlannel$$' -benchtime 1x -timeout 90m -v ./test/kubenodes > $(BIN)/flannel-bench.log 2>&1 \
 		|| { tail -40 $(BIN)/flannel-bench.log; exit 1; }
 	grep -E '^\s*\||^BenchmarkFlannel|bench_test.go:[0-9]+: (cluster of|ipledger measured|flannel measured|benchmark took|(ipledger|flannel): [0-9]+ pods)' $(BIN)/flannel-bench.log | sed -E 's/^\s+(bench_test.go:[0-9]+: )?//' | tee -a bench-results.md
 	@# Spiderpool's shape (issue 35): IPLEDGER_SCALE_DEPLOYMENTS (default 50) Deployments x 10
 	@# replicas at once on the three kubelet nodes (maxPods 250), for ipledger node mode, cluster
 	@# mode on the Kubernetes API and on etcd, and flannel host-gw: about half an hour. A smoke
 	@# size: IPLEDGER_SCALE_DEPLOYMENTS=6. IPLEDGER_SCALE_PPROF=DIR adds the agents' CPU profiles.
-	$(GO) test -run '^$$' -bench '^BenchmarkScale$$' -benchtime 1x -timeout 120m -v ./test/kubenodes > $(BIN)/scale-bench.log 2>&1 \
+	$(GO) test -tags $(KUBELET_TAGS) -run '^$$' -bench '^BenchmarkScale$$' -benchtime 1x -timeout 120m -v ./test/kubenodes > $(BIN)/scale-bench.log 2>&1 \
 		|| { tail -40 $(BIN)/scale-bench.log; exit 1; }
 	grep -E '^\s*\||^BenchmarkScale|scale_test.go:[0-9]+: (cluster of|[a-z]+ measured|benchmark took|[a-z]+: [0-9]+ pods)' $(BIN)/scale-bench.log | sed -E 's/^\s+(scale_test.go:[0-9]+: )?//' | tee -a bench-results.md
 
@@ -90,7 +97,7 @@ bench: deps build
 # '-conformance.modes=node -conformance.dualstack': the IPv4/IPv6 dual-stack run.
 CONFORMANCE_ARGS ?=
 conformance: deps build
-	$(GO) test -tags conformance -count=1 -timeout 4h -run '^TestConformance$$' -v ./test/kubenodes -args $(CONFORMANCE_ARGS)
+	$(GO) test -tags $(KUBELET_TAGS),conformance -count=1 -timeout 4h -run '^TestConformance$$' -v ./test/kubenodes -args $(CONFORMANCE_ARGS)
 
 # runtime-matrix: test/kube's seed 001, containerd#10744, seed 004 and churn scenarios
 # under a real kubelet on each containerd of MATRIX_RUNTIMES in turn (one cluster
@@ -103,7 +110,7 @@ runtime-matrix: deps build
 	@rm -f $(MATRIX_CELLS)
 	@status=0; for v in $(MATRIX_RUNTIMES); do \
 		echo "== containerd $$v"; \
-		IPLEDGER_CONTAINERD=$$v IPLEDGER_MATRIX_OUT=$(MATRIX_CELLS) $(GO) test -count=1 -timeout 60m -v \
+		IPLEDGER_CONTAINERD=$$v IPLEDGER_MATRIX_OUT=$(MATRIX_CELLS) $(GO) test -tags $(KUBELET_TAGS) -count=1 -timeout 60m -v \
 			-run '^TestKubernetesNode$$/^(Churn|Seed004ContainerdRestarts|Seed001ChainedTeardownFails|Issue10744TeardownSkipped)$$' \
 			./test/kube > $(BIN)/runtime-matrix-$$v.log 2>&1 || { status=1; tail -40 $(BIN)/runtime-matrix-$$v.log; }; \
 		grep -E -- '^\s*--- (PASS|FAIL)' $(BIN)/runtime-matrix-$$v.log; \
@@ -125,7 +132,8 @@ demo: deps build
 lint:
 	@test -z "$$(gofmt -l .)" || { gofmt -l .; echo "gofmt would change the files above" >&2; exit 1; }
 	$(GO) vet ./...
-	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...
+	$(GO) vet -tags $(KUBELET_TAGS),conformance $(KUBELET_PKGS)
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 -tags $(KUBELET_TAGS),conformance ./...
 
 # fuzz: each parser's fuzz target for FUZZTIME (go test fuzzes one target per run).
 FUZZTIME ?= 30s

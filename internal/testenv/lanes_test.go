@@ -2,6 +2,7 @@ package testenv_test
 
 import (
 	"go/ast"
+	"go/build/constraint"
 	"go/parser"
 	"go/token"
 	"io/fs"
@@ -26,6 +27,9 @@ var clusterStarters = map[string][]string{
 // A cluster package missing from it would run in the other lane beside the
 // lock chain, and wait there for the lock while that lane's packages queue
 // behind it; a package in it that starts no cluster lengthens the chain.
+// And every test file that starts one builds only with the Makefile's
+// KUBELET_TAGS, so that a plain `go test ./...` (ten minutes a package, two
+// at a time) leaves out what cannot fit in it.
 func TestKubeletLaneIsComplete(t *testing.T) {
 	root := filepath.Join("..", "..")
 	mk, err := os.ReadFile(filepath.Join(root, "Makefile"))
@@ -42,7 +46,12 @@ func TestKubeletLaneIsComplete(t *testing.T) {
 	}
 	slices.Sort(lane)
 
-	var starters []string
+	tm := regexp.MustCompile(`(?m)^KUBELET_TAGS\s*:?=\s*(\S+)\s*$`).FindSubmatch(mk)
+	if tm == nil {
+		t.Fatal("the Makefile has no KUBELET_TAGS: make test cannot build the kubelet lane's cluster tests")
+	}
+	tag := string(tm[1])
+	var starters, untagged []string
 	fset := token.NewFileSet()
 	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -57,10 +66,11 @@ func TestKubeletLaneIsComplete(t *testing.T) {
 		if !strings.HasSuffix(path, "_test.go") {
 			return nil
 		}
-		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution|parser.ParseComments)
 		if err != nil {
 			return err
 		}
+		tagged := kubeletOnly(f, tag)
 		ast.Inspect(f, func(n ast.Node) bool {
 			sel, ok := n.(*ast.SelectorExpr)
 			if !ok {
@@ -68,6 +78,10 @@ func TestKubeletLaneIsComplete(t *testing.T) {
 			}
 			if x, ok := sel.X.(*ast.Ident); ok && slices.Contains(clusterStarters[x.Name], sel.Sel.Name) {
 				rel, _ := filepath.Rel(root, filepath.Dir(path))
+				if !tagged && !slices.Contains(untagged, path) {
+					untagged = append(untagged, path)
+					t.Errorf("%s starts a kubelet cluster but builds without the tag %q: begin it with //go:build %s", path, tag, tag)
+				}
 				if !slices.Contains(starters, rel) {
 					starters = append(starters, rel)
 				}
@@ -93,4 +107,25 @@ func TestKubeletLaneIsComplete(t *testing.T) {
 			t.Errorf("the Makefile's KUBELET_PKGS holds %s, whose tests start no kubelet cluster: move it out of the kubelet lane", p)
 		}
 	}
+}
+
+// kubeletOnly reports whether f's build constraint leaves it out of a build
+// without tag, whatever other tags are set (conformance, the platform's).
+func kubeletOnly(f *ast.File, tag string) bool {
+	for _, cg := range f.Comments {
+		if cg.Pos() >= f.Package {
+			break
+		}
+		for _, c := range cg.List {
+			if !constraint.IsGoBuild(c.Text) {
+				continue
+			}
+			x, err := constraint.Parse(c.Text)
+			if err != nil {
+				return false
+			}
+			return !x.Eval(func(t string) bool { return t != tag })
+		}
+	}
+	return false
 }

@@ -1,3 +1,5 @@
+//go:build kubelet
+
 // Package kube_test runs ipledger on a real one-node Kubernetes cluster
 // (internal/testenv/kubeenv): the image from internal/image (what `make image`
 // writes), installed by applying deploy/ipledger.yaml, and pods created by a

@@ -1,4 +1,4 @@
-//go:build conformance
+//go:build kubelet && conformance
 
 package kubenodes_test
 

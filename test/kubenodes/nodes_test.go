@@ -1,3 +1,5 @@
+//go:build kubelet
+
 // Package kubenodes_test runs ipledger on Kubernetes nodes that share this
 // machine (kubeenv.AddNode): each node a network namespace on netnodes' bridge
 // and a mount namespace of its own, with its own containerd and kubelet, one

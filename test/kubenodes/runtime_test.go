@@ -1,3 +1,5 @@
+//go:build kubelet
+
 package kubenodes_test
 
 import (

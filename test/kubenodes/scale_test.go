@@ -1,3 +1,5 @@
+//go:build kubelet
+
 package kubenodes_test
 
 import (
@@ -25,6 +27,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	watchtools "k8s.io/client-go/tools/watch"
 
+	"github.com/ipledger/ipledger/internal/cri"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/etcdenv"
 	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
@@ -66,7 +69,7 @@ type scaleResult struct {
 	startup    []time.Duration // per pod, creation to Ready
 	allRunning time.Duration   // Deployments created until every pod Running
 	allReady   time.Duration   // … until every pod Ready
-	teardown   time.Duration   // namespace deleted until every pod gone
+	teardown   time.Duration   // namespace deleted until every pod and sandbox gone
 	agentCPU   time.Duration   // the agents' CPU during the burst, all nodes
 	execCPU    time.Duration   // containerd's reaped children's CPU (the CNI execs), all nodes
 	rss, hwm   uint64          // the agents' VmRSS after the burst and VmHWM, mean per node
@@ -327,8 +330,44 @@ func (cl *cluster) burst(cs *kubernetes.Clientset, name, agent, ns string, deplo
 	profDone.Wait()
 	t.Logf("%s: %d pods Running in %v, Ready in %v (p50 %v, p99 %v)", name, r.pods, r.allRunning.Round(time.Millisecond),
 		r.allReady.Round(time.Millisecond), pct(r.startup, .5).Round(time.Millisecond), pct(r.startup, .99).Round(time.Millisecond))
-	r.teardown = deleteNamespace(t, cs, ns)
+	t1 := time.Now()
+	deleteNamespace(t, cs, ns)
+	cl.waitSandboxesGone(ns)
+	r.teardown = time.Since(t1)
 	return r
+}
+
+// waitSandboxesGone waits until no node's runtime keeps a sandbox of
+// namespace ns: the pods leave the API before their sandboxes are stopped and
+// removed (and their CNI DELs run), and the next system's burst or the
+// uninstall must not share the nodes with that work.
+func (cl *cluster) waitSandboxesGone(ns string) {
+	t := cl.T
+	t.Helper()
+	ctx := context.Background()
+	for _, nd := range cl.Nodes {
+		c, err := cri.Dial(ctx, nd.Endpoint(), 30*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = kubeenv.WaitFor(15*time.Minute, 2*time.Second, func() (bool, error) {
+			sbs, err := c.ListSandboxes(ctx)
+			if err != nil {
+				return false, err
+			}
+			n := 0
+			for _, sb := range sbs {
+				if sb.Namespace == ns {
+					n++
+				}
+			}
+			return n == 0, fmt.Errorf("%s: %d sandboxes of namespace %s left", nd.Name, n, ns)
+		})
+		c.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 // scaleDeployment is one of the burst's Deployments: scaleReplicas sleeping
@@ -541,6 +580,6 @@ func scaleTable(rs []scaleResult) string {
 		}
 		return float64(r.etcdRevs) / float64(r.pods)
 	}, num)
-	row("all pods gone after their namespace's deletion (wall)", dur(func(r scaleResult) time.Duration { return r.teardown }), secs)
+	row("all pods and their sandboxes gone after their namespace's deletion (wall)", dur(func(r scaleResult) time.Duration { return r.teardown }), secs)
 	return s.String()
 }

@@ -1,3 +1,5 @@
+//go:build kubelet
+
 // Package kubeupstream_test runs a subset of Kubernetes' own network
 // conformance tests on three kubelet nodes with ipledger installed
 // (internal/testenv/nodesenv): a package of its own, so that it fits go test's

@@ -1,3 +1,5 @@
+//go:build kubelet
+
 // Package kubewitness_test runs the API-witness incidents (issue 27) on three
 // kubelet nodes (internal/testenv/nodesenv): a package of its own, so that it
 // fits go test's default timeout beside another kubelet package.

@@ -1,3 +1,5 @@
+//go:build kubelet
+
 package kubeenv_test
 
 import (
