@@ -13,12 +13,10 @@
 # waits for its own build (about two minutes of the lane's wall time in five
 # builds). A package may then wait a whole predecessor's run before its own:
 # the lane's -timeout is 40m, after the flags given (the last one wins).
-# The other lane is every other package of the module, -p 2 as a plain
-# `go test ./...` runs them, beside the first: none of them starts a kubelet or
-# touches what a kubelet cluster changes on the host, and none shares host
-# state with another (internal/testenv/README.md says what was checked). The
-# longest packages are listed first, so that go test starts them first and the
-# lane does not end on one long package running alone.
+# The other lane is every other package of the module, -p 1, beside the
+# first: none of them starts a kubelet or touches what a kubelet cluster
+# changes on the host (internal/testenv/README.md says what was checked).
+#
 # Both lanes stream to the terminal with a prefix (kubelet| , other| ) and to
 # LOGDIR/lane-kubelet.log and LOGDIR/lane-other.log. The script ends with each
 # lane's verdict, the packages and tests that failed with the first lines each
@@ -37,11 +35,6 @@ mkdir -p "$logdir"
 # Import paths of the kubelet lane, then every other package of the module.
 kube=$($GO list $KUBELET_PKGS) || exit 1
 others=$($GO list ./... | grep -vxF -f <(printf '%s\n' $kube)) || exit 1
-# The other lane's longest packages (over 90 s each in make test), longest first.
-long="test/cluster internal/cluster internal/datastore/kubeds internal/agent test/runtime internal/kubenode"
-mod=$($GO list -m)
-first=$(for p in $long; do printf '%s\n' "$others" | grep -xF "$mod/$p"; done)
-others=$(printf '%s\n' $first; printf '%s\n' "$others" | grep -vxF -f <(printf '%s\n' $first))
 
 lane() {
 	local name=$1
@@ -56,7 +49,7 @@ lane() {
 start=$(date +%s)
 lane kubelet -p 2 -tags "${KUBELET_TAGS:-kubelet}" "$@" -timeout 40m $kube &
 kpid=$!
-lane other -p 2 "$@" $others &
+lane other -p 1 "$@" $others &
 opid=$!
 wait $kpid $opid
 
