@@ -60,7 +60,7 @@ func NewEvents(ctx context.Context, cfg *rest.Config, self string, log *slog.Log
 	if self == "" {
 		return nil, errors.New("kubenode: this node's name is empty; pass --node-name or set NODE_NAME")
 	}
-	c, err := eventsv1client.NewForConfig(cfg)
+	c, err := eventsv1client.NewForConfig(builtinConfig(cfg))
 	if err != nil {
 		return nil, fmt.Errorf("kubenode: events client: %w", err)
 	}

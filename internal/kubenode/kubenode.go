@@ -98,7 +98,7 @@ func New(cfg *rest.Config, self string, log *slog.Logger) (*Watch, error) {
 	if self == "" {
 		return nil, errors.New("kubenode: this node's name is empty; pass --node-name or set NODE_NAME")
 	}
-	c, err := corev1client.NewForConfig(cfg)
+	c, err := corev1client.NewForConfig(builtinConfig(cfg))
 	if err != nil {
 		return nil, fmt.Errorf("kubenode: client: %w", err)
 	}

@@ -123,7 +123,7 @@ func NewPods(cfg *rest.Config, node string, clk clock.Clock, log *slog.Logger) (
 	if node == "" {
 		return nil, errors.New("kubenode: this node's name is empty; pass --node-name or set NODE_NAME")
 	}
-	c, err := corev1client.NewForConfig(cfg)
+	c, err := corev1client.NewForConfig(builtinConfig(cfg))
 	if err != nil {
 		return nil, fmt.Errorf("kubenode: client: %w", err)
 	}

@@ -35,7 +35,7 @@ type StatefulSets struct {
 // NewStatefulSets returns the cache of the cluster's StatefulSets through cfg;
 // Run starts it.
 func NewStatefulSets(cfg *rest.Config, log *slog.Logger) (*StatefulSets, error) {
-	c, err := appsv1client.NewForConfig(cfg)
+	c, err := appsv1client.NewForConfig(builtinConfig(cfg))
 	if err != nil {
 		return nil, fmt.Errorf("kubenode: apps client: %w", err)
 	}
