@@ -2,6 +2,7 @@
 # test-lanes.sh: `make test`'s two lanes, run at the same time.
 #
 #   scripts/test-lanes.sh LOGDIR [go test flags...]
+#   scripts/test-lanes.sh --list    (each package and its lane; runs nothing)
 #
 # The kubelet lane is the packages in KUBELET_PKGS (the Makefile's list: those
 # whose tests start a kubelet cluster), built with the tag KUBELET_TAGS that
@@ -30,11 +31,19 @@ logdir=$1
 shift
 GO=${GO:-go}
 : "${KUBELET_PKGS:?KUBELET_PKGS, the packages of the kubelet lane, is not set: run make test}"
-mkdir -p "$logdir"
 
 # Import paths of the kubelet lane, then every other package of the module.
-kube=$($GO list $KUBELET_PKGS) || exit 1
-others=$($GO list ./... | grep -vxF -f <(printf '%s\n' $kube)) || exit 1
+# Listed with the lane's tag: test/kube, test/kubeupstream and test/kubewitness
+# hold only tagged files, and without it go list refuses them.
+tags=${KUBELET_TAGS:-kubelet}
+kube=$($GO list -tags "$tags" $KUBELET_PKGS) || exit 1
+others=$($GO list -tags "$tags" ./... | grep -vxF -f <(printf '%s\n' $kube)) || exit 1
+if [ "$logdir" = --list ]; then
+	printf 'kubelet %s\n' $kube
+	printf 'other %s\n' $others
+	exit 0
+fi
+mkdir -p "$logdir"
 
 lane() {
 	local name=$1
@@ -47,7 +56,7 @@ lane() {
 }
 
 start=$(date +%s)
-lane kubelet -p 2 -tags "${KUBELET_TAGS:-kubelet}" "$@" -timeout 40m $kube &
+lane kubelet -p 2 -tags "$tags" "$@" -timeout 40m $kube &
 kpid=$!
 lane other -p 1 "$@" $others &
 opid=$!

@@ -7,8 +7,10 @@ import (
 	"go/token"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -32,25 +34,8 @@ var clusterStarters = map[string][]string{
 // at a time) leaves out what cannot fit in it.
 func TestKubeletLaneIsComplete(t *testing.T) {
 	root := filepath.Join("..", "..")
-	mk, err := os.ReadFile(filepath.Join(root, "Makefile"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`(?m)^KUBELET_PKGS\s*:?=((?:.*\\\n)*.*)$`).FindSubmatch(mk)
-	if m == nil {
-		t.Fatal("the Makefile has no KUBELET_PKGS: make test cannot tell the kubelet lane from the other")
-	}
-	var lane []string
-	for _, f := range strings.Fields(strings.ReplaceAll(string(m[1]), "\\\n", " ")) {
-		lane = append(lane, strings.TrimPrefix(f, "./"))
-	}
-	slices.Sort(lane)
-
-	tm := regexp.MustCompile(`(?m)^KUBELET_TAGS\s*:?=\s*(\S+)\s*$`).FindSubmatch(mk)
-	if tm == nil {
-		t.Fatal("the Makefile has no KUBELET_TAGS: make test cannot build the kubelet lane's cluster tests")
-	}
-	tag := string(tm[1])
+	lane, tag := makefileLanes(t, root)
+	var err error
 	var starters, untagged []string
 	fset := token.NewFileSet()
 	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
@@ -105,6 +90,80 @@ func TestKubeletLaneIsComplete(t *testing.T) {
 	for _, p := range lane {
 		if !slices.Contains(starters, p) {
 			t.Errorf("the Makefile's KUBELET_PKGS holds %s, whose tests start no kubelet cluster: move it out of the kubelet lane", p)
+		}
+	}
+}
+
+// makefileLanes reads the Makefile's KUBELET_PKGS (sorted, without "./") and
+// KUBELET_TAGS.
+func makefileLanes(t *testing.T, root string) (lane []string, tag string) {
+	t.Helper()
+	mk, err := os.ReadFile(filepath.Join(root, "Makefile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^KUBELET_PKGS\s*:?=((?:.*\\\n)*.*)$`).FindSubmatch(mk)
+	if m == nil {
+		t.Fatal("the Makefile has no KUBELET_PKGS: make test cannot tell the kubelet lane from the other")
+	}
+	for _, f := range strings.Fields(strings.ReplaceAll(string(m[1]), "\\\n", " ")) {
+		lane = append(lane, strings.TrimPrefix(f, "./"))
+	}
+	slices.Sort(lane)
+	tm := regexp.MustCompile(`(?m)^KUBELET_TAGS\s*:?=\s*(\S+)\s*$`).FindSubmatch(mk)
+	if tm == nil {
+		t.Fatal("the Makefile has no KUBELET_TAGS: make test cannot build the kubelet lane's cluster tests")
+	}
+	return lane, string(tm[1])
+}
+
+// TestLanesSplitTheModule: scripts/test-lanes.sh, given the Makefile's
+// KUBELET_PKGS and KUBELET_TAGS, puts exactly those packages in the kubelet
+// lane and every other package of the module in the other, each once. The
+// script lists them with go list; a package whose files all carry the tag is
+// refused by a go list without it, and make test then fails before any test
+// runs.
+func TestLanesSplitTheModule(t *testing.T) {
+	root := filepath.Join("..", "..")
+	lane, tag := makefileLanes(t, root)
+	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	var pkgs []string
+	for _, p := range lane {
+		pkgs = append(pkgs, "./"+p)
+	}
+	cmd := exec.Command("scripts/test-lanes.sh", "--list")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "GO="+goBin, "KUBELET_PKGS="+strings.Join(pkgs, " "), "KUBELET_TAGS="+tag)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("scripts/test-lanes.sh --list: %v\n%s", err, out)
+	}
+	mod, err := exec.Command(goBin, "list", "-m").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prefix := strings.TrimSpace(string(mod)) + "/"
+	all, err := exec.Command(goBin, "list", "-tags", tag, "./...").Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		name, pkg, ok := strings.Cut(line, " ")
+		if !ok || (name != "kubelet" && name != "other") {
+			t.Fatalf("scripts/test-lanes.sh --list printed %q, want \"kubelet|other PACKAGE\"", line)
+		}
+		if prev, dup := seen[pkg]; dup {
+			t.Errorf("%s is in the %s lane and the %s lane", pkg, prev, name)
+		}
+		seen[pkg] = name
+		if want := slices.Contains(lane, strings.TrimPrefix(pkg, prefix)); want != (name == "kubelet") {
+			t.Errorf("%s is in the %s lane; the Makefile's KUBELET_PKGS says otherwise", pkg, name)
+		}
+	}
+	for _, pkg := range strings.Fields(string(all)) {
+		if seen[pkg] == "" {
+			t.Errorf("%s is in no lane: make test would not run it", pkg)
 		}
 	}
 }
