@@ -19,16 +19,34 @@ import (
 	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
-// The sticky-address and reservation tests on the Kubernetes datastore: a real kube-apiserver
-// (kubeenv's apiserver-only mode, no host lock) with the CRDs of
-// deploy/ipledger.yaml, each cluster its own Lease namespace and network; the
-// block records' borrows go through the IPBlock schema and come back.
-func TestStickyKube(t *testing.T) {
-	newC := kubeClusters(t, "sticky")
-	t.Run("BorrowRace", func(t *testing.T) { testBorrowRace(t, newC) })
-	t.Run("DeadBorrowerReturned", func(t *testing.T) { testDeadBorrowerReturned(t, newC) })
-	t.Run("ReservationsCopy", func(t *testing.T) { testReservationsCopy(t, newC) })
-	t.Run("StickyReserved", func(t *testing.T) { testStickyReserved(t, newC) })
+// TestKubeDatastore runs the tests that forBackends runs on memds and etcd on
+// the Kubernetes datastore too: one real kube-apiserver (kubeenv's
+// apiserver-only mode, no host lock) with the CRDs of deploy/ipledger.yaml,
+// shared by the subtests one after the other, each cluster with every record
+// emptied and its own Lease namespace. The sticky-address and reservation
+// tests: the block records' borrows go through the IPBlock schema and come
+// back. The live pool tests: an IPPool's edits reach the agents through the
+// watch of the CRD. One apiserver instead of one per test: its start is most
+// of each subtest's time (about 25 s each on 2 cores, against 1 to 5 s of
+// test).
+func TestKubeDatastore(t *testing.T) {
+	newC := kubeClusters(t, "kube")
+	for _, tc := range []struct {
+		name string
+		test func(*testing.T, func(*testing.T) *cl)
+	}{
+		{"BorrowRace", testBorrowRace},
+		{"DeadBorrowerReturned", testDeadBorrowerReturned},
+		{"ReservationsCopy", testReservationsCopy},
+		{"StickyReserved", testStickyReserved},
+		{"PoolRangeAdded", testPoolRangeAdded},
+		{"PoolRangeDrained", testPoolRangeDrained},
+		{"DrainedBlockKeepsReuseDelay", testDrainedBlockKeepsReuseDelay},
+		{"ConflistExtendsPool", testConflistExtendsPool},
+		{"PoolChangesUnderChurn", testPoolChangesUnderChurn},
+	} {
+		t.Run(tc.name, func(t *testing.T) { tc.test(t, newC) })
+	}
 }
 
 // kubeClusters starts a real kube-apiserver (kubeenv's apiserver-only mode, no

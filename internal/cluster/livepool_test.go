@@ -83,20 +83,13 @@ func poolRanges(a *agent, name string) string {
 
 func in(cidr string, a netip.Addr) bool { return netip.MustParsePrefix(cidr).Contains(a) }
 
-// forAllBackends is forBackends plus the Kubernetes datastore on a real
-// kube-apiserver (no kubelet).
-func forAllBackends(t *testing.T, prefix string, test func(t *testing.T, newC func(*testing.T) *cl)) {
-	forBackends(t, test)
-	t.Run("kube", func(t *testing.T) { test(t, kubeClusters(t, prefix)) })
-}
-
 // A range an operator adds to an IPPool is used at once: two nodes serving the
 // pool, every address of its one range handed out, follow the edit from their
 // watch of the pool records (no ADD failing on a "changed spec", no restart) and
 // claim their next blocks in the new range; EnsurePool returns the new ranges.
 // Before, EnsurePool refused the changed spec (ErrPoolMismatch) until the agent
 // restarted.
-func TestPoolRangeAdded(t *testing.T) { forAllBackends(t, "grow", testPoolRangeAdded) }
+func TestPoolRangeAdded(t *testing.T) { forBackends(t, testPoolRangeAdded) }
 
 func testPoolRangeAdded(t *testing.T, newC func(*testing.T) *cl) {
 	c := newC(t)
@@ -142,7 +135,7 @@ func testPoolRangeAdded(t *testing.T, newC func(*testing.T) *cl) {
 // block of the removed range is given back (its record deleted, never claimed
 // again) as soon as its last lease is released, after which the node's ledger
 // drops the range.
-func TestPoolRangeDrained(t *testing.T) { forAllBackends(t, "drain", testPoolRangeDrained) }
+func TestPoolRangeDrained(t *testing.T) { forBackends(t, testPoolRangeDrained) }
 
 func testPoolRangeDrained(t *testing.T, newC func(*testing.T) *cl) {
 	c := newC(t)
@@ -278,7 +271,7 @@ func testPoolRangeDrained(t *testing.T, newC func(*testing.T) *cl) {
 // the block was given back at the first sweep after X's release, and node-b got
 // X at once.
 func TestDrainedBlockKeepsReuseDelay(t *testing.T) {
-	forAllBackends(t, "reuse", testDrainedBlockKeepsReuseDelay)
+	forBackends(t, testDrainedBlockKeepsReuseDelay)
 }
 
 func testDrainedBlockKeepsReuseDelay(t *testing.T, newC func(*testing.T) *cl) {
@@ -405,7 +398,7 @@ func blocksOf(t *testing.T, ds datastore.Store, network string) []cluster.BlockR
 // range changes nothing, and a range the operator moved to the record's drained
 // list is not added back by a conflist that still names it; moved back (the
 // drained list left empty), it is the pool's again.
-func TestConflistExtendsPool(t *testing.T) { forAllBackends(t, "conflist", testConflistExtendsPool) }
+func TestConflistExtendsPool(t *testing.T) { forBackends(t, testConflistExtendsPool) }
 
 func testConflistExtendsPool(t *testing.T, newC func(*testing.T) *cl) {
 	c := newC(t)
@@ -581,7 +574,7 @@ func testPoolChangeRefused(t *testing.T, newC func(*testing.T) *cl) {
 // range, every lease keeps its address, the drained range's blocks are all given
 // back once the last lease there is released, and every node's books balance
 // (the cluster audit and each ledger's audit run when the test ends).
-func TestPoolChangesUnderChurn(t *testing.T) { forAllBackends(t, "churn", testPoolChangesUnderChurn) }
+func TestPoolChangesUnderChurn(t *testing.T) { forBackends(t, testPoolChangesUnderChurn) }
 
 func testPoolChangesUnderChurn(t *testing.T, newC func(*testing.T) *cl) {
 	c := newC(t)

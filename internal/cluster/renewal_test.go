@@ -135,19 +135,22 @@ func (l slowLeases) List(ctx context.Context) ([]datastore.NodeLease, error) {
 // TestRenewalBesideSlowSweep: the lease is renewed every Interval whatever a sweep
 // is doing. Node a's background sweep reclaims a dead node's 16 blocks through a
 // datastore that answers each of its calls after 4/5 of the call timeout (a third
-// of the 2s lease): the sweep lasts about four lease TTLs. Node a's lease never
-// lapses meanwhile (no suspension), and node b, sweeping beside it, never reclaims
-// a's block: a live node keeps its blocks however slow its sweep is (issue 35: a
-// renewal queued behind the sweep, the lease lapsed, and another node reclaimed a
-// live node's blocks). Real background loops on the system clock, no Manual steps.
+// of the 2s lease): the sweep lasts about four lease TTLs (six blocks and 1.6
+// TTLs under -short). Node a's lease never lapses meanwhile (no suspension), and
+// node b, sweeping beside it, never reclaims a's block: a live node keeps its
+// blocks however slow its sweep is (issue 35: a renewal queued behind the sweep,
+// the lease lapsed, and another node reclaimed a live node's blocks). Real background loops on the system clock, no Manual steps.
 func TestRenewalBesideSlowSweep(t *testing.T) { forBackends(t, testRenewalBesideSlowSweep) }
 
 func testRenewalBesideSlowSweep(t *testing.T, newC func(*testing.T) *cl) {
 	const (
 		leaseTTL = 2 * time.Second
 		timeout  = leaseTTL / 3 // the default: Options.Timeout and Interval
-		ghosts   = 16
 	)
+	ghosts := 16
+	if testing.Short() {
+		ghosts = 6 // a sweep of about 1.6 lease TTLs: still longer than the lease
+	}
 	c := newC(t)
 	opts := func(name string) cluster.Options {
 		o := c.opts(name)
@@ -180,7 +183,7 @@ func testRenewalBesideSlowSweep(t *testing.T, newC func(*testing.T) *cl) {
 	// node-a's slow sweep ends, and two more begin: node-b has swept all along
 	slow.waitFor(t, "node-a's slow sweep and two more", func() bool { return slow.leaseLists.Load() >= inSweep+2 })
 
-	if n := slow.updating.Load(); n < ghosts {
+	if n := slow.updating.Load(); n < int64(ghosts) {
 		t.Fatalf("node-a's sweep sent %d slow reclaims, want the %d ghost blocks'", n, ghosts)
 	}
 	t.Logf("node-a's sweep: %d calls slowed by %s each; reclaims: node-a %d, node-b %d",
