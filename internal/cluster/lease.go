@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/ipledger/ipledger/internal/datastore"
 	"github.com/ipledger/ipledger/internal/ledger"
@@ -118,16 +119,21 @@ func (m *Manager) verifyLapsed(ctx context.Context) error {
 	return m.verify(ctx, f.proof)
 }
 
-// fence suspends the node's blocks once the lease can no longer be proven.
+// fence suspends the node's blocks once the lease can no longer be proven. Its
+// log line says how long after the proof ran out this was noticed: about an
+// Interval when renewals were answered late or failed, much longer when the
+// renewal loop itself did not run (a starved or stopped process).
 func (m *Manager) fence() {
 	m.mu.Lock()
-	expired := m.fencing.started && !m.fencing.lapsed && m.mono() >= m.fencing.deadline
+	now := m.mono()
+	expired := m.fencing.started && !m.fencing.lapsed && now >= m.fencing.deadline
+	overdue := now - m.fencing.deadline
 	if expired {
 		m.lapseLocked()
 	}
 	m.mu.Unlock()
 	if expired {
-		m.log.Warn("node lease not proven in time; suspending blocks")
+		m.log.Warn("node lease not proven in time; suspending blocks", "overdue", overdue.Round(time.Millisecond))
 		m.suspendLedger()
 	}
 }

@@ -164,7 +164,7 @@ func mustBalance(t *testing.T, nodes []*node) ctl.ClusterAudit {
 // that no address was held twice meanwhile is the cluster audit's to prove.
 func noFalseReclaim(t *testing.T, nodes []*node) {
 	t.Helper()
-	lapsed := map[string]bool{}
+	lapsed := map[string]string{} // node: its first line saying its lease lapsed
 	logs := map[*node][]string{}
 	for _, n := range nodes {
 		b, err := os.ReadFile(n.Log)
@@ -173,8 +173,8 @@ func noFalseReclaim(t *testing.T, nodes []*node) {
 		}
 		logs[n] = strings.Split(string(b), "\n")
 		for _, line := range logs[n] {
-			if strings.Contains(line, "node lease not proven in time") || strings.Contains(line, "node lease lost") {
-				lapsed[n.name] = true
+			if (strings.Contains(line, "node lease not proven in time") || strings.Contains(line, "node lease lost")) && lapsed[n.name] == "" {
+				lapsed[n.name] = line
 			}
 		}
 	}
@@ -189,8 +189,8 @@ func noFalseReclaim(t *testing.T, nodes []*node) {
 			default:
 				continue
 			}
-			if lapsed[owner] {
-				t.Logf("%s: a block of %s moved after %s's own lease lapsed (its log says so): %s", n.name, owner, owner, line)
+			if why := lapsed[owner]; why != "" {
+				t.Logf("%s: a block of %s moved after %s's own lease lapsed: %s\n\t%s's log: %s", n.name, owner, owner, line, owner, why)
 				continue
 			}
 			t.Errorf("%s: a block of %s, whose lease never lapsed, moved: %s", n.name, owner, line)
