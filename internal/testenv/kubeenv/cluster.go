@@ -152,6 +152,11 @@ func Start(tb testing.TB, opts Options) *Cluster {
 		os.RemoveAll(dir)
 		tb.Fatal(err)
 	}
+	// The cluster's directory is removed after containerd's own cleanup has
+	// stopped it (cleanups run last registered first): a running containerd
+	// makes its CNI conf dir again when it is removed, which left a /tmp/kube*
+	// directory holding an empty net.d/ after every one-node cluster.
+	tb.Cleanup(c.removeDir)
 	c.Containerd = containerdenv.Start(tb, containerdenv.Options{CNIConfDir: c.CNIConfDir, CNIBinDir: c.CNIBinDir})
 	tb.Cleanup(c.cleanup)
 	c.NetnsDir = filepath.Join(c.Containerd.StateDir(), "io.containerd.grpc.v1.cri", "netns")
@@ -705,10 +710,18 @@ func (c *Cluster) cleanup() {
 	for _, e := range errs {
 		tb.Errorf("kubeenv cleanup: %v", e)
 	}
+	if c.Containerd == nil {
+		c.removeDir() // a control plane without a node's containerd
+	}
+}
+
+// removeDir unmounts what is mounted under the cluster's directory and removes
+// it.
+func (c *Cluster) removeDir() {
 	if err := unmountUnder(c.Dir); err != nil {
-		tb.Errorf("kubeenv cleanup: %v", err)
+		c.tb.Errorf("kubeenv cleanup: %v", err)
 	}
 	if err := os.RemoveAll(c.Dir); err != nil {
-		tb.Errorf("kubeenv cleanup: %v", err)
+		c.tb.Errorf("kubeenv cleanup: %v", err)
 	}
 }

@@ -31,6 +31,9 @@ func TestClusterComesUpAndLeavesTheHostAsItWas(t *testing.T) {
 		if left, _ := filepath.Glob("/sys/fs/cgroup/*/kubepods"); len(left) > 0 {
 			t.Errorf("kubepods cgroups left: %v", left)
 		}
+		if _, err := os.Stat(c.Dir); !os.IsNotExist(err) {
+			t.Errorf("the cluster's directory %s is still there after the cleanup (stat: %v)", c.Dir, err)
+		}
 		ents, _ := os.ReadDir("/var/log/containers")
 		for _, e := range ents {
 			if target, err := os.Readlink(filepath.Join("/var/log/containers", e.Name())); err == nil && strings.HasPrefix(target, c.Dir+"/") {
