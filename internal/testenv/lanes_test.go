@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -126,7 +125,7 @@ func makefileLanes(t *testing.T, root string) (lane []string, tag string) {
 func TestLanesSplitTheModule(t *testing.T) {
 	root := filepath.Join("..", "..")
 	lane, tag := makefileLanes(t, root)
-	goBin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	goBin := "go" // as agentenv runs it: the go command on PATH, which runs the tests
 	var pkgs []string
 	for _, p := range lane {
 		pkgs = append(pkgs, "./"+p)
