@@ -34,10 +34,9 @@ var clusterStarters = map[string][]string{
 func TestKubeletLaneIsComplete(t *testing.T) {
 	root := filepath.Join("..", "..")
 	lane, tag := makefileLanes(t, root)
-	var err error
 	var starters, untagged []string
 	fset := token.NewFileSet()
-	err = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
