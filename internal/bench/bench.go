@@ -25,6 +25,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ipledger/ipledger/internal/nsenter"
 	"github.com/ipledger/ipledger/internal/testenv/agentenv"
 	"github.com/ipledger/ipledger/internal/testenv/containerdenv"
 	"github.com/ipledger/ipledger/internal/testenv/debpkg"
@@ -271,6 +272,9 @@ func buildFloor(out string) error {
 type call struct {
 	plugin, command, containerID, netns, ifname string
 	conf                                        []byte
+	// node is the network namespace the plugin runs in, as a node's runtime
+	// runs it (its host side: veths, routes, sysctls); nil is the caller's.
+	node *os.File
 }
 
 // exec runs c and returns its wall time (fork to reaped) and stdout.
@@ -285,9 +289,20 @@ func (h *harness) exec(c call) (time.Duration, []byte, error) {
 	cmd.Stdin = bytes.NewReader(c.conf)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
-	start := time.Now()
-	err := cmd.Run()
-	d := time.Since(start)
+	var d time.Duration
+	run := func() error {
+		start := time.Now()
+		err := cmd.Run()
+		d = time.Since(start)
+		return err
+	}
+	var err error
+	if c.node != nil {
+		// the child is forked from the thread Do moved into the node namespace
+		err = nsenter.Do(int(c.node.Fd()), run)
+	} else {
+		err = run()
+	}
 	if err != nil {
 		return d, out.Bytes(), fmt.Errorf("%s %s %s: %v; stdout %s; stderr %s", c.plugin, c.command, c.containerID, err, bytes.TrimSpace(out.Bytes()), bytes.TrimSpace(errb.Bytes()))
 	}
@@ -295,8 +310,8 @@ func (h *harness) exec(c call) (time.Duration, []byte, error) {
 }
 
 // floor execs the no-op binary once.
-func (h *harness) floor() (time.Duration, error) {
-	d, _, err := h.exec(call{plugin: "noop", command: "ADD", containerID: "floor", conf: []byte("{}")})
+func (h *harness) floor(node *os.File) (time.Duration, error) {
+	d, _, err := h.exec(call{plugin: "noop", command: "ADD", containerID: "floor", conf: []byte("{}"), node: node})
 	return d, err
 }
 

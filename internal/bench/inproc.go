@@ -56,7 +56,7 @@ func (h *harness) binaries() error {
 			}
 			starts[j] = append(starts[j], d)
 		}
-		d, err := h.floor()
+		d, err := h.floor(nil)
 		if err != nil {
 			return err
 		}

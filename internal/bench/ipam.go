@@ -168,7 +168,7 @@ func (h *harness) ipamLatency() error {
 				}
 				add[j] = append(add[j], d)
 			}
-			d, err := h.floor()
+			d, err := h.floor(nil)
 			if err != nil {
 				return err
 			}
@@ -275,7 +275,7 @@ func (h *harness) ipamBurst() error {
 			}
 			dels[j] = append(dels[j], d)
 		}
-		d, err := burst(n, func(int) error { _, err := h.floor(); return err })
+		d, err := burst(n, func(int) error { _, err := h.floor(nil); return err })
 		if err != nil {
 			return err
 		}

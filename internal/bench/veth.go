@@ -7,7 +7,9 @@ import (
 	"strings"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/ipledger/ipledger/internal/nsenter"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // mainSys is one main plugin with its IPAM: the whole pod network setup.
@@ -18,13 +20,22 @@ type mainSys struct {
 
 // mainPlugin measures the pod network setup: ipledger-veth with ipledger against ptp
 // with host-local, ADD and DEL into real namespaces, one pod at a time and in bursts.
+// The plugins run inside a node namespace the step makes, never the caller's: their
+// host sides (veths, routes, ptp's global ip_forward) would otherwise land on the
+// host, where a node of another test may be running, and writing the host's
+// ip_forward back resets the forwarding of every interface on it.
 func (h *harness) mainPlugin() error {
-	restore, err := keepSysctl("/proc/sys/net/ipv4/ip_forward")
+	nodePath, err := h.newNetNS("node")
 	if err != nil {
 		return err
 	}
-	defer restore()
-	defer h.checkNoLeftovers()
+	defer h.delNetNS(nodePath)
+	node, err := os.Open(nodePath)
+	if err != nil {
+		return err
+	}
+	defer node.Close()
+	defer h.checkNoLeftovers(node)
 	systems := []*mainSys{
 		{name: "ipledger-veth + ipledger", plugin: "ipledger-veth", network: vethNetIPL, subnet: subnetVethIPL,
 			conf: []byte(fmt.Sprintf(`{"cniVersion":%q,"name":%q,"type":"ipledger-veth","ipam":%s}`, cniVersion, vethNetIPL, h.agent.IPAM(rangesJSON(subnetVethIPL))))},
@@ -49,7 +60,7 @@ func (h *harness) mainPlugin() error {
 				return err
 			}
 			id := fmt.Sprintf("pod-%05d", i)
-			d, out, err := h.exec(call{plugin: s.plugin, command: "ADD", containerID: id, netns: ns, conf: s.conf})
+			d, out, err := h.exec(call{plugin: s.plugin, command: "ADD", containerID: id, netns: ns, conf: s.conf, node: node})
 			if err != nil {
 				return err
 			}
@@ -57,7 +68,7 @@ func (h *harness) mainPlugin() error {
 				return fmt.Errorf("%s ADD: %w", s.name, err)
 			}
 			add[j] = append(add[j], d)
-			d, _, err = h.exec(call{plugin: s.plugin, command: "DEL", containerID: id, netns: ns, conf: s.conf})
+			d, _, err = h.exec(call{plugin: s.plugin, command: "DEL", containerID: id, netns: ns, conf: s.conf, node: node})
 			if err != nil {
 				return err
 			}
@@ -66,7 +77,7 @@ func (h *harness) mainPlugin() error {
 				return err
 			}
 		}
-		d, err := h.floor()
+		d, err := h.floor(node)
 		if err != nil {
 			return err
 		}
@@ -93,7 +104,7 @@ func (h *harness) mainPlugin() error {
 			}
 			id := func(i int) string { return fmt.Sprintf("bpod%02d-%04d", rep, i) }
 			d, err := burst(n, func(i int) error {
-				_, out, err := h.exec(call{plugin: s.plugin, command: "ADD", containerID: id(i), netns: nss[i], conf: s.conf})
+				_, out, err := h.exec(call{plugin: s.plugin, command: "ADD", containerID: id(i), netns: nss[i], conf: s.conf, node: node})
 				if err == nil {
 					err = checkResult(out)
 				}
@@ -104,7 +115,7 @@ func (h *harness) mainPlugin() error {
 			}
 			badd[j] = append(badd[j], d)
 			d, err = burst(n, func(i int) error {
-				_, _, err := h.exec(call{plugin: s.plugin, command: "DEL", containerID: id(i), netns: nss[i], conf: s.conf})
+				_, _, err := h.exec(call{plugin: s.plugin, command: "DEL", containerID: id(i), netns: nss[i], conf: s.conf, node: node})
 				return err
 			})
 			if err != nil {
@@ -115,7 +126,7 @@ func (h *harness) mainPlugin() error {
 				return err
 			}
 		}
-		d, err := burst(n, func(int) error { _, err := h.floor(); return err })
+		d, err := burst(n, func(int) error { _, err := h.floor(node); return err })
 		if err != nil {
 			return err
 		}
@@ -127,24 +138,17 @@ func (h *harness) mainPlugin() error {
 	return nil
 }
 
-// keepSysctl remembers a sysctl file's value and returns a function that writes it
-// back (ptp turns on IP forwarding).
-func keepSysctl(path string) (func(), error) {
-	old, err := os.ReadFile(path)
+// checkNoLeftovers reports links or routes of the main plugin pools that the run
+// left behind in the node namespace.
+func (h *harness) checkNoLeftovers(node *os.File) {
+	nh, err := nsenter.Handle(int(node.Fd()), unix.NETLINK_ROUTE)
 	if err != nil {
-		return nil, err
+		h.tb.Errorf("netlink in the node namespace: %v", err)
+		return
 	}
-	return func() {
-		if cur, err := os.ReadFile(path); err == nil && string(cur) != string(old) {
-			os.WriteFile(path, old, 0o644)
-		}
-	}, nil
-}
-
-// checkNoLeftovers reports host links or routes of the main plugin pools that the
-// run left behind.
-func (h *harness) checkNoLeftovers() {
-	links, err := netlinksafe.LinkList()
+	nl := netlinksafe.Handle{Handle: nh}
+	defer nl.Close()
+	links, err := nl.LinkList()
 	if err != nil {
 		h.tb.Errorf("listing links: %v", err)
 		return
@@ -154,7 +158,7 @@ func (h *harness) checkNoLeftovers() {
 			h.tb.Errorf("leftover host veth %s (%s)", l.Attrs().Name, a)
 		}
 	}
-	routes, err := netlink.RouteList(nil, netlink.FAMILY_V4)
+	routes, err := nl.RouteList(nil, netlink.FAMILY_V4)
 	if err != nil {
 		h.tb.Errorf("listing routes: %v", err)
 		return
