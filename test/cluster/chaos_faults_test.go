@@ -83,14 +83,16 @@ func chaosPhase(t *testing.T, tally *chaosTally, tag string, per int, name strin
 }
 
 // hold allocates n leases on one node (outside the churn) and returns their
-// container IDs and addresses.
+// container IDs and addresses. An ADD the agent cannot serve yet (its lease not
+// proven again after a fault of the phase before) is retried, as a runtime
+// retries "try again later".
 func hold(t *testing.T, n *node, tag string, count int) map[string]netip.Addr {
 	t.Helper()
 	out := map[string]netip.Addr{}
 	sets := ranges(t)
 	for i := range count {
 		cid := fmt.Sprintf("%s-%s-%d", n.name, tag, i)
-		resp, err := n.Call(api.Request{Op: api.OpAdd, Network: network, ContainerID: cid, IfName: "eth0", Ranges: sets})
+		resp, err := call(n, api.Request{Op: api.OpAdd, Network: network, ContainerID: cid, IfName: "eth0", Ranges: sets})
 		if err != nil {
 			t.Fatalf("%s: ADD %s: %v", n.name, cid, err)
 		}
