@@ -10,15 +10,13 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ipledger/ipledger/internal/cluster"
-	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
 // An IPPool an operator applies (kubectl apply: no key annotation, no labels) is
 // the record "pools/<name>": Get and List read it, and the agents parse it as the
 // named pool, node selector and block size included. Before kubeds read such an
 // object, Get failed on it ("not written by ipledger") and List skipped it.
-func TestOperatorIPPool(t *testing.T) {
-	e := startEnv(t, kubeenv.APIServerOptions{})
+func operatorIPPool(t *testing.T, e *env) {
 	s := e.store(t)
 	ctx := ctxT(t)
 	const manifest = `
@@ -73,8 +71,7 @@ spec:
 // a list of ranges, or a range without a subnet) is refused by the API server
 // naming the field. Before the schema described it, spec.drained was kept as an
 // unknown field: explain knew nothing of it and any shape was accepted.
-func TestIPPoolDrainedSchema(t *testing.T) {
-	e := startEnv(t, kubeenv.APIServerOptions{})
+func ipPoolDrainedSchema(t *testing.T, e *env) {
 	s := e.store(t)
 	ctx := ctxT(t)
 	rec := `{"network":"k8s-pod-network","ranges":[[{"subnet":"10.1.0.0/16"}]],"blockBits":[26],"drained":[{"subnet":"10.0.0.0/16","rangeStart":"10.0.0.1","rangeEnd":"10.0.255.254","gateway":"10.0.0.1"}]}`

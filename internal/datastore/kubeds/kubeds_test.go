@@ -52,6 +52,11 @@ func mustCreate(t *testing.T, s datastore.Store, key, value string) int64 {
 func TestKubernetesAPI(t *testing.T) {
 	e := startEnv(t, kubeenv.APIServerOptions{})
 
+	// what operators apply (ippool_test.go, reservation_test.go)
+	t.Run("OperatorIPPool", func(t *testing.T) { operatorIPPool(t, e) })
+	t.Run("IPPoolDrainedSchema", func(t *testing.T) { ipPoolDrainedSchema(t, e) })
+	t.Run("OperatorIPReservation", func(t *testing.T) { operatorIPReservation(t, e) })
+
 	t.Run("CreateGetUpdateDelete", func(t *testing.T) {
 		s := e.store(t)
 		ctx := ctxT(t)

@@ -12,15 +12,13 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/ipledger/ipledger/internal/cluster"
-	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
 // An IPReservation an operator applies (kubectl apply: no key annotation) is the
 // record "reservations/<name>": Get, List and Watch read it, and the agents parse
 // its addresses of both families and its reason. The CRD's schema refuses a spec
 // without addresses, naming the field.
-func TestOperatorIPReservation(t *testing.T) {
-	e := startEnv(t, kubeenv.APIServerOptions{})
+func operatorIPReservation(t *testing.T, e *env) {
 	s := e.store(t)
 	ctx := ctxT(t)
 	const manifest = `
