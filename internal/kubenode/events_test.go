@@ -37,13 +37,12 @@ func (allOffLink) Sync(desired []nodenet.Route) (routes.Report, error) {
 	return rep, nil
 }
 
-// TestOffLinkEvent runs the node network's controller on the real Node watch and
+// offLinkEvent runs the node network's controller on the real Node watch and
 // Events against a real kube-apiserver: an off-link next hop becomes one Warning
 // Event (events.k8s.io) on this node's Node, however many reconciliations see it,
 // which the core Events API shows under the Node as `kubectl describe node` asks
 // for it (kind Node, name, and the node's name as UID, as the kubelet's).
-func TestOffLinkEvent(t *testing.T) {
-	api := kubeenv.StartAPIServer(t, kubeenv.APIServerOptions{})
+func offLinkEvent(t *testing.T, api *kubeenv.APIServer) {
 	c, err := corev1client.NewForConfig(api.Config())
 	if err != nil {
 		t.Fatal(err)

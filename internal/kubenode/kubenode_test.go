@@ -70,12 +70,11 @@ func eventually(t *testing.T, what string, ok func() bool) {
 	}
 }
 
-// TestWatch runs the Node watch against a real kube-apiserver: this node's podCIDRs
+// nodeWatch runs the Node watch against a real kube-apiserver: this node's podCIDRs
 // (and the errors that name the Node, the field and the fix), every node's pod CIDRs
 // and InternalIPs, deletions and re-creations, and NetworkUnavailable set false
 // without touching the kubelet's conditions.
-func TestWatch(t *testing.T) {
-	api := kubeenv.StartAPIServer(t, kubeenv.APIServerOptions{})
+func nodeWatch(t *testing.T, api *kubeenv.APIServer) {
 	c, err := corev1client.NewForConfig(api.Config())
 	if err != nil {
 		t.Fatal(err)

@@ -15,13 +15,12 @@ import (
 	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
-// TestNamespaceChoicesFromTheWatch: on a real kube-apiserver, a namespace's
+// namespaceChoicesFromTheWatch: on a real kube-apiserver, a namespace's
 // ipledger.io/pool is read by a GET until the namespaces are listed, then from the
 // list and watch without a request per ADD, a change of the annotation included;
 // a namespace the cache does not hold is asked for by a GET (and one the API
 // server does not have has no choices).
-func TestNamespaceChoicesFromTheWatch(t *testing.T) {
-	srv := kubeenv.StartAPIServer(t, kubeenv.APIServerOptions{})
+func namespaceChoicesFromTheWatch(t *testing.T, srv *kubeenv.APIServer) {
 	c, err := corev1client.NewForConfig(srv.Config())
 	if err != nil {
 		t.Fatal(err)
@@ -79,3 +78,7 @@ func TestNamespaceChoicesFromTheWatch(t *testing.T) {
 	}
 	want("nowhere", "", 2) // not in the cache: asked, and absent
 }
+
+// NamespaceChoicesFromTheWatch is namespaceChoicesFromTheWatch for
+// TestOnOneAPIServer (the external test package), which shares its apiserver.
+var NamespaceChoicesFromTheWatch = namespaceChoicesFromTheWatch

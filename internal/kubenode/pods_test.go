@@ -36,12 +36,11 @@ func createPod(t *testing.T, c corev1client.CoreV1Interface, ns, name, node stri
 	return p
 }
 
-// TestPods runs the Pod watch of node-a against a real kube-apiserver: it sees
+// podWatch runs the Pod watch of node-a against a real kube-apiserver: it sees
 // node-a's pod and not node-b's, follows the phase the status reports, and tells a
 // deleted pod gone; a pod's Event reaches the API, where `kubectl describe pod`
 // finds it.
-func TestPods(t *testing.T) {
-	api := kubeenv.StartAPIServer(t, kubeenv.APIServerOptions{})
+func podWatch(t *testing.T, api *kubeenv.APIServer) {
 	c, err := corev1client.NewForConfig(api.Config())
 	if err != nil {
 		t.Fatal(err)
@@ -137,12 +136,11 @@ func TestPods(t *testing.T) {
 	check("a static pod's mirror deleted", "kube-system", "static-node-a", "static-uid-1", "", false)
 }
 
-// TestPodChoices: the agent reads a pod's ipledger.io annotations from the watch,
+// podChoices: the agent reads a pod's ipledger.io annotations from the watch,
 // and from a GET when the watch does not hold the pod (a pod of another node here,
 // standing for one bound a moment ago), and a namespace's from a GET, on a real
 // kube-apiserver; other annotations are not kept.
-func TestPodChoices(t *testing.T) {
-	api := kubeenv.StartAPIServer(t, kubeenv.APIServerOptions{})
+func podChoices(t *testing.T, api *kubeenv.APIServer) {
 	c, err := corev1client.NewForConfig(api.Config())
 	if err != nil {
 		t.Fatal(err)

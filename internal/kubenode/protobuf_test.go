@@ -27,12 +27,11 @@ type exchange struct {
 	path, accept, contentType string
 }
 
-// TestBuiltinWatchesSpeakProtobuf: the Node and Pod caches list and watch in
+// builtinWatchesSpeakProtobuf: the Node and Pod caches list and watch in
 // protobuf, through a proxy in front of a real kube-apiserver that records
 // what each request asked for and what came back, and still build their
 // caches from it.
-func TestBuiltinWatchesSpeakProtobuf(t *testing.T) {
-	api := kubeenv.StartAPIServer(t, kubeenv.APIServerOptions{})
+func builtinWatchesSpeakProtobuf(t *testing.T, api *kubeenv.APIServer) {
 	target, err := url.Parse(api.Config().Host)
 	if err != nil {
 		t.Fatal(err)
