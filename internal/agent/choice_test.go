@@ -17,13 +17,21 @@ import (
 	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
-// TestAnnotatedAdds: in node mode, with the pod watch on a real kube-apiserver, a
+// TestAnnotationsOnOneAPIServer runs the tests of pod and namespace
+// annotations against one real kube-apiserver, emptied before each (kubeenv's
+// Empty): starting one costs about 25 s on a loaded 2-core machine.
+func TestAnnotationsOnOneAPIServer(t *testing.T) {
+	srv := kubeenv.StartAPIServer(t, kubeenv.APIServerOptions{})
+	t.Run("NodeMode", func(t *testing.T) { srv.Empty(t); annotatedAdds(t, srv) })
+	t.Run("ClusterModePools", func(t *testing.T) { srv.Empty(t); annotatedPoolsClusterMode(t, srv) })
+}
+
+// annotatedAdds: in node mode, with the pod watch on a real kube-apiserver, a
 // pod's ipledger.io/ip gets it that address, recorded as requested; each choice
 // that cannot be honoured fails the ADD with an error naming the annotation and
 // the fix, records the same as a Warning Event on the pod, and allocates nothing;
 // a pool asked for by the namespace is refused in node mode.
-func TestAnnotatedAdds(t *testing.T) {
-	srv := kubeenv.StartAPIServer(t, kubeenv.APIServerOptions{})
+func annotatedAdds(t *testing.T, srv *kubeenv.APIServer) {
 	c, err := corev1client.NewForConfig(srv.Config())
 	if err != nil {
 		t.Fatal(err)

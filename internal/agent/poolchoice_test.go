@@ -40,7 +40,7 @@ type poolNode struct {
 	ev   *recordedEvents
 }
 
-// TestAnnotatedPoolsClusterMode: on a real kube-apiserver serving the pods, the
+// annotatedPoolsClusterMode: on a real kube-apiserver serving the pods, the
 // namespaces, the Nodes and the datastore (kubeds, IPPools applied as an operator
 // does), a namespace annotated ipledger.io/pool: blue gets blue's addresses on
 // either node, in blocks of blue each node claims, with the reason in the lease; a
@@ -48,8 +48,7 @@ type poolNode struct {
 // select, a pool that does not exist and a pool name that does not parse fail the
 // ADD with the message and a Warning Event, allocating nothing (ledger and
 // datastore unchanged); DEL gives a pool's address back to the pool.
-func TestAnnotatedPoolsClusterMode(t *testing.T) {
-	srv := kubeenv.StartAPIServer(t, kubeenv.APIServerOptions{})
+func annotatedPoolsClusterMode(t *testing.T, srv *kubeenv.APIServer) {
 	cfg := srv.Config()
 	ctx := context.Background()
 	manifest, err := os.ReadFile(filepath.Join("..", "..", "deploy", "ipledger.yaml"))

@@ -16,7 +16,7 @@ import (
 )
 
 // ipChoices is a pod's annotations as the pod watch would give them (the real
-// watch, kubenode.Pods, is TestAnnotatedAdds' and TestAnnotatedPoolsClusterMode's).
+// watch, kubenode.Pods, is TestAnnotationsOnOneAPIServer's).
 type ipChoices map[string]map[string]string
 
 var _ agent.Choices = ipChoices(nil)
