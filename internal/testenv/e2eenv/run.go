@@ -119,6 +119,9 @@ func Run(tb testing.TB, o Options) Report {
 	defer lf.Close()
 	cmd := exec.Command("ip", args...)
 	cmd.Stdout, cmd.Stderr = lf, lf
+	// The suite's specs write temporary files they do not all remove (kubectl's
+	// test-kuberc* kubeconfigs, one a spec): they go to the test's own temp dir.
+	cmd.Env = append(os.Environ(), "TMPDIR="+tb.TempDir())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	t0 := time.Now()
 	if err := cmd.Start(); err != nil {
