@@ -265,6 +265,7 @@ func without(nodes []*node, x *node) []*node {
 //
 //	go test -run TestChaosFaults -timeout 1h ./test/cluster -chaos.allocs 100000
 func TestChaosFaults(t *testing.T) {
+	sideBySideWhenShort(t)
 	// under -short 1,800: each of a phase's workers still makes twice its 15 live
 	// leases, so it releases while the fault runs
 	total := chaosSize("chaos.allocs", *chaosAllocs, 1800)

@@ -37,6 +37,7 @@ func chaosSize(name string, n, short int) int {
 // lease in its node's block), and again after they are released; throughout, no ADD
 // answers an address another live lease holds.
 func TestChaosProcesses(t *testing.T) {
+	sideBySideWhenShort(t)
 	ec := etcdenv.StartCluster(t, 3)
 	nodes := startNodes(t, 5, []string{"--datastore", "etcd", "--etcd-endpoints", strings.Join(ec.Endpoints(), ",")})
 	allocs := chaosSize("chaos.allocs", *chaosAllocs, 600)

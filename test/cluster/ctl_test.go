@@ -18,6 +18,7 @@ import (
 // node-mode agent it exits 2 saying so; `cluster-audit` exits 2 when an agent cannot
 // be reached.
 func TestBlocksCommand(t *testing.T) {
+	sideBySideWhenShort(t)
 	ec := etcdenv.StartCluster(t, 1)
 	n := startNodes(t, 1, []string{"--datastore", "etcd", "--etcd-endpoints", strings.Join(ec.Endpoints(), ",")})[0]
 	if _, err := call(n, api.Request{Op: api.OpAdd, Network: network, ContainerID: "c1", IfName: "eth0", Ranges: ranges(t)}); err != nil {

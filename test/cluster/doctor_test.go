@@ -55,6 +55,7 @@ func lineWith(lines []string, s string) string {
 // lease, the node lease and the datastore FAIL with their fixes and the exit status is
 // 2; with etcd back, exit 1 again.
 func TestDoctorClusterMode(t *testing.T) {
+	sideBySideWhenShort(t)
 	e := etcdenv.StartEmbedded(t)
 	n := startNodes(t, 1, []string{"--datastore", "etcd", "--etcd-endpoints", strings.Join(e.Endpoints(), ",")})[0]
 	if _, err := call(n, api.Request{Op: api.OpAdd, Network: network, ContainerID: "c1", IfName: "eth0", Ranges: ranges(t)}); err != nil {

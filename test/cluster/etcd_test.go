@@ -33,6 +33,7 @@ func etcdLeader(t *testing.T, ec *etcdenv.Cluster) int {
 // twice and every lease in a block its node owns, with the last leases still
 // allocated and again after they are released.
 func TestFiveAgentsOnEtcd(t *testing.T) {
+	sideBySideWhenShort(t)
 	ec := etcdenv.StartCluster(t, 3)
 	nodes := startNodes(t, 5, []string{"--datastore", "etcd", "--etcd-endpoints", strings.Join(ec.Endpoints(), ",")})
 	killed := -1

@@ -438,6 +438,17 @@ func (st *churnStats) releaseAll(t *testing.T) {
 	st.live = map[*node][]attachment{}
 }
 
+// sideBySideWhenShort runs the test beside the package's other etcd tests
+// under -short (go test -short ./...): each is bound by its lease, quarantine
+// and fault timers, each has its own etcd, agents and state, so side by side
+// the package takes about as long as its longest test, not their sum. make
+// test runs them one after the other, at full size.
+func sideBySideWhenShort(t *testing.T) {
+	if testing.Short() {
+		t.Parallel()
+	}
+}
+
 // call sends req to n, retrying while the agent answers that it cannot serve now
 // (CodeUnavailable: a datastore call timed out on the loaded test machine, or the
 // lease is being renewed), as a runtime retries an ADD that failed with "try again

@@ -373,6 +373,7 @@ func etcdAgents(t *testing.T, more ...string) ([]*node, datastore.Store) {
 // default pool while the operator adds a range to its record and drains one
 // (changeLive).
 func TestLivePoolsOnEtcd(t *testing.T) {
+	sideBySideWhenShort(t)
 	nodes, ds := etcdAgents(t)
 	changeLive(t, ds, nodes, livePool{name: liveNet, a: liveA, b: liveB, prefix: "d"})
 }
@@ -410,6 +411,7 @@ const drainReuse = 3 * time.Second
 
 // TestDrainEdgesOnEtcd: drainEdges with three real ipledgerd agents on etcd.
 func TestDrainEdgesOnEtcd(t *testing.T) {
+	sideBySideWhenShort(t)
 	nodes, ds := etcdAgents(t, "--reuse-delay", drainReuse.String())
 	drainEdges(t, ds, nodes)
 }

@@ -1,6 +1,7 @@
 package cluster_test
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,7 +13,15 @@ import (
 // namespaces, left ipledger's node network there: routes of protocol 201 or
 // the nft table inet ipledger that the host did not have before (every agent
 // here runs with hostNetworkOff).
+//
+// Under -short the etcd tests run side by side (sideBySideWhenShort), all of
+// them at once unless -parallel is given: go test's default, GOMAXPROCS, would
+// run two at a time on a 2-core machine, and they wait on timers, not CPU.
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() && !flagSet("test.parallel") {
+		flag.Set("test.parallel", "16")
+	}
 	before := hostNetwork()
 	code := m.Run()
 	if after := hostNetwork(); after != before {
@@ -22,6 +31,13 @@ func TestMain(m *testing.M) {
 		}
 	}
 	os.Exit(code)
+}
+
+// flagSet: the flag name was given on the command line.
+func flagSet(name string) bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // hostNetwork describes ipledger's routes and nft table on the host.

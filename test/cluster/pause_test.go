@@ -60,6 +60,7 @@ func blockNamed(bs []api.BlockView, cidr string) (api.BlockView, bool) {
 // DELs release them locally only: the new owner's leases and block record are
 // untouched and the audit balances again.
 func TestPausedAgentFenced(t *testing.T) {
+	sideBySideWhenShort(t)
 	ec := etcdenv.StartCluster(t, 1)
 	nodes := startNodes(t, 2, []string{"--datastore", "etcd", "--etcd-endpoints", strings.Join(ec.Endpoints(), ",")})
 	a, b := nodes[0], nodes[1]

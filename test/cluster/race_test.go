@@ -16,6 +16,7 @@ import (
 // its own (every block has exactly one winner), the fifth is answered "exhausted"
 // (no borrowing), and the cluster audit balances.
 func TestClaimRace(t *testing.T) {
+	sideBySideWhenShort(t)
 	ec := etcdenv.StartCluster(t, 1)
 	nodes := startNodes(t, 5, []string{"--datastore", "etcd", "--etcd-endpoints", strings.Join(ec.Endpoints(), ",")})
 	sets := ledgertest.Ranges(t, `[[{"subnet":"10.80.0.0/24"}]]`)

@@ -65,6 +65,7 @@ func waitDoctor(t *testing.T, n *node, parts ...string) string {
 // names it, pod, address and reservation (as the other pods inside); after its DEL, 60 more pods on its node
 // (past the reuse delay) never get the address back. The cluster audit balances.
 func TestReservationAddedWhilePodsRun(t *testing.T) {
+	sideBySideWhenShort(t)
 	e := etcdenv.StartEmbedded(t)
 	nodes := startNodes(t, 3, []string{"--datastore", "etcd", "--etcd-endpoints", strings.Join(e.Endpoints(), ",")})
 	var live []string // "node cid"

@@ -44,6 +44,7 @@ func waitStatus(t *testing.T, p *pluginRunner, n *node, want int) string {
 // throughout, and the ADD that needs a block answers "try again later" (11) and
 // succeeds when etcd is back.
 func TestStatusDegraded(t *testing.T) {
+	sideBySideWhenShort(t)
 	ec := etcdenv.StartCluster(t, 1)
 	n := startNodes(t, 1, []string{"--datastore", "etcd", "--etcd-endpoints", strings.Join(ec.Endpoints(), ",")})[0]
 	p := newPluginRunner(t)
