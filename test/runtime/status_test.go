@@ -149,17 +149,34 @@ func kubeWaitFor(timeout time.Duration, cond func() error) error {
 // condition's reason and message then and how long that took.
 func (w *statusWorld) waitReady(want bool, what string) (string, time.Duration) {
 	w.t.Helper()
+	return w.waitStatus(want, what)
+}
+
+// waitStatus is waitReady until the runtime's message also holds each of has:
+// a state reached through another (a usePodCidr agent says first that its Node
+// watch has not listed yet, then that the Node has no podCIDR).
+func (w *statusWorld) waitStatus(want bool, what string, has ...string) (string, time.Duration) {
+	w.t.Helper()
 	t0 := time.Now()
 	for {
 		ok, msg := networkReady(w.t, w.rt)
-		if ok == want {
+		if ok == want && containsAll(msg, has) {
 			return msg, time.Since(t0)
 		}
 		if time.Since(t0) > 2*time.Minute {
-			w.t.Fatalf("%s: NetworkReady still %v after 2m: %s\n%s", what, ok, msg, w.env.LogTail(30))
+			w.t.Fatalf("%s: NetworkReady %v after 2m, want %v with a message holding %q: %s\n%s", what, ok, want, has, msg, w.env.LogTail(30))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+func containsAll(s string, subs []string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
 }
 
 // TestInstallCNIStatusOnRealRuntime: ipledgerd install-cni asks the real
@@ -240,10 +257,9 @@ func TestStatusWaitsForPodCIDROnRealRuntime(t *testing.T) {
 		t.Logf("containerd %s: no STATUS, NetworkReady true while the Node has no podCIDR", w.env.Version())
 		return
 	}
-	msg, _ := w.waitReady(false, "Node without a podCIDR")
-	if !strings.Contains(msg, node) || !strings.Contains(msg, "podCIDR") {
-		t.Errorf("NetworkReady false without ipledger's message naming the Node and its podCIDR: %q", msg)
-	}
+	// Until the agent's Node watch has listed, its message says so; then it
+	// names the Node and the podCIDR it lacks.
+	msg, _ := w.waitStatus(false, "Node without a podCIDR", node, "podCIDR")
 	t.Logf("Node %s without a podCIDR: NetworkReady false: %s", node, msg)
 	if out, err := apiserver.Kubectl("patch", "node", node, "--type", "merge", "-p", `{"spec":{"podCIDR":"10.244.247.0/24","podCIDRs":["10.244.247.0/24"]}}`); err != nil {
 		t.Fatalf("patch podCIDR: %v\n%s", err, out)
