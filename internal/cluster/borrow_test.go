@@ -20,7 +20,10 @@ const web0 = "default/web/web-0"
 // naming the winner; the winner returns it and the next round races again. The
 // owner never hands the address out meanwhile, cannot let it go while it is lent,
 // and every node's Owners routes it to the borrower.
-func TestBorrowRace(t *testing.T) { forBackends(t, testBorrowRace) }
+func TestBorrowRace(t *testing.T) {
+	sideBySideWhenShort(t)
+	forBackends(t, testBorrowRace)
+}
 
 func testBorrowRace(t *testing.T, newC func(*testing.T) *cl) {
 	c := newC(t)

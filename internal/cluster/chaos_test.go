@@ -19,7 +19,10 @@ import (
 // held by two nodes that both own its block's current epoch. At the end, once every
 // partition healed and the pods left in lost blocks were deleted (their node was
 // presumed dead), the full cluster audit balances.
-func TestChaos(t *testing.T) { forBackends(t, testChaos) }
+func TestChaos(t *testing.T) {
+	sideBySideWhenShort(t)
+	forBackends(t, testChaos)
+}
 
 func testChaos(t *testing.T, newC func(*testing.T) *cl) {
 	c := newC(t)

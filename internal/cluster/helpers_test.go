@@ -303,6 +303,16 @@ func mustJSON(t *testing.T, v any) []byte {
 	return b
 }
 
+// sideBySideWhenShort runs one of the package's longest tests beside the other
+// two under -short (each on its own datastores and clock): after the package's
+// other tests, which run one at a time, they take as long as the longest of
+// them, not their sum. go test without -short runs them one after the other.
+func sideBySideWhenShort(t *testing.T) {
+	if testing.Short() {
+		t.Parallel()
+	}
+}
+
 // forBackends runs test against memds (fast, on the test clock) and against a real
 // etcd server embedded in the test process (go.etcd.io/etcd/server/v3/embed), with
 // etcdds. Managers judge time on the test clock either way: fencing deadlines and the

@@ -140,7 +140,10 @@ func (l slowLeases) List(ctx context.Context) ([]datastore.NodeLease, error) {
 // node b, sweeping beside it, never reclaims a's block: a live node keeps its
 // blocks however slow its sweep is (issue 35: a renewal queued behind the sweep,
 // the lease lapsed, and another node reclaimed a live node's blocks). Real background loops on the system clock, no Manual steps.
-func TestRenewalBesideSlowSweep(t *testing.T) { forBackends(t, testRenewalBesideSlowSweep) }
+func TestRenewalBesideSlowSweep(t *testing.T) {
+	sideBySideWhenShort(t)
+	forBackends(t, testRenewalBesideSlowSweep)
+}
 
 func testRenewalBesideSlowSweep(t *testing.T, newC func(*testing.T) *cl) {
 	const (
