@@ -19,8 +19,8 @@
 # changes on the host (internal/testenv/README.md says what was checked). Its
 # test binaries are built ahead, two at a time (`go test -c`, in the lane's
 # order), and run one at a time as each is ready: `go test -p 1` would build
-# and link each package's binary only after the one before has run, about
-# four and a half minutes of a lane that waits for nothing else. The go test
+# and link each package's binary only after the one before has run, on the
+# critical path of a lane that waits for nothing else. The go test
 # flags given are passed to the binaries as -test.* flags (build flags such
 # as -race and -tags to the builds), and the lane prints go test's lines: ok,
 # FAIL with the test's output, ? for a package without tests.
