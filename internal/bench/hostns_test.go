@@ -2,12 +2,13 @@ package bench
 
 import (
 	"context"
-	"log/slog"
 	"net"
 	"strings"
 	"testing"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/ipledger/ipledger/internal/ledger/ledgertest"
 )
 
 // TestMainPluginStaysOffTheHost: the main-plugin step's plugins set up their
@@ -59,8 +60,7 @@ func TestMainPluginStaysOffTheHost(t *testing.T) {
 			}
 		}
 	}()
-	log := slog.New(slog.NewTextHandler(testWriter{t}, nil))
-	rep, err := Run(context.Background(), Options{Smoke: true, TB: t, Log: log, Steps: []string{"main-plugin"}})
+	rep, err := Run(context.Background(), Options{Smoke: true, TB: t, Log: ledgertest.TestLogger(t), Steps: []string{"main-plugin"}})
 	close(done)
 	<-watched
 	if err != nil {
@@ -72,11 +72,4 @@ func TestMainPluginStaysOffTheHost(t *testing.T) {
 	for _, s := range seen {
 		t.Errorf("the main-plugin step touched the caller's namespace: %s", s)
 	}
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Log(strings.TrimRight(string(p), "\n"))
-	return len(p), nil
 }
