@@ -20,6 +20,7 @@ func TestOnOneAPIServer(t *testing.T) {
 	}{
 		{"NodeWatch", nodeWatch},
 		{"OffLinkEvent", offLinkEvent},
+		{"EventSeries", eventSeries},
 		{"PodWatch", podWatch},
 		{"PodChoices", podChoices},
 		{"BuiltinWatchesSpeakProtobuf", builtinWatchesSpeakProtobuf},

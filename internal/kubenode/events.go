@@ -3,31 +3,28 @@ package kubenode
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
+	"os"
 	"strings"
 	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/kubernetes/scheme"
-	eventsv1client "k8s.io/client-go/kubernetes/typed/events/v1"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/events"
 )
 
 // EventsController is the reporting controller of the agent's Events.
 const EventsController = "ipledger.io/ipledgerd"
 
-// Events records Kubernetes Events (events.k8s.io/v1, through client-go's event
-// broadcaster) on this node's Node object, where `kubectl describe node` shows
-// them, and on the pods of this node (PodEvent), where `kubectl describe pod` does.
-// Recording never blocks: the broadcaster queues the Event and sends it in the
-// background, retrying a few times; one it cannot send is logged and dropped.
+// Events records Kubernetes Events (events.k8s.io/v1) on this node's Node
+// object, where `kubectl describe node` shows them, and on the pods of this node
+// (PodEvent), where `kubectl describe pod` does. Recording never blocks: the
+// Event is queued and sent in the background, retried a few times; one that
+// cannot be sent is logged and dropped.
 type Events struct {
-	bc   events.EventBroadcaster
-	rec  events.EventRecorder
+	rec  recorder
 	node *corev1.ObjectReference
 	log  *slog.Logger
 
@@ -38,6 +35,13 @@ type Events struct {
 	window time.Time
 	budget int
 	now    func() time.Time
+}
+
+// recorder records an Event regarding an object and never blocks. It is the
+// method of client-go's events.EventRecorder, so that a test can pass its
+// FakeRecorder; the agent's is a sender.
+type recorder interface {
+	Eventf(regarding runtime.Object, related runtime.Object, eventtype, reason, action, note string, args ...any)
 }
 
 // podEventKey is what makes two Pod Events the same.
@@ -60,23 +64,21 @@ func NewEvents(ctx context.Context, cfg *rest.Config, self string, log *slog.Log
 	if self == "" {
 		return nil, errors.New("kubenode: this node's name is empty; pass --node-name or set NODE_NAME")
 	}
-	c, err := eventsv1client.NewForConfig(builtinConfig(cfg))
+	c, err := restClient(cfg, eventsV1)
 	if err != nil {
-		return nil, fmt.Errorf("kubenode: events client: %w", err)
+		return nil, err
 	}
-	bc := events.NewBroadcaster(&events.EventSinkImpl{Interface: c})
-	if err := bc.StartRecordingToSinkWithContext(ctx); err != nil {
-		return nil, fmt.Errorf("kubenode: events: %w", err)
-	}
-	context.AfterFunc(ctx, bc.Shutdown)
+	host, _ := os.Hostname()
+	snd := newSender(c, EventsController, EventsController+"-"+host, log)
+	go snd.run(ctx)
 	// The kubelet's reference to its Node, UID and all: `kubectl describe node`
 	// looks for Events by it.
 	node := &corev1.ObjectReference{Kind: "Node", Name: self, UID: types.UID(self)}
-	return newEvents(bc, bc.NewRecorder(scheme.Scheme, EventsController), node, log), nil
+	return newEvents(snd, node, log), nil
 }
 
-func newEvents(bc events.EventBroadcaster, rec events.EventRecorder, node *corev1.ObjectReference, log *slog.Logger) *Events {
-	return &Events{bc: bc, rec: rec, node: node, log: log, sent: map[podEventKey]time.Time{}, now: time.Now}
+func newEvents(rec recorder, node *corev1.ObjectReference, log *slog.Logger) *Events {
+	return &Events{rec: rec, node: node, log: log, sent: map[podEventKey]time.Time{}, now: time.Now}
 }
 
 // maxNote is the Event API's limit on a note (message), in bytes.

@@ -102,6 +102,51 @@ func offLinkEvent(t *testing.T, api *kubeenv.APIServer) {
 	}
 }
 
+// eventSeries: the same Event recorded again is counted into the series of the
+// Event already created, as the kubelet's are (`kubectl describe` shows "x3"),
+// and another note is another Event; a Pod Event regards the pod by UID.
+func eventSeries(t *testing.T, api *kubeenv.APIServer) {
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	ev, err := kubenode.NewEvents(ctx, api.Config(), "node-a", logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		ev.Warning("SomeReason", "SomeAction", "the same note")
+	}
+	ev.Warning("SomeReason", "SomeAction", "another note")
+	ev.PodEvent("default", "pod-a", "uid-a", "Normal", "AddressReleased", "Release", "address 10.1.2.3 released")
+	ec, err := eventsv1client.NewForConfig(api.Config())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]string
+	eventually(t, "two Events on the Node, the first of a series of 3, and one on the pod", func() bool {
+		got = map[string]string{}
+		l, err := ec.Events("default").List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false
+		}
+		for _, e := range l.Items {
+			count := int32(1)
+			if e.Series != nil {
+				count = e.Series.Count
+			}
+			got[fmt.Sprintf("%s/%s/%s %s %s %s", e.Regarding.Kind, e.Regarding.Name, e.Regarding.UID, e.Type, e.Reason, e.Note)] = fmt.Sprint(count, " ", e.ReportingController)
+		}
+		return len(got) == 3 && got["Node/node-a/node-a Warning SomeReason the same note"] == "3 "+kubenode.EventsController
+	})
+	want := map[string]string{
+		"Node/node-a/node-a Warning SomeReason the same note":              "3 " + kubenode.EventsController,
+		"Node/node-a/node-a Warning SomeReason another note":               "1 " + kubenode.EventsController,
+		"Pod/pod-a/uid-a Normal AddressReleased address 10.1.2.3 released": "1 " + kubenode.EventsController,
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("Events in namespace default (regarding type reason note: series count, controller):\n%v\nwant\n%v", got, want)
+	}
+}
+
 // TestEventsNeverBlock: with an API server that does not answer, recording an Event
 // returns at once (the broadcaster sends in the background and gives up).
 func TestEventsNeverBlock(t *testing.T) {

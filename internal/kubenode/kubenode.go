@@ -25,7 +25,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
@@ -56,7 +55,7 @@ const Resync = 5 * time.Minute
 // Watch is an informer of the cluster's Nodes, from the point of view of one node
 // (Self).
 type Watch struct {
-	client   corev1client.CoreV1Interface
+	client   *rest.RESTClient
 	self     string
 	log      *slog.Logger
 	informer cache.SharedIndexInformer
@@ -98,16 +97,16 @@ func New(cfg *rest.Config, self string, log *slog.Logger) (*Watch, error) {
 	if self == "" {
 		return nil, errors.New("kubenode: this node's name is empty; pass --node-name or set NODE_NAME")
 	}
-	c, err := corev1client.NewForConfig(builtinConfig(cfg))
+	c, err := restClient(cfg, coreV1)
 	if err != nil {
-		return nil, fmt.Errorf("kubenode: client: %w", err)
+		return nil, err
 	}
-	return newWatch(c, cache.NewListWatchFromClient(c.RESTClient(), "nodes", "", fields.Everything()), self, log)
+	return newWatch(c, cache.NewListWatchFromClient(c, "nodes", "", fields.Everything()), self, log)
 }
 
 // newWatch returns a Watch of the Nodes lw lists and watches; client patches this
 // node's status.
-func newWatch(client corev1client.CoreV1Interface, lw cache.ListerWatcher, self string, log *slog.Logger) (*Watch, error) {
+func newWatch(client *rest.RESTClient, lw cache.ListerWatcher, self string, log *slog.Logger) (*Watch, error) {
 	w := &Watch{client: client, self: self, log: log, nodes: map[string]Node{}, changed: make(chan struct{}, 1)}
 	w.informer = cache.NewSharedIndexInformer(lw, &corev1.Node{}, Resync, cache.Indexers{})
 	if err := w.informer.SetTransform(trim); err != nil {
@@ -237,7 +236,7 @@ func (w *Watch) SetNetworkAvailable(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if _, err := w.client.Nodes().Patch(ctx, w.self, types.StrategicMergePatchType, b, metav1.PatchOptions{}, "status"); err != nil {
+	if err := w.client.Patch(types.StrategicMergePatchType).Resource("nodes").Name(w.self).SubResource("status").Body(b).Do(ctx).Error(); err != nil {
 		return fmt.Errorf("Node %q: setting NetworkUnavailable=False: %w", w.self, err)
 	}
 	return nil

@@ -13,7 +13,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
@@ -123,21 +122,24 @@ func NewPods(cfg *rest.Config, node string, clk clock.Clock, log *slog.Logger) (
 	if node == "" {
 		return nil, errors.New("kubenode: this node's name is empty; pass --node-name or set NODE_NAME")
 	}
-	c, err := corev1client.NewForConfig(builtinConfig(cfg))
+	c, err := restClient(cfg, coreV1)
 	if err != nil {
-		return nil, fmt.Errorf("kubenode: client: %w", err)
+		return nil, err
 	}
 	sel := fields.OneTermEqualSelector("spec.nodeName", node)
 	get := func(ctx context.Context, namespace, name string) (*corev1.Pod, error) {
-		return c.Pods(namespace).Get(ctx, name, metav1.GetOptions{})
+		pod := &corev1.Pod{}
+		return pod, c.Get().Namespace(namespace).Resource("pods").Name(name).Do(ctx).Into(pod)
 	}
-	p := newPods(cache.NewListWatchFromClient(c.RESTClient(), "pods", metav1.NamespaceAll, sel), get, node, clk, log)
+	p := newPods(cache.NewListWatchFromClient(c, "pods", metav1.NamespaceAll, sel), get, node, clk, log)
 	p.getNS = func(ctx context.Context, name string) (*corev1.Namespace, error) {
-		return c.Namespaces().Get(ctx, name, metav1.GetOptions{})
+		ns := &corev1.Namespace{}
+		return ns, c.Get().Resource("namespaces").Name(name).Do(ctx).Into(ns)
 	}
-	p.ns = newNSCache(cache.NewListWatchFromClient(c.RESTClient(), "namespaces", metav1.NamespaceAll, fields.Everything()))
+	p.ns = newNSCache(cache.NewListWatchFromClient(c, "namespaces", metav1.NamespaceAll, fields.Everything()))
 	p.getNode = func(ctx context.Context) (*corev1.Node, error) {
-		return c.Nodes().Get(ctx, node, metav1.GetOptions{})
+		n := &corev1.Node{}
+		return n, c.Get().Resource("nodes").Name(node).Do(ctx).Into(n)
 	}
 	return p, nil
 }

@@ -2,7 +2,6 @@ package kubenode
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"sync"
 
@@ -11,7 +10,6 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
-	appsv1client "k8s.io/client-go/kubernetes/typed/apps/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 )
@@ -35,11 +33,11 @@ type StatefulSets struct {
 // NewStatefulSets returns the cache of the cluster's StatefulSets through cfg;
 // Run starts it.
 func NewStatefulSets(cfg *rest.Config, log *slog.Logger) (*StatefulSets, error) {
-	c, err := appsv1client.NewForConfig(builtinConfig(cfg))
+	c, err := restClient(cfg, appsV1)
 	if err != nil {
-		return nil, fmt.Errorf("kubenode: apps client: %w", err)
+		return nil, err
 	}
-	inner := cache.NewListWatchFromClient(c.RESTClient(), "statefulsets", metav1.NamespaceAll, fields.Everything())
+	inner := cache.NewListWatchFromClient(c, "statefulsets", metav1.NamespaceAll, fields.Everything())
 	return newStatefulSets(inner, log), nil
 }
 
