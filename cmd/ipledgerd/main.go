@@ -376,18 +376,10 @@ const steadyGCPercent = 50
 // watchLedger stops the agent (through stop) once the ledger reports it cannot know
 // its state.
 func watchLedger(ctx context.Context, l *ledger.Ledger, stop context.CancelCauseFunc) {
-	t := time.NewTicker(100 * time.Millisecond)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := l.Broken(); err != nil {
-				stop(err) // wraps ledger.ErrStateUnknown
-				return
-			}
-		}
+	select {
+	case <-ctx.Done():
+	case <-l.BrokenC():
+		stop(l.Broken()) // wraps ledger.ErrStateUnknown
 	}
 }
 

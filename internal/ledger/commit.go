@@ -246,6 +246,9 @@ func (l *Ledger) reread(cause error) {
 		}
 	}
 	if err := l.load(keep); err != nil {
+		if l.broken == nil {
+			close(l.brokenC)
+		}
 		l.broken = fmt.Errorf("%w: %w: a commit failed (%v) and the books could not be read back from the store (%v); restart ipledgerd", ErrStateUnknown, ErrStore, cause, err)
 		l.log.Error("ledger refuses changes until restarted", "err", l.broken)
 		return
@@ -261,3 +264,7 @@ func (l *Ledger) Broken() error {
 	defer l.mu.Unlock()
 	return l.broken
 }
+
+// BrokenC is closed when Broken starts returning an error, for the agent to wait
+// on rather than ask Broken again and again.
+func (l *Ledger) BrokenC() <-chan struct{} { return l.brokenC }

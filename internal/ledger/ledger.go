@@ -67,6 +67,8 @@ type Ledger struct {
 	// broken is set when a commit failed and the books could not be read back from
 	// the store: every later change is refused with it (wrapping ErrStateUnknown).
 	broken error
+	// brokenC is closed when broken is set.
+	brokenC chan struct{}
 	// guard, when set, is asked before every allocation in a cluster-scoped pool.
 	guard func(network string) error
 }
@@ -108,7 +110,7 @@ func Open(st Store, opts Options) (*Ledger, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	l := &Ledger{st: st, opts: opts, log: log}
+	l := &Ledger{st: st, opts: opts, log: log, brokenC: make(chan struct{})}
 	if err := l.load(nil); err != nil {
 		return nil, err
 	}
