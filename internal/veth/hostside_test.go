@@ -3,6 +3,7 @@ package veth_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -187,5 +188,68 @@ func TestHostVethSysctls(t *testing.T) {
 		if got := sysctl(t, node, k); got != want {
 			t.Errorf("net.%s = %s, was %s before the ADD: a node-wide sysctl was changed", strings.ReplaceAll(k, "/", "."), got, want)
 		}
+	}
+}
+
+// TestHostRouteReplacesNodeRoute: a sticky address moves between nodes, and
+// the node network's route of it to the node that held it before (protocol
+// 201) may still be in the main table when the pod's ADD comes (seen in
+// test/multinode's TestStickyStatefulSet under make test's load). ADD puts the
+// pod's host route in its place; a route of another protocol is another
+// owner's, and ADD fails on it, leaving it.
+func TestHostRouteReplacesNodeRoute(t *testing.T) {
+	for _, c := range []struct {
+		proto string
+		ok    bool
+	}{{"201", true}, {"static", false}} {
+		t.Run("proto-"+c.proto, func(t *testing.T) {
+			node := netenv.Namespace(t, "iplt-node").Path
+			ipNS(t, node, "link", "add", "up0", "type", "veth", "peer", "name", "up0p")
+			ipNS(t, node, "link", "set", "up0p", "up")
+			ipNS(t, node, "link", "set", "up0", "up")
+			ipNS(t, node, "addr", "add", "10.251.0.1/24", "dev", "up0")
+			// the first address of plainList's pool, routed to another node
+			ipNS(t, node, "route", "add", "10.250.0.2/32", "via", "10.251.0.12", "dev", "up0", "proto", c.proto)
+			network, cid := "iplt-stale", "stale-"+c.proto
+			list := plainList(t, network, false, nil)
+			if !c.ok {
+				pod := netenv.Namespace(t, "iplt-pod").Path
+				var err error
+				inNS(t, node, func() error {
+					_, err = newCNI(t).AddNetworkList(context.Background(), list, &libcni.RuntimeConf{ContainerID: cid, NetNS: pod, IfName: "eth0"})
+					return nil
+				})
+				if err == nil || !strings.Contains(err.Error(), "host route 10.250.0.2/32") {
+					t.Fatalf("ADD over a route of protocol %s: %v, want the host route's error", c.proto, err)
+				}
+				inNS(t, node, func() error {
+					return newCNI(t).DelNetworkList(context.Background(), list, &libcni.RuntimeConf{ContainerID: cid, NetNS: pod, IfName: "eth0"})
+				})
+			} else {
+				_, res := addInNode(t, node, list, cid)
+				if got := res.IPs[0].Address.IP.String(); got != "10.250.0.2" {
+					t.Fatalf("pod address %s, want 10.250.0.2 (the routed one)", got)
+				}
+			}
+			var rs []netlink.Route
+			inNS(t, node, func() error {
+				var err error
+				rs, err = netlink.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Dst: &net.IPNet{IP: net.ParseIP("10.250.0.2").To4(), Mask: net.CIDRMask(32, 32)}}, netlink.RT_FILTER_DST)
+				return err
+			})
+			hostName := veth.HostVethName(veth.DefaultHostVethPrefix, network, cid, "eth0")
+			if len(rs) != 1 {
+				t.Fatalf("routes to 10.250.0.2: %v, want one", rs)
+			}
+			if c.ok {
+				var l netlink.Link
+				inNS(t, node, func() (err error) { l, err = netlink.LinkByName(hostName); return err })
+				if rs[0].LinkIndex != l.Attrs().Index || rs[0].Gw != nil {
+					t.Fatalf("route to 10.250.0.2: %v, want dev %s (the pod's host route)", rs[0], hostName)
+				}
+			} else if rs[0].Gw.String() != "10.251.0.12" {
+				t.Fatalf("route to 10.250.0.2: %v, want the other owner's via 10.251.0.12, left alone", rs[0])
+			}
+		})
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/ipledger/ipledger/internal/nodenet/routes"
 	"github.com/ipledger/ipledger/internal/nsenter"
 )
 
@@ -273,11 +274,35 @@ func configureHost(h *netlinksafe.Handle, link netlink.Link, ips []net.IP) error
 		if ip.To4() == nil {
 			r.Scope = netlink.SCOPE_UNIVERSE
 		}
-		if err := h.RouteAdd(&r); err != nil {
+		if err := h.RouteAdd(&r); err != nil && (!errors.Is(err, unix.EEXIST) || !replaceNodeRoute(h, &r)) {
 			return fmt.Errorf("host route %s dev %s: %w", r.Dst, name, err)
 		}
 	}
 	return nil
+}
+
+// replaceNodeRoute puts the pod's host route r in place of the node network's
+// route to the same address, and reports whether it did. The node network
+// routes a sticky address borrowed by another node to that node (protocol
+// routes.Protocol); once the address is this pod's, that route is stale, and
+// it may still be there when ADD comes, before this node's agent has seen the
+// borrow move. A route of another protocol is another owner's: it stays, and
+// ADD fails on it.
+func replaceNodeRoute(h *netlinksafe.Handle, r *netlink.Route) bool {
+	fam := netlink.FAMILY_V4
+	if r.Dst.IP.To4() == nil {
+		fam = netlink.FAMILY_V6
+	}
+	held, err := h.RouteListFiltered(fam, &netlink.Route{Dst: r.Dst, Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_DST|netlink.RT_FILTER_TABLE)
+	if err != nil || len(held) == 0 {
+		return false
+	}
+	for _, o := range held {
+		if o.Protocol != routes.Protocol {
+			return false
+		}
+	}
+	return h.RouteReplace(r) == nil
 }
 
 // setIfSysctl writes net.<proto>.conf.<ifName>.<key>; only ever a per-interface key.
