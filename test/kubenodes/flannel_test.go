@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"github.com/vishvananda/netns"
 
 	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
@@ -74,14 +73,9 @@ func (cl *cluster) uninstallFlannel() {
 		if err := os.Remove(nd.HostPath("/etc/cni/net.d/" + flannelConf)); err != nil {
 			t.Fatal(err)
 		}
-		ns, err := netns.GetFromPid(nd.NSPID())
+		h, err := nodeNetlink(nd)
 		if err != nil {
 			t.Fatal(err)
-		}
-		h, err := netlink.NewHandleAt(ns)
-		ns.Close()
-		if err != nil {
-			t.Fatalf("%s: netlink: %v", nd.Name, err)
 		}
 		if l, err := h.LinkByName("cni0"); err == nil {
 			if err := h.LinkDel(l); err != nil {

@@ -381,14 +381,9 @@ func (cl *cluster) hostVeths() []int {
 func (cl *cluster) vethCounts() ([]int, error) {
 	var n []int
 	for _, nd := range cl.Nodes {
-		ns, err := netns.GetFromPid(nd.NSPID())
+		h, err := nodeNetlink(nd)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", nd.Name, err)
-		}
-		h, err := netlink.NewHandleAt(ns)
-		ns.Close()
-		if err != nil {
-			return nil, fmt.Errorf("%s: netlink: %w", nd.Name, err)
+			return nil, err
 		}
 		// A dump that links changed under (the teardown deletes hundreds) is
 		// incomplete: read again until one is whole.
@@ -409,6 +404,22 @@ func (cl *cluster) vethCounts() ([]int, error) {
 		n = append(n, c)
 	}
 	return n, nil
+}
+
+// nodeNetlink is a netlink handle in nd's network namespace; the caller
+// closes it. It returns errors rather than failing the test: waitVeths calls
+// it from a goroutine of its own.
+func nodeNetlink(nd *kubeenv.Node) (*netlink.Handle, error) {
+	ns, err := netns.GetFromPid(nd.NSPID())
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", nd.Name, err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return nil, fmt.Errorf("%s: netlink: %w", nd.Name, err)
+	}
+	return h, nil
 }
 
 // waitVeths waits until no node has more veths than before (want): every pod's
