@@ -85,6 +85,9 @@ type scaleResult struct {
 	rss, hwm   uint64          // the agents' VmRSS after the burst and VmHWM, mean per node
 	apiWrites  float64         // apiserver create/update/patch/delete on group ipledger.io
 	etcdRevs   int64           // etcd revisions (-1: no etcd)
+	// cniAdd and cniDel: how long containerd's CNI ADDs took during the burst
+	// and its DELs during the teardown, all nodes
+	cniAdd, cniDel cniHist
 }
 
 // BenchmarkScale (issue 35, make bench): Spiderpool's IPAM benchmark's shape
@@ -93,9 +96,10 @@ type scaleResult struct {
 // scaleMaxPods, for flannel host-gw as the control and ipledger in node mode,
 // in cluster mode on the Kubernetes datastore and in cluster mode on etcd,
 // one after the other in the same run and on the same cluster: the time until
-// every pod is Running and Ready, pod startup p50/p99, the agents' CPU per pod
-// and memory, the CNI execs' CPU per pod and the datastore writes per pod. It
-// reports, it does not assert a speed.
+// every pod is Running and Ready, pod startup p50/p99, the pod network's own
+// share of it (containerd's timer around each CNI ADD and DEL), the agents' CPU
+// per pod and memory, the CNI execs' CPU per pod and the datastore writes per
+// pod. It reports, it does not assert a speed.
 func BenchmarkScale(b *testing.B) {
 	deployments := envInt(b, "IPLEDGER_SCALE_DEPLOYMENTS", 50)
 	if deployments*scaleReplicas > 3*(scaleMaxPods-10) {
@@ -177,7 +181,7 @@ func BenchmarkScale(b *testing.B) {
 		b.Logf("round %d of %d (%v):\n%s", i+1, rounds, order, scaleTable(rs))
 		all = append(all, rs...)
 	}
-	pooled := poolRounds(all)
+	pooled := poolRounds(b, all)
 	if rounds > 1 {
 		b.Logf("the %d rounds pooled:\n%s", rounds, scaleTable(pooled))
 	}
@@ -285,6 +289,7 @@ func (cl *cluster) burst(cs *kubernetes.Clientset, name, agent, ns string, deplo
 		profDone.Go(func() { prof(pctx) })
 	}
 	veths0 := cl.hostVeths()
+	add0, _ := cl.cniHists()
 	cpu0, exec0 := cpuOf(t, pids)*time.Duration(len(pids)), childCPU(t, ctrd)
 	writes0, rev0 := apiWrites(t, cs), rev()
 	start := time.Now()
@@ -346,6 +351,11 @@ func (cl *cluster) burst(cs *kubernetes.Clientset, name, agent, ns string, deplo
 		r.etcdRevs = -1
 	}
 	r.rss, r.hwm = rssOf(t, pids), memOf(t, pids, "VmHWM:")
+	add1, del1 := cl.cniHists()
+	r.cniAdd = add1.minus(t, add0)
+	if r.cniAdd.count < float64(r.pods) {
+		t.Fatalf("%s: containerd timed %.0f CNI ADDs (%s, set_up_pod) during a burst of %d pods", name, r.cniAdd.count, cniOpMetric, r.pods)
+	}
 	profDone.Wait()
 	t.Logf("%s: %d pods Running in %v, Ready in %v (p50 %v, p99 %v)", name, r.pods, r.allRunning.Round(time.Millisecond),
 		r.allReady.Round(time.Millisecond), pct(r.startup, .5).Round(time.Millisecond), pct(r.startup, .99).Round(time.Millisecond))
@@ -356,6 +366,11 @@ func (cl *cluster) burst(cs *kubernetes.Clientset, name, agent, ns string, deplo
 	deleteNamespace(t, cs, ns)
 	cl.waitSandboxesGone(ns)
 	r.teardown = time.Since(t1)
+	_, del2 := cl.cniHists()
+	r.cniDel = del2.minus(t, del1)
+	if r.cniDel.count < float64(r.pods) {
+		t.Fatalf("%s: containerd timed %.0f CNI DELs (%s, tear_down_pod) while %d pods were deleted", name, r.cniDel.count, cniOpMetric, r.pods)
+	}
 	// Every sandbox is gone, and its network namespace with it: a pod's veth
 	// still on a node now was left behind by the pod network.
 	select {
@@ -452,7 +467,7 @@ func (cl *cluster) waitVeths(want []int, t1 time.Time, stop <-chan struct{}) tim
 // poolRounds joins the rounds' results of each system, in the order of their
 // first appearance: startup times and CPU are pooled over all pods, wall
 // times and memory are the means of the rounds.
-func poolRounds(rs []scaleResult) []scaleResult {
+func poolRounds(tb testing.TB, rs []scaleResult) []scaleResult {
 	var out []scaleResult
 	for _, r := range rs {
 		i := slices.IndexFunc(out, func(o scaleResult) bool { return o.name == r.name })
@@ -473,6 +488,8 @@ func poolRounds(rs []scaleResult) []scaleResult {
 		o.rss += r.rss
 		o.hwm += r.hwm
 		o.apiWrites += r.apiWrites
+		o.cniAdd = o.cniAdd.plus(tb, r.cniAdd)
+		o.cniDel = o.cniDel.plus(tb, r.cniDel)
 		if r.etcdRevs >= 0 {
 			o.etcdRevs = max(o.etcdRevs, 0) + r.etcdRevs
 		}
@@ -725,6 +742,9 @@ func scaleTable(rs []scaleResult) string {
 	row("all pods Ready (wall)", dur(func(r scaleResult) time.Duration { return r.allReady }), secs)
 	row("pod startup p50 (creation → Ready)", dur(func(r scaleResult) time.Duration { return pct(r.startup, .5) }), secs)
 	row("pod startup p99", dur(func(r scaleResult) time.Duration { return pct(r.startup, .99) }), secs)
+	row("pod network setup, mean (containerd's timer around the CNI ADD)", dur(func(r scaleResult) time.Duration { return r.cniAdd.mean() }), secs)
+	row("pod network setup p99 (interpolated in the timer's buckets)", dur(func(r scaleResult) time.Duration { return r.cniAdd.quantile(.99) }), secs)
+	row("CNI ADDs per pod (above 1: sandboxes set up again)", func(r scaleResult) float64 { return r.cniAdd.count / float64(r.pods) }, num)
 	row("agent CPU per pod (flanneld or ipledgerd, all nodes, during the burst)", dur(func(r scaleResult) time.Duration { return r.agentCPU / time.Duration(r.pods) }), secs)
 	row("CNI exec CPU per pod (containerd's reaped children, all nodes)", dur(func(r scaleResult) time.Duration { return r.execCPU / time.Duration(r.pods) }), secs)
 	row("agent + CNI exec CPU per pod", dur(func(r scaleResult) time.Duration { return (r.agentCPU + r.execCPU) / time.Duration(r.pods) }), secs)
@@ -737,28 +757,32 @@ func scaleTable(rs []scaleResult) string {
 		}
 		return float64(r.etcdRevs) / float64(r.pods)
 	}, num)
+	row("pod network teardown, mean (containerd's timer around the CNI DEL)", dur(func(r scaleResult) time.Duration { return r.cniDel.mean() }), secs)
 	row("every pod's host veth gone after their namespace's deletion (wall)", dur(func(r scaleResult) time.Duration { return r.netDown }), secs)
 	row("all pods and their sandboxes gone (wall; the kubelet removes sandboxes in its minutely GC)", dur(func(r scaleResult) time.Duration { return r.teardown }), secs)
 	return s.String()
 }
 
 // TestPoolRounds: the pooled table's figures are the rounds' pods and CPU
-// summed (so per pod is over every pod), their startups merged in order, and
-// their wall times and memory averaged; systems stay in the order they first
-// appear.
+// summed (so per pod is over every pod), their startups and CNI timings merged,
+// and their wall times and memory averaged; systems stay in the order they
+// first appear.
 func TestPoolRounds(t *testing.T) {
 	s := time.Second
-	got := poolRounds([]scaleResult{
+	got := poolRounds(t, []scaleResult{
 		{name: "node", rounds: 1, pods: 10, startup: []time.Duration{3 * s, 5 * s}, allRunning: 10 * s, allReady: 11 * s, teardown: 40 * s, netDown: 8 * s,
-			agentCPU: 100 * time.Millisecond, execCPU: 200 * time.Millisecond, rss: 30 << 20, hwm: 32 << 20, apiWrites: 0, etcdRevs: -1},
+			agentCPU: 100 * time.Millisecond, execCPU: 200 * time.Millisecond, rss: 30 << 20, hwm: 32 << 20, apiWrites: 0, etcdRevs: -1,
+			cniAdd: cniHist{bounds: []float64{1}, cum: []float64{9}, count: 10, sum: 5}},
 		{name: "etcd", rounds: 1, pods: 10, startup: []time.Duration{2 * s}, allRunning: 9 * s, etcdRevs: 7},
 		{name: "etcd", rounds: 1, pods: 10, startup: []time.Duration{1 * s}, allRunning: 11 * s, etcdRevs: 5},
 		{name: "node", rounds: 1, pods: 10, startup: []time.Duration{4 * s}, allRunning: 20 * s, allReady: 21 * s, teardown: 60 * s, netDown: 10 * s,
-			agentCPU: 300 * time.Millisecond, execCPU: 400 * time.Millisecond, rss: 34 << 20, hwm: 36 << 20, apiWrites: 2, etcdRevs: -1},
+			agentCPU: 300 * time.Millisecond, execCPU: 400 * time.Millisecond, rss: 34 << 20, hwm: 36 << 20, apiWrites: 2, etcdRevs: -1,
+			cniAdd: cniHist{bounds: []float64{1}, cum: []float64{10}, count: 10, sum: 3}},
 	})
 	want := []scaleResult{
 		{name: "node", rounds: 2, pods: 20, startup: []time.Duration{3 * s, 4 * s, 5 * s}, allRunning: 15 * s, allReady: 16 * s, teardown: 50 * s, netDown: 9 * s,
-			agentCPU: 400 * time.Millisecond, execCPU: 600 * time.Millisecond, rss: 32 << 20, hwm: 34 << 20, apiWrites: 2, etcdRevs: -1},
+			agentCPU: 400 * time.Millisecond, execCPU: 600 * time.Millisecond, rss: 32 << 20, hwm: 34 << 20, apiWrites: 2, etcdRevs: -1,
+			cniAdd: cniHist{bounds: []float64{1}, cum: []float64{19}, count: 20, sum: 8}},
 		{name: "etcd", rounds: 2, pods: 20, startup: []time.Duration{1 * s, 2 * s}, allRunning: 10 * s, etcdRevs: 12},
 	}
 	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {

@@ -40,7 +40,8 @@ func TestBuildSelected(t *testing.T) {
 // TestConfigReadBySelected: the config rendered for the selected containerd is
 // read by it as meant (containerd config dump: the merged configuration it
 // would run with): the pause image, the CNI dirs, netns mounts under the state
-// dir and the restricted oom_score_adj where this version keeps them.
+// dir, the restricted oom_score_adj and the metrics address where this version
+// keeps them.
 func TestConfigReadBySelected(t *testing.T) {
 	testenv.SkipIfShort(t, "needs a containerd build")
 	v, err := containerdenv.Selected()
@@ -57,6 +58,7 @@ func TestConfigReadBySelected(t *testing.T) {
 		Root: filepath.Join(d, "root"), State: filepath.Join(d, "state"), Socket: filepath.Join(d, "c.sock"),
 		Sandbox: "ipledger.local/pause:test", Snapshotter: "native", RuncRoot: filepath.Join(d, "runc"),
 		CNIBinDir: "/usr/lib/cni", CNIConfDir: filepath.Join(d, "net.d"), NetnsUnderState: true,
+		MetricsAddress: "127.0.0.1:13380",
 	}
 	cfg := filepath.Join(d, "config.toml")
 	if err := os.WriteFile(cfg, []byte(c.Render(major)), 0o644); err != nil {
@@ -69,6 +71,7 @@ func TestConfigReadBySelected(t *testing.T) {
 	for _, want := range []string{
 		"ipledger.local/pause:test", c.CNIConfDir, c.RuncRoot,
 		"netns_mounts_under_state_dir = true", "restrict_oom_score_adj = true", "max_conf_num = 1",
+		"127.0.0.1:13380",
 	} {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("containerd %s did not take %q from its config:\n%s", v, want, out)

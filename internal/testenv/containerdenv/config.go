@@ -24,6 +24,9 @@ type Config struct {
 	// OptDir is the opt plugin's directory; empty: Root/opt.
 	OptDir   string
 	LogLevel string
+	// MetricsAddress is where containerd serves Prometheus metrics
+	// (/v1/metrics on host:port); empty: none.
+	MetricsAddress string
 }
 
 // disabledPlugins are left out of every private containerd: snapshotters
@@ -58,7 +61,7 @@ func (c Config) Render(major int) string {
 	}
 	fmt.Fprintf(&b, "version = %d\nroot = %q\nstate = %q\noom_score = 0\n", version, c.Root, c.State)
 	fmt.Fprintf(&b, "disabled_plugins = [%s]\n\n", quoteAll(disabledPlugins))
-	fmt.Fprintf(&b, "[grpc]\n  address = %q\n[ttrpc]\n  address = \"\"\n[debug]\n  address = \"\"\n  level = %q\n[metrics]\n  address = \"\"\n\n", c.Socket, level)
+	fmt.Fprintf(&b, "[grpc]\n  address = %q\n[ttrpc]\n  address = \"\"\n[debug]\n  address = \"\"\n  level = %q\n[metrics]\n  address = %q\n\n", c.Socket, level, c.MetricsAddress)
 	fmt.Fprintf(&b, "[plugins.\"io.containerd.internal.v1.opt\"]\n  path = %q\n\n", opt)
 	const server = `plugins."io.containerd.grpc.v1.cri"`
 	runtime, images := server, server

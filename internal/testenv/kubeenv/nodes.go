@@ -354,6 +354,7 @@ func (n *Node) startContainerd() error {
 		// The pods' namespaces in /run/netns (the node's own), where the
 		// manifest's agent looks for them.
 		NetnsUnderState: false,
+		MetricsAddress:  ContainerdMetricsAddr,
 	}
 	if err := os.WriteFile(cfg, []byte(conf.Render(containerdenv.Major(n.ctdVersion))), 0o644); err != nil {
 		return err
