@@ -758,6 +758,7 @@ func scaleTable(rs []scaleResult) string {
 		return float64(r.etcdRevs) / float64(r.pods)
 	}, num)
 	row("pod network teardown, mean (containerd's timer around the CNI DEL)", dur(func(r scaleResult) time.Duration { return r.cniDel.mean() }), secs)
+	row("CNI DELs per pod (above 1: the runtime tore down again)", func(r scaleResult) float64 { return r.cniDel.count / float64(r.pods) }, num)
 	row("every pod's host veth gone after their namespace's deletion (wall)", dur(func(r scaleResult) time.Duration { return r.netDown }), secs)
 	row("all pods and their sandboxes gone (wall; the kubelet removes sandboxes in its minutely GC)", dur(func(r scaleResult) time.Duration { return r.teardown }), secs)
 	return s.String()
