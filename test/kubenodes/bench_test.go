@@ -484,6 +484,37 @@ func cpuOf(tb testing.TB, pids []int) time.Duration {
 	return sum / time.Duration(len(pids))
 }
 
+// runWait is the time the threads of pids spent runnable, waiting for a CPU
+// (the second field of each /proc/PID/task/TID/schedstat), summed. Threads
+// that exited are not counted: pids are long-lived agents whose Go runtime
+// keeps its threads.
+func runWait(tb testing.TB, pids []int) time.Duration {
+	tb.Helper()
+	var sum time.Duration
+	for _, pid := range pids {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		for _, task := range tasks {
+			b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, task.Name()))
+			if err != nil {
+				continue // the thread exited
+			}
+			f := strings.Fields(string(b))
+			if len(f) < 2 {
+				tb.Fatalf("/proc/%d/task/%s/schedstat: %q", pid, task.Name(), b)
+			}
+			ns, err := strconv.ParseInt(f[1], 10, 64)
+			if err != nil {
+				tb.Fatalf("/proc/%d/task/%s/schedstat: %q", pid, task.Name(), b)
+			}
+			sum += time.Duration(ns)
+		}
+	}
+	return sum
+}
+
 // rssOf is the mean VmRSS of pids in bytes.
 func rssOf(tb testing.TB, pids []int) uint64 { tb.Helper(); return memOf(tb, pids, "VmRSS:") }
 

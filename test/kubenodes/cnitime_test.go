@@ -10,6 +10,10 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/ipledger/ipledger/internal/testenv/kubeenv"
 )
 
 // cniOpMetric is containerd's histogram of its CNI calls' durations, by
@@ -31,21 +35,77 @@ type cniHist struct {
 // containerd serves an operation's histogram only once it has timed one, so
 // a missing one is empty here; the burst checks the counts it expects.
 func (cl *cluster) cniHists() (add, del cniHist) {
+	cl.T.Helper()
+	h := cl.hists(func(nd *kubeenv.Node) (map[string]*dto.MetricFamily, error) {
+		return nd.ContainerdMetrics(context.Background())
+	}, cniOpMetric, "operation_type")
+	return h["set_up_pod"], h["tear_down_pod"]
+}
+
+// agentMetricsURL is where the manifests' agents serve /metrics
+// (--metrics-addr), on the node's loopback.
+const agentMetricsURL = "http://127.0.0.1:9780/metrics"
+
+// agentOpMetric is the agent's histogram of the time it takes to answer a
+// request, by verb (add and del: a forwarded IPAM ADD or DEL, its durable
+// commit included), from reading the request to writing the answer.
+const agentOpMetric = "ipledger_request_duration_seconds"
+
+// agentHists scrapes every node's agent for its ADD and DEL answer times.
+func (cl *cluster) agentHists() (add, del cniHist) {
+	cl.T.Helper()
+	h := cl.hists(func(nd *kubeenv.Node) (map[string]*dto.MetricFamily, error) {
+		return nd.Metrics(context.Background(), agentMetricsURL)
+	}, agentOpMetric, "verb")
+	return h["add"], h["del"]
+}
+
+// cniDelErrors is the CNI DELs every node's containerd counted as failed
+// (network_plugin_operations_errors_total, tear_down_pod), summed.
+func (cl *cluster) cniDelErrors() float64 {
 	t := cl.T
 	t.Helper()
+	var sum float64
 	for _, nd := range cl.Nodes {
 		fams, err := nd.ContainerdMetrics(context.Background())
 		if err != nil {
 			t.Fatal(err)
 		}
 		for name, f := range fams {
-			if !strings.Contains(name, cniOpMetric) {
+			if !strings.Contains(name, "network_plugin_operations_errors") {
+				continue
+			}
+			for _, m := range f.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "operation_type" && l.GetValue() == "tear_down_pod" {
+						sum += m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+	}
+	return sum
+}
+
+// hists scrapes every node and sums the histograms of the family whose name
+// contains metric by the value of their label.
+func (cl *cluster) hists(scrape func(*kubeenv.Node) (map[string]*dto.MetricFamily, error), metric, label string) map[string]cniHist {
+	t := cl.T
+	t.Helper()
+	out := map[string]cniHist{}
+	for _, nd := range cl.Nodes {
+		fams, err := scrape(nd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, f := range fams {
+			if !strings.Contains(name, metric) {
 				continue
 			}
 			for _, m := range f.GetMetric() {
 				h := m.GetHistogram()
 				if h == nil {
-					t.Fatalf("%s: containerd's %s is a %s, not a histogram", nd.Name, name, f.GetType())
+					t.Fatalf("%s: %s is a %s, not a histogram", nd.Name, name, f.GetType())
 				}
 				var one cniHist
 				for _, b := range h.GetBucket() {
@@ -56,20 +116,14 @@ func (cl *cluster) cniHists() (add, del cniHist) {
 				}
 				one.count, one.sum = float64(h.GetSampleCount()), h.GetSampleSum()
 				for _, l := range m.GetLabel() {
-					if l.GetName() != "operation_type" {
-						continue
-					}
-					switch l.GetValue() {
-					case "set_up_pod":
-						add = add.plus(t, one)
-					case "tear_down_pod":
-						del = del.plus(t, one)
+					if l.GetName() == label {
+						out[l.GetValue()] = out[l.GetValue()].plus(t, one)
 					}
 				}
 			}
 		}
 	}
-	return add, del
+	return out
 }
 
 // plus is h and o summed bucket by bucket; an empty histogram takes o's bounds.
@@ -93,7 +147,7 @@ func (h cniHist) combine(tb testing.TB, o cniHist, sign float64) cniHist {
 		h.bounds, h.cum = o.bounds, make([]float64, len(o.bounds))
 	}
 	if !slices.Equal(h.bounds, o.bounds) {
-		tb.Fatalf("containerd's %s histograms have buckets %v and %v", cniOpMetric, h.bounds, o.bounds)
+		tb.Fatalf("histograms with buckets %v and %v", h.bounds, o.bounds)
 	}
 	r := cniHist{bounds: h.bounds, cum: make([]float64, len(h.cum)), count: h.count + sign*o.count, sum: h.sum + sign*o.sum}
 	for i := range h.cum {

@@ -88,6 +88,15 @@ type scaleResult struct {
 	// cniAdd and cniDel: how long containerd's CNI ADDs took during the burst
 	// and its DELs during the teardown, all nodes
 	cniAdd, cniDel cniHist
+	// agentAdd and agentDel: the agents' own time to answer those ADDs and
+	// DELs (empty for flannel, whose flanneld answers none)
+	agentAdd, agentDel cniHist
+	// agentWait and agentWaitDown: the time the agents' threads spent
+	// runnable but waiting for a CPU (schedstat) during the burst and the
+	// teardown, all nodes
+	agentWait, agentWaitDown time.Duration
+	// delErrors: the CNI DELs containerd counted as failed during the teardown
+	delErrors float64
 }
 
 // BenchmarkScale (issue 35, make bench): Spiderpool's IPAM benchmark's shape
@@ -290,6 +299,12 @@ func (cl *cluster) burst(cs *kubernetes.Clientset, name, agent, ns string, deplo
 	}
 	veths0 := cl.hostVeths()
 	add0, _ := cl.cniHists()
+	ours := name != "flannel"
+	var aadd0 cniHist
+	if ours {
+		aadd0, _ = cl.agentHists()
+	}
+	wait0 := runWait(t, pids)
 	cpu0, exec0 := cpuOf(t, pids)*time.Duration(len(pids)), childCPU(t, ctrd)
 	writes0, rev0 := apiWrites(t, cs), rev()
 	start := time.Now()
@@ -344,6 +359,7 @@ func (cl *cluster) burst(cs *kubernetes.Clientset, name, agent, ns string, deplo
 	slices.Sort(r.startup)
 	r.agentCPU = cpuOf(t, pids)*time.Duration(len(pids)) - cpu0
 	r.execCPU = childCPU(t, ctrd) - exec0
+	r.agentWait = runWait(t, pids) - wait0
 	r.apiWrites = apiWrites(t, cs) - writes0
 	if r0 := rev(); r0 >= 0 {
 		r.etcdRevs = r0 - rev0
@@ -353,6 +369,13 @@ func (cl *cluster) burst(cs *kubernetes.Clientset, name, agent, ns string, deplo
 	r.rss, r.hwm = rssOf(t, pids), memOf(t, pids, "VmHWM:")
 	add1, del1 := cl.cniHists()
 	r.cniAdd = add1.minus(t, add0)
+	var aadd1, adel1 cniHist
+	if ours {
+		aadd1, adel1 = cl.agentHists()
+		r.agentAdd = aadd1.minus(t, aadd0)
+	}
+	errs1 := cl.cniDelErrors()
+	wait1 := runWait(t, pids)
 	if r.cniAdd.count < float64(r.pods) {
 		t.Fatalf("%s: containerd timed %.0f CNI ADDs (%s, set_up_pod) during a burst of %d pods", name, r.cniAdd.count, cniOpMetric, r.pods)
 	}
@@ -368,6 +391,12 @@ func (cl *cluster) burst(cs *kubernetes.Clientset, name, agent, ns string, deplo
 	r.teardown = time.Since(t1)
 	_, del2 := cl.cniHists()
 	r.cniDel = del2.minus(t, del1)
+	r.delErrors = cl.cniDelErrors() - errs1
+	r.agentWaitDown = runWait(t, pids) - wait1
+	if ours {
+		_, adel2 := cl.agentHists()
+		r.agentDel = adel2.minus(t, adel1)
+	}
 	if r.cniDel.count < float64(r.pods) {
 		t.Fatalf("%s: containerd timed %.0f CNI DELs (%s, tear_down_pod) while %d pods were deleted", name, r.cniDel.count, cniOpMetric, r.pods)
 	}
@@ -490,6 +519,11 @@ func poolRounds(tb testing.TB, rs []scaleResult) []scaleResult {
 		o.apiWrites += r.apiWrites
 		o.cniAdd = o.cniAdd.plus(tb, r.cniAdd)
 		o.cniDel = o.cniDel.plus(tb, r.cniDel)
+		o.agentAdd = o.agentAdd.plus(tb, r.agentAdd)
+		o.agentDel = o.agentDel.plus(tb, r.agentDel)
+		o.agentWait += r.agentWait
+		o.agentWaitDown += r.agentWaitDown
+		o.delErrors += r.delErrors
 		if r.etcdRevs >= 0 {
 			o.etcdRevs = max(o.etcdRevs, 0) + r.etcdRevs
 		}
@@ -731,6 +765,21 @@ func scaleTable(rs []scaleResult) string {
 	dur := func(f func(scaleResult) time.Duration) func(scaleResult) float64 {
 		return func(r scaleResult) float64 { return f(r).Seconds() }
 	}
+	// an agent timer's mean, -1 (shown as –) where the agent answers none
+	agentMean := func(f func(scaleResult) cniHist) func(scaleResult) float64 {
+		return func(r scaleResult) float64 {
+			if h := f(r); h.count > 0 {
+				return h.mean().Seconds()
+			}
+			return -1
+		}
+	}
+	secsOrNone := func(v float64) string {
+		if v < 0 {
+			return "–"
+		}
+		return secs(v)
+	}
 	mib := func(v float64) string { return fmt.Sprintf("%.1f MiB", v/(1<<20)) }
 	num := func(v float64) string {
 		if v < 0 {
@@ -745,6 +794,8 @@ func scaleTable(rs []scaleResult) string {
 	row("pod network setup, mean (containerd's timer around the CNI ADD)", dur(func(r scaleResult) time.Duration { return r.cniAdd.mean() }), secs)
 	row("pod network setup p99 (interpolated in the timer's buckets)", dur(func(r scaleResult) time.Duration { return r.cniAdd.quantile(.99) }), secs)
 	row("CNI ADDs per pod (above 1: sandboxes set up again)", func(r scaleResult) float64 { return r.cniAdd.count / float64(r.pods) }, num)
+	row("agent's answer to an ADD, mean (its own timer; flanneld answers none)", agentMean(func(r scaleResult) cniHist { return r.agentAdd }), secsOrNone)
+	row("agent's run-queue wait per pod during the burst (schedstat; flanneld runs outside the pods' cgroups, ipledgerd is a pod of 20m CPU request)", dur(func(r scaleResult) time.Duration { return r.agentWait / time.Duration(r.pods) }), secs)
 	row("agent CPU per pod (flanneld or ipledgerd, all nodes, during the burst)", dur(func(r scaleResult) time.Duration { return r.agentCPU / time.Duration(r.pods) }), secs)
 	row("CNI exec CPU per pod (containerd's reaped children, all nodes)", dur(func(r scaleResult) time.Duration { return r.execCPU / time.Duration(r.pods) }), secs)
 	row("agent + CNI exec CPU per pod", dur(func(r scaleResult) time.Duration { return (r.agentCPU + r.execCPU) / time.Duration(r.pods) }), secs)
@@ -759,6 +810,9 @@ func scaleTable(rs []scaleResult) string {
 	}, num)
 	row("pod network teardown, mean (containerd's timer around the CNI DEL)", dur(func(r scaleResult) time.Duration { return r.cniDel.mean() }), secs)
 	row("CNI DELs per pod (above 1: the runtime tore down again)", func(r scaleResult) float64 { return r.cniDel.count / float64(r.pods) }, num)
+	row("failed CNI DELs per pod (containerd's error count)", func(r scaleResult) float64 { return r.delErrors / float64(r.pods) }, num)
+	row("agent's answer to a DEL, mean", agentMean(func(r scaleResult) cniHist { return r.agentDel }), secsOrNone)
+	row("agent's run-queue wait per pod during the teardown", dur(func(r scaleResult) time.Duration { return r.agentWaitDown / time.Duration(r.pods) }), secs)
 	row("every pod's host veth gone after their namespace's deletion (wall)", dur(func(r scaleResult) time.Duration { return r.netDown }), secs)
 	row("all pods and their sandboxes gone (wall; the kubelet removes sandboxes in its minutely GC)", dur(func(r scaleResult) time.Duration { return r.teardown }), secs)
 	return s.String()
@@ -773,17 +827,20 @@ func TestPoolRounds(t *testing.T) {
 	got := poolRounds(t, []scaleResult{
 		{name: "node", rounds: 1, pods: 10, startup: []time.Duration{3 * s, 5 * s}, allRunning: 10 * s, allReady: 11 * s, teardown: 40 * s, netDown: 8 * s,
 			agentCPU: 100 * time.Millisecond, execCPU: 200 * time.Millisecond, rss: 30 << 20, hwm: 32 << 20, apiWrites: 0, etcdRevs: -1,
-			cniAdd: cniHist{bounds: []float64{1}, cum: []float64{9}, count: 10, sum: 5}},
+			cniAdd: cniHist{bounds: []float64{1}, cum: []float64{9}, count: 10, sum: 5}, agentDel: cniHist{bounds: []float64{1}, cum: []float64{10}, count: 10, sum: 1},
+			agentWait: 2 * s, agentWaitDown: s, delErrors: 1},
 		{name: "etcd", rounds: 1, pods: 10, startup: []time.Duration{2 * s}, allRunning: 9 * s, etcdRevs: 7},
 		{name: "etcd", rounds: 1, pods: 10, startup: []time.Duration{1 * s}, allRunning: 11 * s, etcdRevs: 5},
 		{name: "node", rounds: 1, pods: 10, startup: []time.Duration{4 * s}, allRunning: 20 * s, allReady: 21 * s, teardown: 60 * s, netDown: 10 * s,
 			agentCPU: 300 * time.Millisecond, execCPU: 400 * time.Millisecond, rss: 34 << 20, hwm: 36 << 20, apiWrites: 2, etcdRevs: -1,
-			cniAdd: cniHist{bounds: []float64{1}, cum: []float64{10}, count: 10, sum: 3}},
+			cniAdd: cniHist{bounds: []float64{1}, cum: []float64{10}, count: 10, sum: 3}, agentDel: cniHist{bounds: []float64{1}, cum: []float64{9}, count: 10, sum: 2},
+			agentWait: 4 * s, agentWaitDown: 3 * s, delErrors: 2},
 	})
 	want := []scaleResult{
 		{name: "node", rounds: 2, pods: 20, startup: []time.Duration{3 * s, 4 * s, 5 * s}, allRunning: 15 * s, allReady: 16 * s, teardown: 50 * s, netDown: 9 * s,
 			agentCPU: 400 * time.Millisecond, execCPU: 600 * time.Millisecond, rss: 32 << 20, hwm: 34 << 20, apiWrites: 2, etcdRevs: -1,
-			cniAdd: cniHist{bounds: []float64{1}, cum: []float64{19}, count: 20, sum: 8}},
+			cniAdd: cniHist{bounds: []float64{1}, cum: []float64{19}, count: 20, sum: 8}, agentDel: cniHist{bounds: []float64{1}, cum: []float64{19}, count: 20, sum: 3},
+			agentWait: 6 * s, agentWaitDown: 4 * s, delErrors: 3},
 		{name: "etcd", rounds: 2, pods: 20, startup: []time.Duration{1 * s, 2 * s}, allRunning: 10 * s, etcdRevs: 12},
 	}
 	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
