@@ -97,6 +97,9 @@ type scaleResult struct {
 	agentWait, agentWaitDown time.Duration
 	// delErrors: the CNI DELs containerd counted as failed during the teardown
 	delErrors float64
+	// machineCPU: every CPU's busy time during the burst (/proc/stat, the whole
+	// machine: nodes, control plane, the benchmark); apiCPU: kube-apiserver's
+	machineCPU, apiCPU time.Duration
 }
 
 // BenchmarkScale (issue 35, make bench): Spiderpool's IPAM benchmark's shape
@@ -305,6 +308,8 @@ func (cl *cluster) burst(cs *kubernetes.Clientset, name, agent, ns string, deplo
 		aadd0, _ = cl.agentHists()
 	}
 	wait0 := runWait(t, pids)
+	api := []int{cl.C.APIServerPID()}
+	machine0, api0 := machineBusy(t), cpuOf(t, api)
 	cpu0, exec0 := cpuOf(t, pids)*time.Duration(len(pids)), childCPU(t, ctrd)
 	writes0, rev0 := apiWrites(t, cs), rev()
 	start := time.Now()
@@ -360,6 +365,7 @@ func (cl *cluster) burst(cs *kubernetes.Clientset, name, agent, ns string, deplo
 	r.agentCPU = cpuOf(t, pids)*time.Duration(len(pids)) - cpu0
 	r.execCPU = childCPU(t, ctrd) - exec0
 	r.agentWait = runWait(t, pids) - wait0
+	r.machineCPU, r.apiCPU = machineBusy(t)-machine0, cpuOf(t, api)-api0
 	r.apiWrites = apiWrites(t, cs) - writes0
 	if r0 := rev(); r0 >= 0 {
 		r.etcdRevs = r0 - rev0
@@ -524,6 +530,8 @@ func poolRounds(tb testing.TB, rs []scaleResult) []scaleResult {
 		o.agentWait += r.agentWait
 		o.agentWaitDown += r.agentWaitDown
 		o.delErrors += r.delErrors
+		o.machineCPU += r.machineCPU
+		o.apiCPU += r.apiCPU
 		if r.etcdRevs >= 0 {
 			o.etcdRevs = max(o.etcdRevs, 0) + r.etcdRevs
 		}
@@ -799,6 +807,8 @@ func scaleTable(rs []scaleResult) string {
 	row("agent CPU per pod (flanneld or ipledgerd, all nodes, during the burst)", dur(func(r scaleResult) time.Duration { return r.agentCPU / time.Duration(r.pods) }), secs)
 	row("CNI exec CPU per pod (containerd's reaped children, all nodes)", dur(func(r scaleResult) time.Duration { return r.execCPU / time.Duration(r.pods) }), secs)
 	row("agent + CNI exec CPU per pod", dur(func(r scaleResult) time.Duration { return (r.agentCPU + r.execCPU) / time.Duration(r.pods) }), secs)
+	row("kube-apiserver CPU per pod during the burst", dur(func(r scaleResult) time.Duration { return r.apiCPU / time.Duration(r.pods) }), secs)
+	row("the whole machine's busy CPU per pod during the burst (/proc/stat)", dur(func(r scaleResult) time.Duration { return r.machineCPU / time.Duration(r.pods) }), secs)
 	row("agent VmRSS after the burst (per node)", func(r scaleResult) float64 { return float64(r.rss) }, mib)
 	row("agent VmHWM, peak RSS (per node)", func(r scaleResult) float64 { return float64(r.hwm) }, mib)
 	row("apiserver writes to ipledger.io per pod", func(r scaleResult) float64 { return r.apiWrites / float64(r.pods) }, num)

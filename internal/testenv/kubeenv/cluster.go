@@ -499,6 +499,9 @@ kubeAPIBurst: 200
 // down until StartAPIServer.
 func (c *Cluster) StopAPIServer() { c.stopProc("kube-apiserver") }
 
+// APIServerPID is the running kube-apiserver's process ID (0 before it starts).
+func (c *Cluster) APIServerPID() int { return c.pid("kube-apiserver") }
+
 // StartAPIServer starts the kube-apiserver with the arguments it was first
 // started with, on the same port and etcd, and waits until it answers.
 func (c *Cluster) StartAPIServer() error {
