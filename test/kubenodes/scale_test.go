@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -808,7 +809,11 @@ func scaleTable(rs []scaleResult) string {
 	row("CNI exec CPU per pod (containerd's reaped children, all nodes)", dur(func(r scaleResult) time.Duration { return r.execCPU / time.Duration(r.pods) }), secs)
 	row("agent + CNI exec CPU per pod", dur(func(r scaleResult) time.Duration { return (r.agentCPU + r.execCPU) / time.Duration(r.pods) }), secs)
 	row("kube-apiserver CPU per pod during the burst", dur(func(r scaleResult) time.Duration { return r.apiCPU / time.Duration(r.pods) }), secs)
-	row("the whole machine's busy CPU per pod during the burst (/proc/stat)", dur(func(r scaleResult) time.Duration { return r.machineCPU / time.Duration(r.pods) }), secs)
+	// on a saturated machine busy CPU is the CPUs times the wall time, whatever
+	// the work: the share says whether it was, not what the pods cost
+	row("the machine's CPUs busy during the burst (/proc/stat)", func(r scaleResult) float64 {
+		return r.machineCPU.Seconds() / (float64(runtime.NumCPU()) * max(r.allRunning, r.allReady).Seconds() * float64(r.rounds))
+	}, func(v float64) string { return fmt.Sprintf("%.0f%%", 100*v) })
 	row("agent VmRSS after the burst (per node)", func(r scaleResult) float64 { return float64(r.rss) }, mib)
 	row("agent VmHWM, peak RSS (per node)", func(r scaleResult) float64 { return float64(r.hwm) }, mib)
 	row("apiserver writes to ipledger.io per pod", func(r scaleResult) float64 { return r.apiWrites / float64(r.pods) }, num)
