@@ -7,11 +7,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -134,10 +132,10 @@ func BenchmarkPodStartup(b *testing.B) {
 				n.reconfigure(b, conf)
 				current = sys
 			}
-			cpu0 := nodeCPU(b)
+			cpu0 := kubeenv.MachineCPU(b)
 			ds := startupTimes(b, n, fmt.Sprintf("bench-%s-%d-%d", sys, i, j), pods)
 			fmt.Fprintf(&phases, "\n| %d | %s | %v | %v | %.0f%% |", j+1, names[sys], pct(ds, .5).Round(time.Millisecond),
-				pct(ds, .99).Round(time.Millisecond), 100*nodeCPU(b).busySince(cpu0))
+				pct(ds, .99).Round(time.Millisecond), 100*kubeenv.MachineCPU(b).Since(cpu0).Busy())
 			times[sys] = append(times[sys], ds...)
 			if sys == "ipl" {
 				n.settle(b, time.Minute)
@@ -159,39 +157,3 @@ func BenchmarkPodStartup(b *testing.B) {
 }
 
 var names = map[string]string{"ipl": "ipledger-veth + ipledger", "br": "bridge + host-local"}
-
-// cpuTimes are the node's CPU time counters (/proc/stat's cpu line, in ticks).
-type cpuTimes struct{ total, idle uint64 }
-
-func nodeCPU(tb testing.TB) cpuTimes {
-	tb.Helper()
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	if len(f) < 6 || f[0] != "cpu" {
-		tb.Fatalf("/proc/stat begins %q", line)
-	}
-	var c cpuTimes
-	for k, v := range f[1:] {
-		n, err := strconv.ParseUint(v, 10, 64)
-		if err != nil {
-			tb.Fatalf("/proc/stat: %q: %v", line, err)
-		}
-		c.total += n
-		if k == 3 || k == 4 { // idle, iowait
-			c.idle += n
-		}
-	}
-	return c
-}
-
-// busySince is the share of CPU time not idle between then and c.
-func (c cpuTimes) busySince(then cpuTimes) float64 {
-	if c.total <= then.total {
-		return 0
-	}
-	return 1 - float64(c.idle-then.idle)/float64(c.total-then.total)
-}

@@ -515,30 +515,6 @@ func runWait(tb testing.TB, pids []int) time.Duration {
 	return sum
 }
 
-// machineBusy is the time every CPU of the machine spent busy (user, nice,
-// system, irq, softirq and steal of /proc/stat's cpu line), summed.
-func machineBusy(tb testing.TB) time.Duration {
-	tb.Helper()
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	if len(f) < 9 || f[0] != "cpu" {
-		tb.Fatalf("/proc/stat: first line %q", line)
-	}
-	var busy uint64
-	for _, i := range []int{1, 2, 3, 6, 7, 8} { // idle (4) and iowait (5) left out
-		v, err := strconv.ParseUint(f[i], 10, 64)
-		if err != nil {
-			tb.Fatalf("/proc/stat: %q: %v", line, err)
-		}
-		busy += v
-	}
-	return time.Duration(busy) * time.Second / 100 // USER_HZ
-}
-
 // rssOf is the mean VmRSS of pids in bytes.
 func rssOf(tb testing.TB, pids []int) uint64 { tb.Helper(); return memOf(tb, pids, "VmRSS:") }
 

@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -98,9 +97,10 @@ type scaleResult struct {
 	agentWait, agentWaitDown time.Duration
 	// delErrors: the CNI DELs containerd counted as failed during the teardown
 	delErrors float64
-	// machineCPU: every CPU's busy time during the burst (/proc/stat, the whole
-	// machine: nodes, control plane, the benchmark); apiCPU: kube-apiserver's
-	machineCPU, apiCPU time.Duration
+	// machine: the whole machine's CPU counters over the burst (nodes, control
+	// plane, the benchmark); apiCPU: kube-apiserver's CPU
+	machine kubeenv.CPUTimes
+	apiCPU  time.Duration
 }
 
 // BenchmarkScale (issue 35, make bench): Spiderpool's IPAM benchmark's shape
@@ -310,7 +310,7 @@ func (cl *cluster) burst(cs *kubernetes.Clientset, name, agent, ns string, deplo
 	}
 	wait0 := runWait(t, pids)
 	api := []int{cl.C.APIServerPID()}
-	machine0, api0 := machineBusy(t), cpuOf(t, api)
+	machine0, api0 := kubeenv.MachineCPU(t), cpuOf(t, api)
 	cpu0, exec0 := cpuOf(t, pids)*time.Duration(len(pids)), childCPU(t, ctrd)
 	writes0, rev0 := apiWrites(t, cs), rev()
 	start := time.Now()
@@ -366,7 +366,7 @@ func (cl *cluster) burst(cs *kubernetes.Clientset, name, agent, ns string, deplo
 	r.agentCPU = cpuOf(t, pids)*time.Duration(len(pids)) - cpu0
 	r.execCPU = childCPU(t, ctrd) - exec0
 	r.agentWait = runWait(t, pids) - wait0
-	r.machineCPU, r.apiCPU = machineBusy(t)-machine0, cpuOf(t, api)-api0
+	r.machine, r.apiCPU = kubeenv.MachineCPU(t).Since(machine0), cpuOf(t, api)-api0
 	r.apiWrites = apiWrites(t, cs) - writes0
 	if r0 := rev(); r0 >= 0 {
 		r.etcdRevs = r0 - rev0
@@ -531,7 +531,8 @@ func poolRounds(tb testing.TB, rs []scaleResult) []scaleResult {
 		o.agentWait += r.agentWait
 		o.agentWaitDown += r.agentWaitDown
 		o.delErrors += r.delErrors
-		o.machineCPU += r.machineCPU
+		o.machine.Total += r.machine.Total
+		o.machine.Idle += r.machine.Idle
 		o.apiCPU += r.apiCPU
 		if r.etcdRevs >= 0 {
 			o.etcdRevs = max(o.etcdRevs, 0) + r.etcdRevs
@@ -809,11 +810,8 @@ func scaleTable(rs []scaleResult) string {
 	row("CNI exec CPU per pod (containerd's reaped children, all nodes)", dur(func(r scaleResult) time.Duration { return r.execCPU / time.Duration(r.pods) }), secs)
 	row("agent + CNI exec CPU per pod", dur(func(r scaleResult) time.Duration { return (r.agentCPU + r.execCPU) / time.Duration(r.pods) }), secs)
 	row("kube-apiserver CPU per pod during the burst", dur(func(r scaleResult) time.Duration { return r.apiCPU / time.Duration(r.pods) }), secs)
-	// on a saturated machine busy CPU is the CPUs times the wall time, whatever
-	// the work: the share says whether it was, not what the pods cost
-	row("the machine's CPUs busy during the burst (/proc/stat)", func(r scaleResult) float64 {
-		return r.machineCPU.Seconds() / (float64(runtime.NumCPU()) * max(r.allRunning, r.allReady).Seconds() * float64(r.rounds))
-	}, func(v float64) string { return fmt.Sprintf("%.0f%%", 100*v) })
+	// the share says whether the machine was saturated, not what the pods cost
+	row("the machine's CPUs busy during the burst (/proc/stat)", func(r scaleResult) float64 { return r.machine.Busy() }, func(v float64) string { return fmt.Sprintf("%.0f%%", 100*v) })
 	row("agent VmRSS after the burst (per node)", func(r scaleResult) float64 { return float64(r.rss) }, mib)
 	row("agent VmHWM, peak RSS (per node)", func(r scaleResult) float64 { return float64(r.hwm) }, mib)
 	row("apiserver writes to ipledger.io per pod", func(r scaleResult) float64 { return r.apiWrites / float64(r.pods) }, num)
