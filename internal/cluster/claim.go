@@ -45,6 +45,9 @@ func (m *Manager) Allocate(ctx context.Context, req ledger.AllocateRequest) (led
 	ls, existed, err := m.l.Allocate(req)
 	var ce *ledger.BlockCapacityError
 	if !errors.As(err, &ce) {
+		if err == nil && !existed {
+			m.wantAhead(network)
+		}
 		return ls, existed, err
 	}
 	m.claimMu.Lock()
@@ -53,6 +56,9 @@ func (m *Manager) Allocate(ctx context.Context, req ledger.AllocateRequest) (led
 		// another caller may have claimed a block while this one waited
 		ls, existed, err = m.l.Allocate(req)
 		if !errors.As(err, &ce) {
+			if err == nil && !existed {
+				m.wantAhead(network)
+			}
 			return ls, existed, err
 		}
 		if cerr := m.claim(ctx, ce.Network, ce.Set); cerr != nil {

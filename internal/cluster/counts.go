@@ -10,6 +10,7 @@ import (
 type Counts struct {
 	Owned       int    // blocks the node's ledger holds and may allocate from (active or suspended)
 	Claims      uint64 // blocks claimed by compare-and-swap
+	ClaimsAhead uint64 // of Claims, those claimed ahead of need, in the background (ahead.go)
 	HandBacks   uint64 // empty blocks given back after the grace
 	Reclaims    uint64 // dead nodes' blocks freed by this manager
 	Suspensions uint64 // times the node's blocks were suspended (lease not provable)
@@ -20,12 +21,12 @@ type Counts struct {
 }
 
 type counters struct {
-	claims, handBacks, reclaims, suspensions, blockLists atomic.Uint64
+	claims, claimsAhead, handBacks, reclaims, suspensions, blockLists atomic.Uint64
 }
 
 // Counts returns the manager's figures.
 func (m *Manager) Counts() Counts {
-	c := Counts{Claims: m.counts.claims.Load(), HandBacks: m.counts.handBacks.Load(),
+	c := Counts{Claims: m.counts.claims.Load(), ClaimsAhead: m.counts.claimsAhead.Load(), HandBacks: m.counts.handBacks.Load(),
 		Reclaims: m.counts.reclaims.Load(), Suspensions: m.counts.suspensions.Load(), BlockLists: m.counts.blockLists.Load()}
 	for _, b := range m.l.Blocks("") {
 		if b.State != ledger.BlockLost {

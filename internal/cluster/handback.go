@@ -16,21 +16,14 @@ import (
 // the ledger's reuse delay apart: whoever claims its addresses next (another node,
 // once its range is in the pool again) hands them out as never used, so the last
 // of them released must be at least the reuse delay old by then, whatever
-// happened to its range meanwhile.
+// happened to its range meanwhile. An empty block whose hand-back would leave its
+// set's other blocks below a quarter of a block free is kept: the node would claim
+// it again ahead of need (ahead.go).
 func (m *Manager) handBack(ctx context.Context) error {
 	now := m.mono()
 	reuse := m.l.ReuseDelay()
-	type setKey struct {
-		network string
-		set     int
-	}
-	active := map[setKey]int{}
 	blocks := m.l.Blocks("")
-	for _, b := range blocks {
-		if b.State == ledger.BlockActive {
-			active[setKey{b.Network, b.Set}]++
-		}
-	}
+	room := roomOf(blocks)
 	var errs []error
 	for _, b := range blocks {
 		key := BlockKey(b.Network, b.Prefix)
@@ -67,14 +60,18 @@ func (m *Manager) handBack(ctx context.Context) error {
 		}
 		own, ok := m.owned[key]
 		m.mu.Unlock()
-		if now-o.since < m.opts.Grace || active[setKey{b.Network, b.Set}] <= 1 || !ok {
+		k := setKey{b.Network, b.Set}
+		r := room[k]
+		r.active--
+		r.free -= min(r.free, b.Usable)
+		if now-o.since < m.opts.Grace || r.active < 1 || r.low() || !ok {
 			continue
 		}
 		if err := m.giveBack(ctx, key, b, own); err != nil {
 			errs = append(errs, err)
 			continue
 		}
-		active[setKey{b.Network, b.Set}]--
+		room[k] = r
 	}
 	return errors.Join(errs...)
 }

@@ -195,6 +195,13 @@ type Manager struct {
 	poolsFollowed chan struct{}
 	// refused: by pool, why its record is not served as it stands (livepool.go)
 	refused map[string]string
+
+	// ahead receives a value (coalesced) when aheadWanted (guarded by mu) names a
+	// network to claim ahead for; aheadRetry (guarded by claimMu): monotonic time
+	// before which a set whose claim ahead failed is not tried again (ahead.go)
+	ahead       chan struct{}
+	aheadWanted map[string]bool
+	aheadRetry  map[setKey]time.Duration
 }
 
 // fencing is the state the allocation guard decides on; Manager.mu guards it. It
@@ -278,7 +285,8 @@ func New(ds datastore.Store, l *ledger.Ledger, opts Options) (*Manager, error) {
 	m := &Manager{ds: ds, l: l, opts: opts, log: log.With("node", opts.Node),
 		nets: map[string]PoolRecord{}, pools: map[string]IPPool{}, owned: map[string]ownedBlock{}, empty: map[string]emptyObs{},
 		obs: map[string]*leaseObs{}, gone: map[string]bool{}, fencing: fencing{lapsed: true},
-		caches: map[string]*blockCache{}, changed: make(chan struct{}, 1), reverify: make(chan struct{}, 1), poolsFollowed: make(chan struct{}, 1), refused: map[string]string{}}
+		caches: map[string]*blockCache{}, changed: make(chan struct{}, 1), reverify: make(chan struct{}, 1), poolsFollowed: make(chan struct{}, 1), refused: map[string]string{},
+		ahead: make(chan struct{}, 1), aheadWanted: map[string]bool{}, aheadRetry: map[setKey]time.Duration{}}
 	l.SetAllocationGuard(m.guard)
 	return m, nil
 }
@@ -337,6 +345,7 @@ func (m *Manager) Start(ctx context.Context) error {
 		m.cancel = cancel
 		m.loops.Go(func() { m.renewLoop(lctx) })
 		m.loops.Go(func() { m.sweepLoop(lctx) })
+		m.loops.Go(func() { m.aheadLoop(lctx) })
 	}
 	return err
 }

@@ -1,0 +1,143 @@
+package cluster_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ipledger/ipledger/internal/store/memstore"
+)
+
+// Claiming ahead: once the node's blocks of a range set have fewer than a quarter
+// of a block free, ClaimAhead claims the set's next block, so the ADDs that follow
+// do not wait for a claim; not before, not twice, not the pool's last claimable
+// block, and not while the lease is not provable. Hand-back keeps the block it
+// claimed while taking it away would leave the set low again.
+func TestClaimAhead(t *testing.T) { forBackends(t, testClaimAhead) }
+
+func testClaimAhead(t *testing.T, newC func(*testing.T) *cl) {
+	ctx := context.Background()
+	claimAhead := func(t *testing.T, a *agent, want int) {
+		t.Helper()
+		n, err := a.m.ClaimAhead(ctx)
+		if err != nil || n != want {
+			t.Fatalf("%s: ClaimAhead = %d, %v; want %d claimed (blocks %+v)", a.name, n, err, want, a.l.Blocks("net"))
+		}
+	}
+	blocks := func(t *testing.T, a *agent, want int) {
+		t.Helper()
+		if bs := a.l.Blocks("net"); len(bs) != want {
+			t.Fatalf("%s holds %d blocks, want %d: %+v", a.name, len(bs), want, bs)
+		}
+	}
+
+	t.Run("low water", func(t *testing.T) {
+		c := newC(t)
+		a := c.agent("node-a", ranges(t, v4), []int{26}) // four /26 blocks
+		// the first block has 62 usable addresses: low below 62/4 = 15 free
+		for i := 0; i < 47; i++ {
+			a.mustAlloc(t, fmt.Sprint("p", i))
+		}
+		claimAhead(t, a, 0) // 15 free: not low, nothing asked for
+		blocks(t, a, 1)
+		a.mustAlloc(t, "p47") // 14 free
+		claimAhead(t, a, 1)
+		blocks(t, a, 2)
+		if got := a.m.Counts(); got.Claims != 2 || got.ClaimsAhead != 1 {
+			t.Fatalf("counts %+v, want 2 claims, 1 of them ahead", got)
+		}
+		a.mustAlloc(t, "p48")
+		claimAhead(t, a, 0) // 13 + 64 free: not low
+		blocks(t, a, 2)
+		// the next 13 + 64 addresses need no claim of their own
+		writes := a.ds.writes.Load()
+		for i := 49; i < 49+13+64-15; i++ {
+			a.mustAlloc(t, fmt.Sprint("p", i))
+		}
+		if w := a.ds.writes.Load(); w != writes {
+			t.Fatalf("%d datastore writes while the blocks had room", w-writes)
+		}
+		claimAhead(t, a, 1) // 15 free of a 64-address block: low again
+		blocks(t, a, 3)
+	})
+
+	t.Run("hand-back keeps the headroom", func(t *testing.T) {
+		c := newC(t)
+		a := c.agent("node-a", ranges(t, v4), []int{26})
+		for i := 0; i < 50; i++ {
+			a.mustAlloc(t, fmt.Sprint("p", i))
+		}
+		claimAhead(t, a, 1)
+		sweepFor := func(d time.Duration) {
+			t.Helper()
+			for end := c.clk.Now().Add(d); c.clk.Now().Before(end); c.clk.Advance(5 * time.Second) {
+				if err := a.m.Renew(ctx); err != nil {
+					t.Fatal(err)
+				}
+				if err := a.m.Sweep(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		sweepFor(3 * time.Minute) // three graces: the empty second block stays (12 free without it)
+		blocks(t, a, 2)
+		for i := 0; i < 30; i++ {
+			a.release(t, fmt.Sprint("p", i))
+		}
+		sweepFor(3 * time.Minute) // 42 free without it: given back
+		blocks(t, a, 1)
+		if got := a.m.Counts(); got.HandBacks != 1 {
+			t.Fatalf("counts %+v, want one hand-back", got)
+		}
+	})
+
+	t.Run("never the last spare block", func(t *testing.T) {
+		c := newC(t)
+		r := ranges(t, `[[{"subnet":"10.30.0.0/25"}]]`) // two /26 blocks
+		a := c.agent("node-a", r, []int{26})
+		for i := 0; i < 55; i++ {
+			a.mustAlloc(t, fmt.Sprint("p", i))
+		}
+		claimAhead(t, a, 0) // low, but the other block is the pool's last
+		blocks(t, a, 1)
+		for i := 55; i < 63; i++ { // the 63rd ADD claims it when it is needed
+			a.mustAlloc(t, fmt.Sprint("p", i))
+		}
+		blocks(t, a, 2)
+	})
+
+	t.Run("not while fenced", func(t *testing.T) {
+		c := newC(t)
+		a := c.agent("node-a", ranges(t, v4), []int{26})
+		for i := 0; i < 50; i++ {
+			a.mustAlloc(t, fmt.Sprint("p", i))
+		}
+		a.ds.cut.Store(true)
+		c.clk.Advance(ttl)
+		claimAhead(t, a, 0)
+		a.ds.cut.Store(false)
+		if err := a.m.Renew(ctx); err != nil {
+			t.Fatal(err)
+		}
+		a.mustAlloc(t, "p50") // asks again once provable
+		claimAhead(t, a, 1)
+		blocks(t, a, 2)
+	})
+
+	t.Run("in the background", func(t *testing.T) {
+		c := newC(t)
+		o := c.opts("node-a")
+		o.Manual = false
+		a := c.agentOn("node-a", memstore.New(), o, ranges(t, v4), []int{26})
+		t.Cleanup(func() { a.m.Stop(ctx) })
+		for i := 0; i < 48; i++ {
+			a.mustAlloc(t, fmt.Sprint("p", i))
+		}
+		deadline := time.Now().Add(20 * time.Second)
+		for a.m.Counts().ClaimsAhead == 0 && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond)
+		}
+		blocks(t, a, 2)
+	})
+}
