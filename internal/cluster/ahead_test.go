@@ -3,6 +3,7 @@ package cluster_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -140,4 +141,40 @@ func testClaimAhead(t *testing.T, newC func(*testing.T) *cl) {
 		}
 		blocks(t, a, 2)
 	})
+}
+
+// A node's first burst of ADDs to a network not set up yet sends one read of the
+// pool record, one LIST of its blocks (the set-up) and one more (the first claim's,
+// which starts the watched copy), however many ADDs arrive at once.
+func TestFirstBurstSetsUpOnce(t *testing.T) { forBackends(t, testFirstBurstSetsUpOnce) }
+
+func testFirstBurstSetsUpOnce(t *testing.T, newC func(*testing.T) *cl) {
+	c := newC(t)
+	a := c.agent("node-a", nil, nil)
+	a.ds.slowGets.Store(int64(20 * time.Millisecond)) // the ADDs overlap
+	r := ranges(t, v4)
+	var wg sync.WaitGroup
+	errs := make(chan error, 16)
+	for i := range 16 {
+		wg.Go(func() {
+			if err := a.m.EnsureNetwork(context.Background(), "net", r, []int{26}); err != nil {
+				errs <- err
+				return
+			}
+			if _, err := a.alloc(t, fmt.Sprint("p", i)); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if n := a.ds.lists.Load(); n != 2 {
+		t.Fatalf("%d LISTs of blocks for 16 ADDs at once, want 2 (the set-up's and the first claim's)", n)
+	}
+	if n := a.ds.gets.Load(); n != 1 {
+		t.Fatalf("%d reads of the pool record for 16 ADDs at once, want 1", n)
+	}
 }

@@ -33,6 +33,10 @@ type netDS struct {
 	lag    sync.Mutex   // held: watch events wait (see Watch)
 	writes atomic.Int64 // Create, Update, Delete, Acquire, Renew, Release sent
 	lists  atomic.Int64 // List calls sent (not the leases' List)
+	gets   atomic.Int64 // Get calls sent
+	// slowGets: each Get waits this long first (a loaded datastore), so that
+	// callers that could overlap do
+	slowGets atomic.Int64
 	// failLists: List (not the leases' List) fails with ErrUnavailable
 	failLists atomic.Bool
 	// reclaims counts successful Updates that set a block's owner to "" (give-backs
@@ -53,6 +57,8 @@ func (d *netDS) Get(ctx context.Context, key string) (datastore.KV, error) {
 	if err := d.down("get"); err != nil {
 		return datastore.KV{}, err
 	}
+	d.gets.Add(1)
+	time.Sleep(time.Duration(d.slowGets.Load()))
 	return d.Store.Get(ctx, key)
 }
 func (d *netDS) Create(ctx context.Context, key string, value []byte) (int64, error) {

@@ -146,6 +146,8 @@ type Manager struct {
 	log  *slog.Logger
 
 	claimMu sync.Mutex // one claim at a time (concurrent ADDs must not each claim)
+	// setupMu: one EnsureNetwork set-up or follow-up at a time (taken before claimMu)
+	setupMu sync.Mutex
 	// stickyMu: a sticky allocation's borrow and its lease, or the orphan sweep
 	stickyMu sync.Mutex
 	// renewMu: one lease renewal at a time (a renewal never waits for stepMu)

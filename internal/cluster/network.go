@@ -61,6 +61,17 @@ func (m *Manager) EnsureNetwork(ctx context.Context, network string, ranges []po
 	if ok && have.covers(conf) {
 		return nil
 	}
+	// One set-up at a time: the burst of ADDs that reaches a network not set up
+	// yet (a node's first pods) waits for the first one's datastore calls instead
+	// of each sending its own read of the pool and LIST of its blocks.
+	m.setupMu.Lock()
+	defer m.setupMu.Unlock()
+	m.mu.Lock()
+	have, ok = m.nets[network]
+	m.mu.Unlock()
+	if ok && have.covers(conf) {
+		return nil
+	}
 	if err := pool.Validate(ranges); err != nil {
 		return err
 	}
