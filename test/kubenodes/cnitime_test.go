@@ -31,15 +31,41 @@ type cniHist struct {
 	count, sum  float64
 }
 
-// cniHists scrapes every node's containerd for the ADD and DEL histograms.
-// containerd serves an operation's histogram only once it has timed one, so
-// a missing one is empty here; the burst checks the counts it expects.
-func (cl *cluster) cniHists() (add, del cniHist) {
+// cniScrape is one scrape of every node's containerd: its ADD and DEL
+// histograms, and the DELs it counted as failed
+// (network_plugin_operations_errors_total, tear_down_pod). containerd serves
+// an operation's histogram only once it has timed one, so a missing one is
+// empty here; the burst checks the counts it expects.
+type cniScrape struct {
+	add, del  cniHist
+	delErrors float64
+}
+
+// containerdScrape scrapes every node's containerd once.
+func (cl *cluster) containerdScrape() cniScrape {
 	cl.T.Helper()
+	var fams []map[string]*dto.MetricFamily
 	h := cl.hists(func(nd *kubeenv.Node) (map[string]*dto.MetricFamily, error) {
-		return nd.ContainerdMetrics(context.Background())
+		f, err := nd.ContainerdMetrics(context.Background())
+		fams = append(fams, f)
+		return f, err
 	}, cniOpMetric, "operation_type")
-	return h["set_up_pod"], h["tear_down_pod"]
+	s := cniScrape{add: h["set_up_pod"], del: h["tear_down_pod"]}
+	for _, f := range fams {
+		for name, fam := range f {
+			if !strings.Contains(name, "network_plugin_operations_errors") {
+				continue
+			}
+			for _, m := range fam.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "operation_type" && l.GetValue() == "tear_down_pod" {
+						s.delErrors += m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+	}
+	return s
 }
 
 // agentMetricsURL is where the manifests' agents serve /metrics
@@ -58,33 +84,6 @@ func (cl *cluster) agentHists() (add, del cniHist) {
 		return nd.Metrics(context.Background(), agentMetricsURL)
 	}, agentOpMetric, "verb")
 	return h["add"], h["del"]
-}
-
-// cniDelErrors is the CNI DELs every node's containerd counted as failed
-// (network_plugin_operations_errors_total, tear_down_pod), summed.
-func (cl *cluster) cniDelErrors() float64 {
-	t := cl.T
-	t.Helper()
-	var sum float64
-	for _, nd := range cl.Nodes {
-		fams, err := nd.ContainerdMetrics(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		for name, f := range fams {
-			if !strings.Contains(name, "network_plugin_operations_errors") {
-				continue
-			}
-			for _, m := range f.GetMetric() {
-				for _, l := range m.GetLabel() {
-					if l.GetName() == "operation_type" && l.GetValue() == "tear_down_pod" {
-						sum += m.GetCounter().GetValue()
-					}
-				}
-			}
-		}
-	}
-	return sum
 }
 
 // hists scrapes every node and sums the histograms of the family whose name

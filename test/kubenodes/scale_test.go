@@ -302,7 +302,7 @@ func (cl *cluster) burst(cs *kubernetes.Clientset, name, agent, ns string, deplo
 		profDone.Go(func() { prof(pctx) })
 	}
 	veths0 := cl.hostVeths()
-	add0, _ := cl.cniHists()
+	cni0 := cl.containerdScrape()
 	ours := name != "flannel"
 	var aadd0 cniHist
 	if ours {
@@ -374,14 +374,13 @@ func (cl *cluster) burst(cs *kubernetes.Clientset, name, agent, ns string, deplo
 		r.etcdRevs = -1
 	}
 	r.rss, r.hwm = rssOf(t, pids), memOf(t, pids, "VmHWM:")
-	add1, del1 := cl.cniHists()
-	r.cniAdd = add1.minus(t, add0)
+	cni1 := cl.containerdScrape()
+	r.cniAdd = cni1.add.minus(t, cni0.add)
 	var aadd1, adel1 cniHist
 	if ours {
 		aadd1, adel1 = cl.agentHists()
 		r.agentAdd = aadd1.minus(t, aadd0)
 	}
-	errs1 := cl.cniDelErrors()
 	wait1 := runWait(t, pids)
 	if r.cniAdd.count < float64(r.pods) {
 		t.Fatalf("%s: containerd timed %.0f CNI ADDs (%s, set_up_pod) during a burst of %d pods", name, r.cniAdd.count, cniOpMetric, r.pods)
@@ -396,9 +395,9 @@ func (cl *cluster) burst(cs *kubernetes.Clientset, name, agent, ns string, deplo
 	deleteNamespace(t, cs, ns)
 	cl.waitSandboxesGone(ns)
 	r.teardown = time.Since(t1)
-	_, del2 := cl.cniHists()
-	r.cniDel = del2.minus(t, del1)
-	r.delErrors = cl.cniDelErrors() - errs1
+	cni2 := cl.containerdScrape()
+	r.cniDel = cni2.del.minus(t, cni1.del)
+	r.delErrors = cni2.delErrors - cni1.delErrors
 	r.agentWaitDown = runWait(t, pids) - wait1
 	if ours {
 		_, adel2 := cl.agentHists()
@@ -775,14 +774,19 @@ func scaleTable(rs []scaleResult) string {
 	dur := func(f func(scaleResult) time.Duration) func(scaleResult) float64 {
 		return func(r scaleResult) float64 { return f(r).Seconds() }
 	}
-	// an agent timer's mean, -1 (shown as –) where the agent answers none
-	agentMean := func(f func(scaleResult) cniHist) func(scaleResult) float64 {
+	// a figure of an agent timer (its mean or a quantile), -1 (shown as –)
+	// where the agent answers none
+	agentStat := func(f func(scaleResult) cniHist, stat func(cniHist) time.Duration) func(scaleResult) float64 {
 		return func(r scaleResult) float64 {
 			if h := f(r); h.count > 0 {
-				return h.mean().Seconds()
+				return stat(h).Seconds()
 			}
 			return -1
 		}
+	}
+	agentMean := func(f func(scaleResult) cniHist) func(scaleResult) float64 { return agentStat(f, cniHist.mean) }
+	agentQuantile := func(f func(scaleResult) cniHist, q float64) func(scaleResult) float64 {
+		return agentStat(f, func(h cniHist) time.Duration { return h.quantile(q) })
 	}
 	secsOrNone := func(v float64) string {
 		if v < 0 {
@@ -805,6 +809,8 @@ func scaleTable(rs []scaleResult) string {
 	row("pod network setup p99 (interpolated in the timer's buckets)", dur(func(r scaleResult) time.Duration { return r.cniAdd.quantile(.99) }), secs)
 	row("CNI ADDs per pod (above 1: sandboxes set up again)", func(r scaleResult) float64 { return r.cniAdd.count / float64(r.pods) }, num)
 	row("agent's answer to an ADD, mean (its own timer; flanneld answers none)", agentMean(func(r scaleResult) cniHist { return r.agentAdd }), secsOrNone)
+	row("agent's answer to an ADD, p50 (interpolated in its buckets, 0.5 ms to 10 s)", agentQuantile(func(r scaleResult) cniHist { return r.agentAdd }, .5), secsOrNone)
+	row("agent's answer to an ADD, p99", agentQuantile(func(r scaleResult) cniHist { return r.agentAdd }, .99), secsOrNone)
 	row("agent's run-queue wait per pod during the burst (schedstat; flanneld runs outside the pods' cgroups, ipledgerd is a pod of 20m CPU request)", dur(func(r scaleResult) time.Duration { return r.agentWait / time.Duration(r.pods) }), secs)
 	row("agent CPU per pod (flanneld or ipledgerd, all nodes, during the burst)", dur(func(r scaleResult) time.Duration { return r.agentCPU / time.Duration(r.pods) }), secs)
 	row("CNI exec CPU per pod (containerd's reaped children, all nodes)", dur(func(r scaleResult) time.Duration { return r.execCPU / time.Duration(r.pods) }), secs)
