@@ -26,6 +26,13 @@ func testClaimAhead(t *testing.T, newC func(*testing.T) *cl) {
 			t.Fatalf("%s: ClaimAhead = %d, %v; want %d claimed (blocks %+v)", a.name, n, err, want, a.l.Blocks("net"))
 		}
 	}
+	// fill allocates pods p<from> to p<to-1>
+	fill := func(t *testing.T, a *agent, from, to int) {
+		t.Helper()
+		for i := from; i < to; i++ {
+			a.mustAlloc(t, fmt.Sprint("p", i))
+		}
+	}
 	blocks := func(t *testing.T, a *agent, want int) {
 		t.Helper()
 		if bs := a.l.Blocks("net"); len(bs) != want {
@@ -37,9 +44,7 @@ func testClaimAhead(t *testing.T, newC func(*testing.T) *cl) {
 		c := newC(t)
 		a := c.agent("node-a", ranges(t, v4), []int{26}) // four /26 blocks
 		// the first block has 62 usable addresses: low below 62/4 = 15 free
-		for i := 0; i < 47; i++ {
-			a.mustAlloc(t, fmt.Sprint("p", i))
-		}
+		fill(t, a, 0, 47)
 		claimAhead(t, a, 0) // 15 free: not low, nothing asked for
 		blocks(t, a, 1)
 		a.mustAlloc(t, "p47") // 14 free
@@ -53,9 +58,7 @@ func testClaimAhead(t *testing.T, newC func(*testing.T) *cl) {
 		blocks(t, a, 2)
 		// the next 13 + 64 addresses need no claim of their own
 		writes := a.ds.writes.Load()
-		for i := 49; i < 49+13+64-15; i++ {
-			a.mustAlloc(t, fmt.Sprint("p", i))
-		}
+		fill(t, a, 49, 49+13+64-15)
 		if w := a.ds.writes.Load(); w != writes {
 			t.Fatalf("%d datastore writes while the blocks had room", w-writes)
 		}
@@ -66,9 +69,7 @@ func testClaimAhead(t *testing.T, newC func(*testing.T) *cl) {
 	t.Run("hand-back keeps the headroom", func(t *testing.T) {
 		c := newC(t)
 		a := c.agent("node-a", ranges(t, v4), []int{26})
-		for i := 0; i < 50; i++ {
-			a.mustAlloc(t, fmt.Sprint("p", i))
-		}
+		fill(t, a, 0, 50)
 		claimAhead(t, a, 1)
 		sweepFor := func(d time.Duration) {
 			t.Helper()
@@ -97,23 +98,17 @@ func testClaimAhead(t *testing.T, newC func(*testing.T) *cl) {
 		c := newC(t)
 		r := ranges(t, `[[{"subnet":"10.30.0.0/25"}]]`) // two /26 blocks
 		a := c.agent("node-a", r, []int{26})
-		for i := 0; i < 55; i++ {
-			a.mustAlloc(t, fmt.Sprint("p", i))
-		}
+		fill(t, a, 0, 55)
 		claimAhead(t, a, 0) // low, but the other block is the pool's last
 		blocks(t, a, 1)
-		for i := 55; i < 63; i++ { // the 63rd ADD claims it when it is needed
-			a.mustAlloc(t, fmt.Sprint("p", i))
-		}
+		fill(t, a, 55, 63) // the 63rd ADD claims it when it is needed
 		blocks(t, a, 2)
 	})
 
 	t.Run("not while fenced", func(t *testing.T) {
 		c := newC(t)
 		a := c.agent("node-a", ranges(t, v4), []int{26})
-		for i := 0; i < 50; i++ {
-			a.mustAlloc(t, fmt.Sprint("p", i))
-		}
+		fill(t, a, 0, 50)
 		a.ds.cut.Store(true)
 		c.clk.Advance(ttl)
 		claimAhead(t, a, 0)
@@ -132,9 +127,7 @@ func testClaimAhead(t *testing.T, newC func(*testing.T) *cl) {
 		o.Manual = false
 		a := c.agentOn("node-a", memstore.New(), o, ranges(t, v4), []int{26})
 		t.Cleanup(func() { a.m.Stop(ctx) })
-		for i := 0; i < 48; i++ {
-			a.mustAlloc(t, fmt.Sprint("p", i))
-		}
+		fill(t, a, 0, 48)
 		deadline := time.Now().Add(20 * time.Second)
 		for a.m.Counts().ClaimsAhead == 0 && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Millisecond)
