@@ -56,7 +56,7 @@ func testClaimAhead(t *testing.T, newC func(*testing.T) *cl) {
 		a.mustAlloc(t, "p48")
 		claimAhead(t, a, 0) // 13 + 64 free: not low
 		blocks(t, a, 2)
-		// the next 13 + 64 addresses need no claim of their own
+		// the next 62 ADDs (down to 15 free) need no claim of their own
 		writes := a.ds.writes.Load()
 		fill(t, a, 49, 49+13+64-15)
 		if w := a.ds.writes.Load(); w != writes {

@@ -24,7 +24,9 @@ func MachineCPU(tb testing.TB) CPUTimes {
 		tb.Fatalf("/proc/stat begins %q", line)
 	}
 	var c CPUTimes
-	for k, v := range f[1:] {
+	// user, nice, system, idle, iowait, irq, softirq, steal; guest and
+	// guest_nice are already counted in user and nice
+	for k, v := range f[1:min(len(f), 9)] {
 		n, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
 			tb.Fatalf("/proc/stat: %q: %v", line, err)
