@@ -147,10 +147,16 @@ for name in kubelet other; do
 		status=1
 		echo "== $name lane: FAIL (exit $rc; log: $logdir/lane-$name.log)"
 		grep -E '^(FAIL|panic:)' "$logdir/lane-$name.log" | grep -vx FAIL | sed 's/^/   /'
-		# The failed tests and the first lines each logged, so that a CI that keeps
-		# only the end of the output still says what failed and why.
-		awk '/^ *--- FAIL: /{n=3; print; next} n>0 && /^ +[^ -]/{print; n--; next} {n=0}' \
-			"$logdir/lane-$name.log" | head -24 | cut -c1-240 | sed 's/^/   /'
+		# The failed tests and the last lines each logged from a _test.go file
+		# (where t.Fatal and t.Error print; a product's log lines come first and
+		# say little), so that a CI that keeps only the end of the output still
+		# says what failed and why.
+		awk 'function flush() { for (i = 1; i <= k; i++) print keep[i]; k = 0; n = 0 }
+			/^ *--- FAIL: /{flush(); print; n = 1; next}
+			n && /^ +[^ -]/{ if ($1 ~ /_test\.go:[0-9]+:$/) { if (k == 4) { for (i = 1; i < 4; i++) keep[i] = keep[i+1]; k = 3 } keep[++k] = $0 } next }
+			n {flush()}
+			END {flush()}' \
+			"$logdir/lane-$name.log" | head -30 | cut -c1-300 | sed 's/^/   /'
 	fi
 done
 exit $status

@@ -237,9 +237,11 @@ func TestDoctorDrainingAndRefused(t *testing.T) {
 		}
 	}
 	edit(`{"network":"pods","ranges":[[{"subnet":"10.60.1.0/27"}]],"blockBits":[29],"drained":[{"subnet":"10.60.0.0/27","rangeStart":"10.60.0.1","rangeEnd":"10.60.0.30","gateway":"10.60.0.1"}]}`)
+	// the ledger marks the block draining before the manager takes the new
+	// record; the doctor reads both, so wait for both
 	wait("drain", func() bool {
 		bs := a.l.Blocks("pods")
-		return len(bs) == 1 && bs[0].State == ledger.BlockDraining
+		return len(bs) == 1 && bs[0].State == ledger.BlockDraining && len(a.m.DrainedRanges("pods")) == 1
 	})
 	checks := clusterDoctor(t, a)
 	want(t, checks, "pool pods: 1 blocks draining", api.CheckWarn, "held by 1 leases", "pod default/web-0 (pods, 10.60.0.2 in draining block 10.60.0.0/29)", "fix:")

@@ -66,30 +66,30 @@ func TestStatusDegraded(t *testing.T) {
 			break // the second block is claimed: fill it too, below
 		}
 	}
+	// Fill the node's blocks with etcd gone: the agent claims a block ahead of
+	// need in the background, so with etcd up they may never fill. ADDs are
+	// local until the node's blocks are full; the first one that needs a block
+	// answers "unavailable". It took the claim lock, so any claim started
+	// before etcd went has ended, and none can start after: the blocks stay full.
+	ec.Kill(0)
 	for i := len(cids); ; i++ {
-		v, err := n.Call(api.Request{Op: api.OpBlocks})
-		if err != nil {
-			t.Fatal(err)
-		}
-		free := 0
-		for _, b := range v.Cluster.Blocks {
-			if b.State == api.BlockOwned {
-				free += *b.Free
-			}
-		}
-		if free == 0 {
-			break // no free address left in the node's blocks
-		}
 		cid := fmt.Sprint("c", i)
-		if _, err := call(n, api.Request{Op: api.OpAdd, Network: network, ContainerID: cid, IfName: "eth0", Ranges: ranges(t), BlockSize: 30}); err != nil {
-			t.Fatal(err)
+		_, err := n.Call(api.Request{Op: api.OpAdd, Network: network, ContainerID: cid, IfName: "eth0", Ranges: ranges(t), BlockSize: 30})
+		var ae *api.Error
+		if errors.As(err, &ae) && ae.Code == api.CodeUnavailable {
+			if !strings.Contains(err.Error(), "no free address in the node's") {
+				t.Fatalf("ADD %s with etcd gone: %v, want unavailable because the node's blocks are full", cid, err)
+			}
+			break // the node's blocks are full
+		}
+		if err != nil {
+			t.Fatalf("ADD %s with etcd gone: %v", cid, err)
 		}
 		cids = append(cids, cid)
 		if i > 20 {
 			t.Fatal("the node's blocks never filled")
 		}
 	}
-	ec.Kill(0)
 	msg := waitStatus(t, p, n, 50)
 	if !strings.Contains(msg, "degraded") {
 		t.Errorf("STATUS 50 without saying degraded: %s", msg)
