@@ -148,6 +148,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRangeSets$$' -fuzztime $(FUZZTIME) ./internal/pool
 	$(GO) test -run '^$$' -fuzz '^FuzzParseConfig$$' -fuzztime $(FUZZTIME) ./internal/ipam
 	$(GO) test -run '^$$' -fuzz '^FuzzPodArgs$$' -fuzztime $(FUZZTIME) ./internal/ipam
+	$(GO) test -run '^$$' -fuzz '^FuzzFromConflist$$' -fuzztime $(FUZZTIME) ./internal/ipam
 	$(GO) test -run '^$$' -fuzz '^FuzzConfigVersion$$' -fuzztime $(FUZZTIME) ./internal/cniplugin
 	$(GO) test -run '^$$' -fuzz '^FuzzVersionsMatchLibrary$$' -fuzztime $(FUZZTIME) ./internal/cniplugin
 	$(GO) test -run '^$$' -fuzz '^FuzzValidatorsMatchLibrary$$' -fuzztime $(FUZZTIME) ./internal/cniplugin

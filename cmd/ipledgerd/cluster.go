@@ -2,16 +2,22 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"net/netip"
+	"os"
 	"time"
 
 	"github.com/vishvananda/netlink"
 
 	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/clusterconf"
+	"github.com/ipledger/ipledger/internal/datastore"
+	"github.com/ipledger/ipledger/internal/ipam"
 	"github.com/ipledger/ipledger/internal/ledger"
 	"github.com/ipledger/ipledger/internal/netconf"
+	"github.com/ipledger/ipledger/internal/pool"
 )
 
 // nodeIPs are the addresses the node publishes with its lease: --node-ip, else the
@@ -72,4 +78,63 @@ func startCluster(ctx context.Context, c *clusterconf.Config, addrs []netip.Addr
 		ds.Close()
 	}
 	return m, rs, stop, nil
+}
+
+// preparedNetwork is the network --conflist names, as its ADDs would give it.
+type preparedNetwork struct {
+	network string
+	ranges  []pool.RangeSet
+	bits    []int
+}
+
+// readConflist reads --conflist and checks it as an ADD's config is checked, in
+// cluster mode; errors name the flag, the field and the fix.
+func readConflist(path string) (*preparedNetwork, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--conflist: %w; give the conflist the node's pods use (the file install-cni installs), or leave the flag out", err)
+	}
+	conf, err := ipam.FromConflist(b)
+	if err != nil {
+		return nil, fmt.Errorf("--conflist %s: %w", path, err)
+	}
+	ranges := conf.IPAM.RangeSets()
+	if pool.HasPodCIDR(ranges) {
+		return nil, fmt.Errorf("--conflist %s: ipam.ranges: usePodCidr is for node mode; in cluster mode the ranges are the cluster's pools, split into blocks: give them as CIDRs", path)
+	}
+	bits, err := cluster.BlockBits(ranges, conf.IPAM.BlockSize)
+	if err != nil {
+		return nil, fmt.Errorf("--conflist %s: %w", path, err)
+	}
+	return &preparedNetwork{network: conf.Name, ranges: ranges, bits: bits}, nil
+}
+
+// prepareNetwork sets the --conflist network up and claims the node's first
+// blocks (cluster.Manager.Prepare), trying again, 1 s to 30 s apart, while the
+// datastore does not answer or the lease is not provable. Any other error (the
+// pool record disagrees with the conflist) is logged and left to the ADDs, which
+// answer it to the runtime.
+func prepareNetwork(ctx context.Context, m *cluster.Manager, p preparedNetwork, log *slog.Logger) {
+	pause := time.Second
+	for {
+		n, err := m.Prepare(ctx, p.network, p.ranges, p.bits)
+		if err == nil {
+			log.Info("network set up before its first ADD", "network", p.network, "blocks_claimed", n)
+			return
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if !errors.Is(err, cluster.ErrFenced) && !errors.Is(err, datastore.ErrUnavailable) && !errors.Is(err, context.DeadlineExceeded) {
+			log.Error("setting the --conflist network up at start; its first ADD tries again and answers the error", "network", p.network, "err", err)
+			return
+		}
+		log.Info("setting the --conflist network up at start: trying again", "network", p.network, "err", err, "retry", pause)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 30*time.Second)
+	}
 }

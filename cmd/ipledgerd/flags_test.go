@@ -213,3 +213,43 @@ func TestUninstallCNIFlags(t *testing.T) {
 		})
 	}
 }
+
+// TestConflistFlag: --conflist is read and checked at start as an ADD's config is
+// in cluster mode; each bad file is refused naming the flag, the field and the fix.
+func TestConflistFlag(t *testing.T) {
+	dir := t.TempDir()
+	file := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	conf := func(ranges string, blockSize int) string {
+		return fmt.Sprintf(`{"cniVersion":"1.0.0","name":"k8s-pod-network","plugins":[{"type":"ipledger-veth","ipam":{"type":"ipledger","blockSize":%d,"ranges":%s}},{"type":"portmap"}]}`, blockSize, ranges)
+	}
+	etcd := []string{"--datastore", "etcd", "--etcd-endpoints", "http://127.0.0.1:2379", "--node-name", "node-a"}
+	good := file("good.conflist", conf(`[[{"subnet":"10.244.0.0/16"}],[{"subnet":"fd00:10:244::/56"}]]`, 0))
+	o, err := parse(append(etcd, "--conflist", good), noEnv, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := o.prepare; p == nil || p.network != "k8s-pod-network" || len(p.ranges) != 2 || fmt.Sprint(p.bits) != "[26 122]" {
+		t.Fatalf("prepared %+v, want k8s-pod-network, two range sets, blocks /26 and /122", p)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--conflist", good}, "--conflist: only cluster mode (--datastore) claims blocks; remove the flag in node mode"},
+		{append(etcd, "--conflist", filepath.Join(dir, "none")), "--conflist: open " + filepath.Join(dir, "none") + ": no such file or directory; give the conflist the node's pods use"},
+		{append(etcd, "--conflist", file("bridge", `{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge","ipam":{"type":"host-local"}}]}`)), `no plugin with "ipam": {"type": "ipledger"}`},
+		{append(etcd, "--conflist", file("podcidr", conf(`[[{"subnet":"usePodCidr"}]]`, 0))), "ipam.ranges: usePodCidr is for node mode"},
+		{append(etcd, "--conflist", file("bits", conf(`[[{"subnet":"10.244.0.0/24"}]]`, 31))), "blockSize: /31 blocks for the IPv4 range set 10.244.0.0/24(10.244.0.1-10.244.0.254); use a prefix length from 16 to 30"},
+		{append(etcd, "--conflist", file("json", `{"name":`)), "not a network config list"},
+	} {
+		if _, err := parse(c.args, noEnv, io.Discard); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("parse %q: %v, want an error with %q", c.args, err, c.want)
+		}
+	}
+}

@@ -55,6 +55,8 @@ type options struct {
 	logLevel                                             string
 	cluster                                              clusterconf.Config
 	network                                              netconf.Config
+	conflist                                             string
+	prepare                                              *preparedNetwork // from --conflist
 }
 
 // parse reads the flags; getenv supplies the environment's defaults (NODE_NAME).
@@ -78,6 +80,7 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	fs.DurationVar(&o.stickyRetention, "sticky-retention", 0, "cluster mode: how long an address kept for a StatefulSet's pod stays kept while no pod uses it (0, the default: as long as the StatefulSet exists and the pod's ordinal is below its replicas)")
 	o.cluster.Register(fs, getenv)
 	o.network.Register(fs)
+	fs.StringVar(&o.conflist, "conflist", "", "cluster mode: the CNI network config list the node's pods use (the file install-cni installs); at start the agent sets up its ipledger network and claims the node's first block of each range set (never a pool's last unowned one), so that the node's first pods do not wait for that; empty, the default: the node's first ADD does it")
 	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -113,6 +116,16 @@ func parse(args []string, getenv func(string) string, stderr io.Writer) (*option
 	}
 	if o.takeoverTimeout < 0 {
 		return nil, errors.New("--takeover-timeout: must not be negative")
+	}
+	if o.conflist != "" {
+		if !o.cluster.Cluster() {
+			return nil, errors.New("--conflist: only cluster mode (--datastore) claims blocks; remove the flag in node mode")
+		}
+		p, err := readConflist(o.conflist)
+		if err != nil {
+			return nil, err
+		}
+		o.prepare = p
 	}
 	return &o, nil
 }
@@ -193,6 +206,12 @@ func serve(ctx context.Context, o *options, log *slog.Logger) error {
 		}
 		// after Serve has drained (defers run last-in first-out): the ledger closes after
 		defer stop()
+		if o.prepare != nil {
+			pctx, pcancel := context.WithCancel(ctx)
+			done := make(chan struct{})
+			go func() { defer close(done); prepareNetwork(pctx, m, *o.prepare, log) }()
+			defer func() { pcancel(); <-done }() // before stop
+		}
 		cfg.Cluster, cfg.Datastore, cfg.Reservations = m, o.cluster.Datastore, rs
 		if o.cluster.LeaseNodes() {
 			nc, err := startLeaseNetwork(ctx, o, m, log)

@@ -186,7 +186,7 @@ func (s *Stats) registerCluster(counts func() cluster.Counts) {
 			Help: "Address blocks this node claimed (compare-and-swap won)."},
 			func() float64 { return float64(counts().Claims) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ipledger_block_claims_ahead_total",
-			Help: "Of the claimed blocks, those claimed in the background once the node's blocks of a range set had less than a quarter of a block free (no ADD waited for them)."},
+			Help: "Of the claimed blocks, those claimed before an ADD needed them (no ADD waited for them): in the background once the node's blocks of a range set had less than a quarter of a block free, or at start for --conflist's network."},
 			func() float64 { return float64(counts().ClaimsAhead) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "ipledger_block_handbacks_total",
 			Help: "Empty address blocks this node handed back after the block grace."},

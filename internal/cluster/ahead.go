@@ -170,3 +170,51 @@ func (m *Manager) spareBlock(cfg PoolRecord, k setKey) bool {
 	}
 	return false
 }
+
+// Prepare sets network up as EnsureNetwork does and claims one block of each of
+// its range sets in which the node has no active block, so that the node's first
+// ADDs find room instead of waiting, all of them, for the first one's set-up and
+// claim. The agent calls it at start with the conflist the node's pods use. It
+// claims by the rule of claiming ahead: never the pool's last unowned block (a
+// node with none may need it; this node's first ADD then claims it as before).
+// With no live copy of the network's blocks it lists them and starts their watch,
+// as the first claim would. It returns the blocks claimed; an error wraps
+// ErrFenced while the lease is not provable (the caller tries again).
+func (m *Manager) Prepare(ctx context.Context, network string, ranges []pool.RangeSet, blockBits []int) (int, error) {
+	if err := m.EnsureNetwork(ctx, network, ranges, blockBits); err != nil {
+		return 0, err
+	}
+	if !m.Provable() {
+		return 0, fmt.Errorf("%w: node %s claims no block without a provable lease", ErrFenced, m.opts.Node)
+	}
+	m.claimMu.Lock()
+	defer m.claimMu.Unlock()
+	m.mu.Lock()
+	cfg := m.nets[network]
+	m.mu.Unlock()
+	// read after claimMu: an ADD may have claimed meanwhile
+	room := roomOf(m.l.Blocks(network))
+	claimed := 0
+	for set := range cfg.Ranges {
+		k := setKey{network, set}
+		if room[k].active > 0 {
+			continue
+		}
+		if _, live := m.cachedBlocks(network); !live {
+			if _, err := m.relist(ctx, network); err != nil {
+				return claimed, err
+			}
+		}
+		if !m.spareBlock(cfg, k) {
+			m.log.Info("not claiming the pool's last unowned block before it is needed", "network", network, "set", set)
+			continue
+		}
+		if err := m.claim(ctx, network, set); err != nil {
+			return claimed, fmt.Errorf("network %q range set %d: %w", network, set, err)
+		}
+		m.counts.claims.Add(1)
+		m.counts.claimsAhead.Add(1)
+		claimed++
+	}
+	return claimed, nil
+}

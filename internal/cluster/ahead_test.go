@@ -2,11 +2,13 @@ package cluster_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/store/memstore"
 )
 
@@ -170,4 +172,86 @@ func testFirstBurstSetsUpOnce(t *testing.T, newC func(*testing.T) *cl) {
 	if n := a.ds.gets.Load(); n != 1 {
 		t.Fatalf("%d reads of the pool record for 16 ADDs at once, want 1", n)
 	}
+}
+
+// Prepare, at the agent's start, sets the network up and claims the node's first
+// block of each range set, so that its first ADDs send nothing to the datastore;
+// never the pool's last unowned block, never a second block, nothing while the
+// lease is not provable, and a second Prepare sends nothing.
+func TestPrepare(t *testing.T) { forBackends(t, testPrepare) }
+
+func testPrepare(t *testing.T, newC func(*testing.T) *cl) {
+	ctx := context.Background()
+	prepare := func(t *testing.T, a *agent, r string, want int) {
+		t.Helper()
+		n, err := a.m.Prepare(ctx, "net", ranges(t, r), []int{26})
+		if err != nil || n != want {
+			t.Fatalf("%s: Prepare = %d, %v; want %d claimed (blocks %+v)", a.name, n, err, want, a.l.Blocks("net"))
+		}
+	}
+	sent := func(a *agent) int64 { return a.ds.writes.Load() + a.ds.lists.Load() + a.ds.gets.Load() }
+
+	t.Run("first block before the first ADD", func(t *testing.T) {
+		c := newC(t)
+		a := c.agent("node-a", nil, nil)
+		prepare(t, a, v4, 1) // four /26 blocks
+		if bs := a.l.Blocks("net"); len(bs) != 1 {
+			t.Fatalf("blocks after Prepare: %+v, want one", bs)
+		}
+		if got := a.m.Counts(); got.Claims != 1 || got.ClaimsAhead != 1 {
+			t.Fatalf("counts %+v, want one claim, made ahead", got)
+		}
+		before := sent(a)
+		prepare(t, a, v4, 0)
+		for i := range 40 {
+			if err := a.m.EnsureNetwork(ctx, "net", ranges(t, v4), []int{26}); err != nil {
+				t.Fatal(err)
+			}
+			a.mustAlloc(t, fmt.Sprint("p", i))
+		}
+		if d := sent(a) - before; d != 0 {
+			t.Fatalf("%d datastore calls for a second Prepare and the first 40 ADDs, want none", d)
+		}
+	})
+
+	t.Run("a node that holds a block claims none", func(t *testing.T) {
+		c := newC(t)
+		a := c.agent("node-a", ranges(t, v4), []int{26})
+		a.mustAlloc(t, "p0")
+		prepare(t, a, v4, 0)
+		if bs := a.l.Blocks("net"); len(bs) != 1 {
+			t.Fatalf("blocks: %+v, want the one the ADD claimed", bs)
+		}
+	})
+
+	t.Run("never the pool's last unowned block", func(t *testing.T) {
+		c := newC(t)
+		r := `[[{"subnet":"10.30.0.0/25"}]]` // two /26 blocks
+		a := c.agent("node-a", nil, nil)
+		b := c.agent("node-b", nil, nil)
+		prepare(t, a, r, 1)
+		prepare(t, b, r, 0) // one unowned block left: for whoever needs it
+		if bs := b.l.Blocks("net"); len(bs) != 0 {
+			t.Fatalf("node-b holds %+v, want nothing", bs)
+		}
+		b.mustAlloc(t, "q0") // its first ADD claims it
+		if bs := b.l.Blocks("net"); len(bs) != 1 {
+			t.Fatalf("node-b after its first ADD: %+v, want one block", bs)
+		}
+	})
+
+	t.Run("not while fenced", func(t *testing.T) {
+		c := newC(t)
+		a := c.agent("node-a", ranges(t, v4), []int{26})
+		a.ds.cut.Store(true)
+		c.clk.Advance(ttl)
+		if n, err := a.m.Prepare(ctx, "net", ranges(t, v4), []int{26}); !errors.Is(err, cluster.ErrFenced) || n != 0 {
+			t.Fatalf("Prepare without a provable lease = %d, %v; want 0 and ErrFenced", n, err)
+		}
+		a.ds.cut.Store(false)
+		if err := a.m.Renew(ctx); err != nil {
+			t.Fatal(err)
+		}
+		prepare(t, a, v4, 1)
+	})
 }

@@ -10,7 +10,7 @@ import (
 type Counts struct {
 	Owned       int    // blocks the node's ledger holds and may allocate from (active or suspended)
 	Claims      uint64 // blocks claimed by compare-and-swap
-	ClaimsAhead uint64 // of Claims, those claimed ahead of need, in the background (ahead.go)
+	ClaimsAhead uint64 // of Claims, those claimed ahead of need: in the background, or by Prepare (ahead.go)
 	HandBacks   uint64 // empty blocks given back after the grace
 	Reclaims    uint64 // dead nodes' blocks freed by this manager
 	Suspensions uint64 // times the node's blocks were suspended (lease not provable)

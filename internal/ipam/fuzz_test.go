@@ -126,3 +126,31 @@ func FuzzParseDelConfig(f *testing.F) {
 		}
 	})
 }
+
+// FuzzFromConflist: FromConflist never panics, and what it accepts is what
+// ParseConfig accepts for an ADD: a valid name and ranges.
+func FuzzFromConflist(f *testing.F) {
+	for _, s := range []string{
+		`{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"ipledger-veth","ipam":{"type":"ipledger","blockSize":26,"ranges":[[{"subnet":"10.244.0.0/16"}]]}},{"type":"portmap"}]}`,
+		`{"cniVersion":"1.0.0","name":"n","plugins":[{"type":"bridge","ipam":{"type":"ipledger","ranges":[[{"subnet":"usePodCidr"}]]}}]}`,
+		`{"name":"n","plugins":[{"ipam":{"type":"ipledger"}}]}`,
+		`{"plugins":[null]}`, `{"plugins":[{"ipam":null}]}`, `{`, `null`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		conf, err := FromConflist(data)
+		if err != nil {
+			if conf != nil || err.Error() == "" {
+				t.Fatalf("rejection %v with conf %v", err, conf)
+			}
+			return
+		}
+		if err := (api.Key{Network: conf.Name, ContainerID: "c", IfName: "eth0"}).Validate(); err != nil {
+			t.Fatalf("accepted network name %q: %v", conf.Name, err)
+		}
+		if err := pool.Validate(conf.IPAM.RangeSets()); err != nil && !pool.HasPodCIDR(conf.IPAM.RangeSets()) {
+			t.Fatalf("accepted ranges %s: %v", pool.SetsString(conf.IPAM.RangeSets()), err)
+		}
+	})
+}

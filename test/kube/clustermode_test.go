@@ -141,6 +141,36 @@ func clusterMode(t *testing.T, n *node) {
 		t.Fatalf("agent not in cluster mode on the API: %v\nagent log:\n%s", err, logs)
 	}
 	t.Logf("kubectl apply -k deploy/cluster: agent Ready in cluster mode in %v", time.Since(t0).Round(time.Millisecond))
+	// --conflist (deploy/cluster): the agent sets the network up and claims
+	// the node's first block before any pod asks
+	var setUp string
+	if err := kubeenv.WaitFor(time.Minute, 500*time.Millisecond, func() (bool, error) {
+		logs, err := c.Kubectl("logs", "-n", "ipledger", "daemonset/ipledgerd")
+		for _, l := range strings.Split(logs, "\n") {
+			if strings.Contains(l, `msg="network set up before its first ADD"`) {
+				setUp = l
+			}
+		}
+		return setUp != "", fmt.Errorf("the agent never said it set the network up before its first ADD (%v)", err)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(setUp, "network="+network+" ") || !strings.HasSuffix(strings.TrimSpace(setUp), "blocks_claimed=1") {
+		t.Fatalf("agent at start: %s; want network %s set up with one block claimed", setUp, network)
+	}
+	var before ipBlockList
+	if err := c.GetJSON(&before, "ipblocks"); err != nil {
+		t.Fatal(err)
+	}
+	ownedBefore := 0
+	for _, b := range before.Items {
+		if b.Spec.Owner == c.NodeName {
+			ownedBefore++
+		}
+	}
+	if ownedBefore != 1 {
+		t.Fatalf("%s owns %d IPBlocks before its first pod, want the one claimed at start: %+v", c.NodeName, ownedBefore, before.Items)
+	}
 
 	n.namespace(t, ns)
 	t1 := time.Now()

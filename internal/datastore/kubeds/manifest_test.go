@@ -15,6 +15,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
+	"github.com/ipledger/ipledger/internal/cluster"
 	"github.com/ipledger/ipledger/internal/datastore/kubeds"
 	"github.com/ipledger/ipledger/internal/ipam"
 	"github.com/ipledger/ipledger/internal/pool"
@@ -257,29 +258,11 @@ func TestDualStackOverlay(t *testing.T) {
 		t.Errorf("the dual-stack conflist differs from deploy/ipledger.yaml's in more than its ranges:\n%v\nwant\n%v", dual, single)
 	}
 
-	var list struct {
-		CNIVersion string            `json:"cniVersion"`
-		Name       string            `json:"name"`
-		Plugins    []json.RawMessage `json:"plugins"`
-	}
-	if err := json.Unmarshal([]byte(conflist), &list); err != nil {
-		t.Fatal(err)
-	}
-	// The runtime gives each plugin of the list its name and cniVersion.
-	var plugin map[string]any
-	if err := json.Unmarshal(list.Plugins[0], &plugin); err != nil {
-		t.Fatal(err)
-	}
-	plugin["name"], plugin["cniVersion"] = list.Name, list.CNIVersion
-	stdin, _ := json.Marshal(plugin)
-	conf, cerr := ipam.ParseConfig(stdin, true)
-	if cerr != nil {
-		t.Fatalf("the dual-stack conflist's ipam: %v", cerr)
-	}
-	sets, err := pool.ParseRangeSets(conf.IPAM.Ranges)
+	conf, err := ipam.FromConflist([]byte(conflist)) // as the runtime hands it to the plugin
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("the dual-stack conflist's ipam: %v", err)
 	}
+	sets := conf.IPAM.RangeSets()
 	v4, v6 := netip.MustParsePrefix("10.236.1.0/24"), netip.MustParsePrefix("fd00:236:0:1::/64")
 	got, err := pool.Resolve(sets, []netip.Prefix{v4, v6})
 	if err != nil {
@@ -290,6 +273,72 @@ func TestDualStackOverlay(t *testing.T) {
 	}
 	if _, err := pool.Resolve(sets, []netip.Prefix{v4}); !errors.Is(err, pool.ErrNoPodCIDR) || !strings.Contains(err.Error(), "usePodCidrIPv6") {
 		t.Fatalf("a Node with an IPv4 podCIDR only: %v, want %v naming usePodCidrIPv6", err, pool.ErrNoPodCIDR)
+	}
+}
+
+// TestClusterOverlayPreparesTheNetwork: kubectl kustomize deploy/cluster gives
+// the agent --conflist on the file install-cni installs, mounted from the same
+// ConfigMap, and that conflist passes the checks ipledgerd makes of it at start
+// in cluster mode (an ipledger ipam, ranges given as CIDRs, a block size that
+// fits them), so every agent sets its network up before its first ADD.
+func TestClusterOverlayPreparesTheNetwork(t *testing.T) {
+	kubectl := filepath.Join(kubeenv.Binaries(t), "kubectl")
+	out, err := exec.Command(kubectl, "kustomize", filepath.Join(filepath.Dir(manifestPath), "cluster")).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl kustomize deploy/cluster: %v\n%s", err, out)
+	}
+	docs, err := kubeds.Documents(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conflist string
+	var agent map[string]any
+	var inits []any
+	for _, d := range docs {
+		switch d.GetKind() + "/" + d.GetName() {
+		case "ConfigMap/ipledger-cni":
+			conflist, _, _ = unstructured.NestedString(d.Object, "data", "ipledger.conflist")
+		case "DaemonSet/ipledgerd":
+			ctrs, _, _ := unstructured.NestedSlice(d.Object, "spec", "template", "spec", "containers")
+			agent = ctrs[0].(map[string]any)
+			inits, _, _ = unstructured.NestedSlice(d.Object, "spec", "template", "spec", "initContainers")
+		}
+	}
+	if agent == nil || len(inits) != 1 {
+		t.Fatal("deploy/cluster has no ipledgerd DaemonSet with its install-cni init container")
+	}
+	cmd := fmt.Sprint(agent["command"])
+	for _, want := range []string{"--datastore=kubernetes", "--conflist=/etc/ipledger/ipledger.conflist"} {
+		if !strings.Contains(cmd, want) {
+			t.Errorf("agent command %s lacks %s", cmd, want)
+		}
+	}
+	// the agent reads the file install-cni installs: the same volume
+	mountOf := func(c map[string]any) string {
+		ms, _, _ := unstructured.NestedSlice(c, "volumeMounts")
+		for _, m := range ms {
+			if m := m.(map[string]any); m["name"] == "conflist" {
+				return fmt.Sprint(m["mountPath"], " readOnly=", m["readOnly"])
+			}
+		}
+		return ""
+	}
+	if got, initGot := mountOf(agent), mountOf(inits[0].(map[string]any)); got != "/etc/ipledger readOnly=true" || got != initGot {
+		t.Errorf("the agent mounts the conflist volume at %q, install-cni at %q; want both at /etc/ipledger, read-only", got, initGot)
+	}
+	if c := fmt.Sprint(inits[0].(map[string]any)["command"]); !strings.Contains(c, "--conflist /etc/ipledger/ipledger.conflist") {
+		t.Errorf("install-cni command %s does not install /etc/ipledger/ipledger.conflist", c)
+	}
+	conf, err := ipam.FromConflist([]byte(conflist))
+	if err != nil {
+		t.Fatalf("deploy/cluster's conflist: %v", err)
+	}
+	sets := conf.IPAM.RangeSets()
+	if pool.HasPodCIDR(sets) {
+		t.Fatalf("deploy/cluster's conflist ranges %s: usePodCidr in cluster mode", pool.SetsString(sets))
+	}
+	if _, err := cluster.BlockBits(sets, conf.IPAM.BlockSize); err != nil {
+		t.Fatalf("deploy/cluster's conflist: %v", err)
 	}
 }
 
