@@ -15,14 +15,16 @@ import (
 // adopt adds to the ledger the blocks of network that the datastore says the node
 // owns and skip does not name.
 func (m *Manager) adopt(ctx context.Context, network string, skip func(netip.Prefix) bool) error {
-	kvs, _, err := m.listBlocks(ctx, BlocksPrefix(network))
+	// The list (re)starts the network's watched copy of its blocks: the node's
+	// first claim reads it instead of listing them again.
+	blocks, err := m.relist(ctx, network)
 	if err != nil {
-		return fmt.Errorf("listing blocks of %q: %w", network, err)
+		return err
 	}
-	for _, kv := range kvs {
-		rec, err := decodeBlock(kv)
-		if err != nil {
-			m.log.Warn("skipping a block record", "err", err)
+	for _, b := range blocks {
+		kv, rec := b.kv, b.rec
+		if b.err != nil {
+			m.log.Warn("skipping a block record", "err", b.err)
 			continue
 		}
 		if rec.Owner != m.opts.Node || skip(rec.CIDR) {
