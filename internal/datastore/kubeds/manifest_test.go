@@ -209,15 +209,7 @@ func TestClusterOverlayBaseIsTheManifest(t *testing.T) {
 // an IPv4 podCIDR only is refused naming the missing family (ADD answers "try
 // again later" until the controller manager gives the IPv6 one).
 func TestDualStackOverlay(t *testing.T) {
-	kubectl := filepath.Join(kubeenv.Binaries(t), "kubectl")
-	out, err := exec.Command(kubectl, "kustomize", filepath.Join(filepath.Dir(manifestPath), "dualstack")).CombinedOutput()
-	if err != nil {
-		t.Fatalf("kubectl kustomize deploy/dualstack: %v\n%s", err, out)
-	}
-	docs, err := kubeds.Documents(out)
-	if err != nil {
-		t.Fatal(err)
-	}
+	docs := kustomize(t, "dualstack")
 	base, err := kubeds.Documents(manifest(t))
 	if err != nil {
 		t.Fatal(err)
@@ -282,15 +274,7 @@ func TestDualStackOverlay(t *testing.T) {
 // in cluster mode (an ipledger ipam, ranges given as CIDRs, a block size that
 // fits them), so every agent sets its network up before its first ADD.
 func TestClusterOverlayPreparesTheNetwork(t *testing.T) {
-	kubectl := filepath.Join(kubeenv.Binaries(t), "kubectl")
-	out, err := exec.Command(kubectl, "kustomize", filepath.Join(filepath.Dir(manifestPath), "cluster")).CombinedOutput()
-	if err != nil {
-		t.Fatalf("kubectl kustomize deploy/cluster: %v\n%s", err, out)
-	}
-	docs, err := kubeds.Documents(out)
-	if err != nil {
-		t.Fatal(err)
-	}
+	docs := kustomize(t, "cluster")
 	var conflist string
 	var agent map[string]any
 	var inits []any
@@ -340,6 +324,22 @@ func TestClusterOverlayPreparesTheNetwork(t *testing.T) {
 	if _, err := cluster.BlockBits(sets, conf.IPAM.BlockSize); err != nil {
 		t.Fatalf("deploy/cluster's conflist: %v", err)
 	}
+}
+
+// kustomize returns the objects of deploy/<overlay> as kubectl apply -k builds
+// them (kubectl's own kustomize).
+func kustomize(t *testing.T, overlay string) []*unstructured.Unstructured {
+	t.Helper()
+	kubectl := filepath.Join(kubeenv.Binaries(t), "kubectl")
+	out, err := exec.Command(kubectl, "kustomize", filepath.Join(filepath.Dir(manifestPath), overlay)).CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl kustomize deploy/%s: %v\n%s", overlay, err, out)
+	}
+	docs, err := kubeds.Documents(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return docs
 }
 
 // foldSpace is v with every run of white space in its strings made one space.
