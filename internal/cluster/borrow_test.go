@@ -195,6 +195,18 @@ func testDeadBorrowerReturned(t *testing.T, newC func(*testing.T) *cl) {
 	if _, err := b.m.Borrow(ctx, "net", x, web0); err != nil {
 		t.Fatal(err)
 	}
+	// the sweeps read the nodes' watched copies of the blocks: wait until the
+	// owner's and node-c's hold the borrow
+	lent := func(r cluster.BlockRecord) bool { return len(r.Borrows) == 1 && r.Borrows[0].Node == "node-b" }
+	for _, a := range []*agent{owner, cc} {
+		for !cluster.CopyShows(a.m, "net", netip.MustParsePrefix(blockOf(x)), lent) {
+			select {
+			case <-a.m.BlocksChanged():
+			case <-time.After(time.Minute):
+				t.Fatalf("%s's copy of the blocks never showed node-b's borrow", a.name)
+			}
+		}
+	}
 	b.ds.cut.Store(true) // node-b dies
 	step := func() {
 		for _, a := range []*agent{owner, cc} {
