@@ -1,6 +1,7 @@
 package kubeenv
 
 import (
+	"fmt"
 	"os"
 	"strconv"
 	"strings"
@@ -19,24 +20,33 @@ func MachineCPU(tb testing.TB) CPUTimes {
 		tb.Fatal(err)
 	}
 	line, _, _ := strings.Cut(string(b), "\n")
+	c, err := parseCPULine(line)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return c
+}
+
+// parseCPULine reads /proc/stat's first line: user, nice, system, idle, iowait,
+// irq, softirq and steal count; guest and guest_nice, which follow, are already
+// counted in user and nice.
+func parseCPULine(line string) (CPUTimes, error) {
 	f := strings.Fields(line)
 	if len(f) < 6 || f[0] != "cpu" {
-		tb.Fatalf("/proc/stat begins %q", line)
+		return CPUTimes{}, fmt.Errorf("/proc/stat begins %q", line)
 	}
 	var c CPUTimes
-	// user, nice, system, idle, iowait, irq, softirq, steal; guest and
-	// guest_nice are already counted in user and nice
 	for k, v := range f[1:min(len(f), 9)] {
 		n, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
-			tb.Fatalf("/proc/stat: %q: %v", line, err)
+			return CPUTimes{}, fmt.Errorf("/proc/stat: %q: %v", line, err)
 		}
 		c.Total += n
 		if k == 3 || k == 4 { // idle, iowait
 			c.Idle += n
 		}
 	}
-	return c
+	return c, nil
 }
 
 // Since is what the counters counted between then and c.
